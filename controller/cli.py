@@ -1,0 +1,59 @@
+"""The ``sparkgate`` console script.
+
+Subcommands live beside the code they drive and are imported only when invoked,
+so ``sparkgate --help`` stays fast and the package import direction of DESIGN §1
+holds (this module never imports the runtime at load time).
+"""
+from __future__ import annotations
+
+import importlib
+
+import click
+
+# name -> ("module:attribute" of a click command, one-line help). Each package
+# adds its own commands here.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "bench": ("controller.cli:bench", "Benchmarks that print JSON ratios against a baseline."),
+    "demo": ("verify_runtime.cli:demo", "Run the main job with embedded defaults."),
+    "generate": ("verify_runtime.cli:generate", "Generate text with the runtime in one verify mode."),
+}
+
+# Benchmarks: `sparkgate bench NAME`.
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "verify": ("verify_runtime.bench:bench_verify", "static vs compact verification cost."),
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are resolved from a registry on first use."""
+
+    def __init__(self, *args, registry: dict[str, tuple[str, str]], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.registry = registry
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(self.registry) | set(super().list_commands(ctx)))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.registry:
+            return super().get_command(ctx, name)
+        module_name, attr = self.registry[name][0].split(":")
+        return getattr(importlib.import_module(module_name), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Static help keeps `--help` from importing torch for every subcommand.
+        rows = [(name, self.registry[name][1]) for name in sorted(self.registry)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, registry=COMMANDS)
+@click.version_option(package_name="sparkgate")
+def main() -> None:
+    """sparkgate: stage confidence-scheduled speculative decoding safely."""
+
+
+@click.group(cls=LazyGroup, registry=BENCHMARKS)
+def bench() -> None:
+    """Benchmarks: each runs its baseline side by side and prints JSON."""

@@ -1,0 +1,1 @@
+"""Read-only Streamlit views over what the collectors and controller stored."""
