@@ -7,25 +7,49 @@ on the same device as ``S``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
+from policies.cost_model import CostTable
+from policies.scheduler import admission_order, assign_windows, best_budget, clean_survival, expected_committed
+
 
 @dataclass
 class WindowContext:
-    """What a policy may look at besides the survivals."""
+    """What a policy may look at besides the survivals.
+
+    ``lagged_survival``: ``[B, γ]`` survivals the same requests (same rows) had
+    ``lag`` steps ago, for a policy constructed with ``lag > 0``. The runtime
+    keeps that history per request because policies hold no state; rows for
+    requests younger than the lag hold ones (verify everything until evidence
+    arrives). On the host it lets the runtime know the step's budget without
+    waiting for the device (see ``WindowDecision.budget``).
+    """
 
     batch_size: int
     gamma: int
+    lagged_survival: torch.Tensor | None = None
 
 
 @dataclass
 class WindowDecision:
+    """Windows plus, for cost-aware policies, what the step is predicted to cost.
+
+    ``predicted_step_ms`` and ``predicted_tokens_per_s`` (expected committed
+    tokens per second for the batch) are 0-d tensors on the survivals' device
+    when a scheduler computed them: turning them into floats would make a
+    device caller wait, so convert them once the step has finished.
+    ``budget`` is ``windows.sum()`` as the scheduler chose it, on the device of
+    the survivals it was decided from (the lagged ones when lagged).
+    """
+
     windows: torch.Tensor  # [B] int64 in [0, gamma]
-    predicted_step_ms: float | None = None
-    predicted_tokens_per_s: float | None = None
+    predicted_step_ms: float | torch.Tensor | None = None
+    predicted_tokens_per_s: float | torch.Tensor | None = None
+    budget: torch.Tensor | None = None
 
 
 class WindowPolicy(Protocol):
@@ -45,3 +69,112 @@ class FixedWindow:
     def __call__(self, survival: torch.Tensor, ctx: WindowContext) -> WindowDecision:
         k = min(self.k, survival.shape[1])
         return WindowDecision(torch.full((survival.shape[0],), k, dtype=torch.long, device=survival.device))
+
+
+@dataclass
+class ConfidenceThreshold:
+    """Each request verifies the depths whose prefix survival is at least ``p``,
+    and never fewer than ``min_window`` (clamped to γ)."""
+
+    p: float
+    min_window: int = 0
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.p <= 1.0):
+            raise ValueError(f"ConfidenceThreshold.p must be in [0, 1], got {self.p}")
+        if self.min_window < 0:
+            raise ValueError(f"ConfidenceThreshold.min_window must be >= 0, got {self.min_window}")
+
+    def __call__(self, survival: torch.Tensor, ctx: WindowContext) -> WindowDecision:
+        # Counting survivors is a prefix length because clean survivals never increase with depth.
+        above = (clean_survival(survival) >= self.p).sum(dim=1)
+        return WindowDecision(above.clamp(min=min(self.min_window, survival.shape[1])))
+
+
+@dataclass
+class CostAwareScheduler:
+    """DSpark's prefix scheduler (the pipeline is described in ``policies.scheduler``).
+
+    Picks the total budget that maximises expected committed tokens per second
+    under ``cost_table``, then gives each request the depths it holds among the
+    globally best ``budget`` survivals. Invariants: every window is in
+    ``[min(min_window, γ), γ]``; the admitted depths of a request form a prefix;
+    the windows sum to ``budget``; a 1-D table's ``max_batch_tokens`` caps the
+    rows planned unless ``min_window`` alone needs more.
+
+    ``min_window`` defaults to 1: a zero window teaches the calibration nothing
+    (its depth-1 outcome is censored) and can never beat plain decoding.
+    ``lag > 0`` decides the budget from ``ctx.lagged_survival`` (the step
+    ``t - lag`` survivals, as production servers do so the budget is known on
+    the host without a device sync) while the windows within that budget still
+    follow the current survivals. The runtime reads ``lag`` to know how much
+    history to keep.
+    """
+
+    cost_table: CostTable
+    min_window: int = 1
+    lag: int = 0
+    _curves: dict[tuple[int, int, str], torch.Tensor] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.min_window < 0:
+            raise ValueError(f"CostAwareScheduler.min_window must be >= 0, got {self.min_window}")
+        if self.lag < 0:
+            raise ValueError(f"CostAwareScheduler.lag must be >= 0, got {self.lag}")
+
+    def step_seconds_curve(self, batch_size: int, gamma: int, device: torch.device | str) -> torch.Tensor:
+        """float32 ``[B*γ + 1]``: predicted seconds at budget k, ``inf`` where k is infeasible.
+
+        Built on the host once per (batch size, γ, device) and cached; the first
+        call for a shape copies it to the device, so call this at warm-up for
+        the batch sizes you serve to keep that copy out of the first steps.
+        """
+        key = (batch_size, gamma, str(device))
+        curve = self._curves.get(key)
+        if curve is None:
+            n = batch_size * gamma
+            seconds = self.cost_table.step_seconds(batch_size, batch_size + torch.arange(n + 1, dtype=torch.float64))
+            lo = batch_size * min(self.min_window, gamma)
+            max_rows = self.cost_table.max_verify_rows
+            hi = n if max_rows is None else max(lo, min(n, max_rows - batch_size))
+            seconds[:lo] = math.inf
+            seconds[hi + 1:] = math.inf
+            curve = seconds.to(device=device, dtype=torch.float32)
+            self._curves[key] = curve
+        return curve
+
+    def _plan(self, survival: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Admission order's requests, ``tau`` and the cost curve for clean survivals."""
+        batch_size, gamma = survival.shape
+        requests, admitted = admission_order(survival, min(self.min_window, gamma))
+        curve = self.step_seconds_curve(batch_size, gamma, survival.device)
+        return requests, expected_committed(admitted, batch_size), curve
+
+    def _lagged(self, survival: torch.Tensor, ctx: WindowContext) -> torch.Tensor:
+        lagged = ctx.lagged_survival
+        if lagged is None:
+            raise ValueError(f"CostAwareScheduler(lag={self.lag}) needs ctx.lagged_survival, got None")
+        if lagged.shape != survival.shape:
+            raise ValueError(f"ctx.lagged_survival: shape {tuple(lagged.shape)} does not match "
+                             f"survival {tuple(survival.shape)}")
+        return clean_survival(lagged)
+
+    def __call__(self, survival: torch.Tensor, ctx: WindowContext) -> WindowDecision:
+        if survival.dim() != 2 or survival.shape[0] != ctx.batch_size or survival.shape[1] != ctx.gamma:
+            raise ValueError(f"survival: shape {tuple(survival.shape)} does not match "
+                             f"ctx (batch_size={ctx.batch_size}, gamma={ctx.gamma})")
+        batch_size = survival.shape[0]
+        if batch_size == 0:
+            return WindowDecision(torch.zeros(0, dtype=torch.int64, device=survival.device))
+        s = clean_survival(survival)
+        requests, tau, curve = self._plan(s)
+        if self.lag:
+            _, lagged_tau, lagged_curve = self._plan(self._lagged(s, ctx))
+            budget = best_budget(lagged_tau, lagged_curve)
+            k = budget.to(s.device, non_blocking=True)
+        else:
+            budget = k = best_budget(tau, curve)
+        seconds = curve[k]
+        return WindowDecision(windows=assign_windows(requests, k, batch_size),
+                              predicted_step_ms=seconds * 1000.0,
+                              predicted_tokens_per_s=tau[k] / seconds, budget=budget)
