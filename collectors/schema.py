@@ -9,16 +9,42 @@ Invariants a valid record holds (``validate`` enforces them):
   and equals ``accepted`` whenever ``accepted < window``;
 - ``confidence`` and ``survival`` have ``gamma`` finite values in [0, 1], survival
   non-increasing with depth;
-- ``committed_tokens`` holds ``accepted + 1`` token ids.
+- ``committed_tokens`` holds ``accepted + 1`` token ids (-1 where a producer,
+  e.g. an SGLang server without draft-token logging, does not report the id).
+
+The Arrow schemas below are the columnar forms of the same records: the wire form
+(a step with nested request rows) and the stored tables.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
 
 SCHEMA_VERSION = 1
 MODES = ("static", "shadow", "compact", "cap_accept")
 MISS_REASONS = ("over_max_tier", "not_captured", "forced_eager")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason a record is rejected. ``field`` is a path such as ``requests[2].window``."""
+
+    field: str
+    value: Any
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}={self.value!r}: {self.message}"
+
+    def to_dict(self) -> dict:
+        value = self.value
+        if isinstance(value, float) and not math.isfinite(value):
+            value = repr(value)  # JSON has no NaN/inf; keep the value readable
+        return {"field": self.field, "value": value, "message": self.message}
 
 
 @dataclass
@@ -68,3 +94,94 @@ class StepRecord:
     def to_dict(self) -> dict:
         """The wire form: one JSON object with ``requests`` as a list of objects."""
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "StepRecord":
+        """Inverse of ``to_dict``; raises ``KeyError``/``TypeError`` on a malformed object.
+
+        It does not validate values: ``collectors.validate`` does, returning every
+        problem instead of stopping at the first.
+        """
+        body = {k: v for k, v in data.items() if k in _STEP_NAMES}
+        body["requests"] = [RequestRow(**{k: v for k, v in row.items() if k in _REQUEST_NAMES})
+                            for row in data.get("requests", [])]
+        return cls(**body)
+
+
+_STEP_NAMES = frozenset(f.name for f in dataclasses.fields(StepRecord))
+_REQUEST_NAMES = frozenset(f.name for f in dataclasses.fields(RequestRow))
+
+# Modes whose full block was verified, so a* (full_accept) is always observed.
+FULL_BLOCK_MODES = ("static", "shadow", "cap_accept")
+# Depth-label statuses (DESIGN §2), in the order of their integer codes.
+STATUSES = ("accepted", "rejected", "not_at_risk", "censored")
+
+REQUEST_TYPE = pa.struct([
+    pa.field("request_id", pa.string()),
+    pa.field("mode", pa.string()),
+    pa.field("task", pa.string()),
+    pa.field("temperature", pa.float64()),
+    pa.field("window_suggested", pa.int64()),
+    pa.field("window", pa.int64()),
+    pa.field("accepted", pa.int64()),
+    pa.field("full_accept", pa.int64()),
+    pa.field("cap_trim", pa.int64()),
+    pa.field("confidence", pa.list_(pa.float64())),
+    pa.field("survival", pa.list_(pa.float64())),
+    pa.field("committed_tokens", pa.list_(pa.int64())),
+])
+
+STEP_SCHEMA = pa.schema([
+    pa.field("schema_version", pa.int64()),
+    pa.field("replica_id", pa.string()),
+    pa.field("step_id", pa.int64()),
+    pa.field("ts", pa.float64()),
+    pa.field("batch_size", pa.int64()),
+    pa.field("gamma", pa.int64()),
+    pa.field("verify_rows", pa.int64()),
+    pa.field("tier_rows", pa.int64()),
+    pa.field("tier", pa.int64()),
+    pa.field("graph_hit", pa.bool_()),
+    pa.field("miss_reason", pa.string()),
+    pa.field("draft_ms", pa.float64()),
+    pa.field("schedule_ms", pa.float64()),
+    pa.field("verify_ms", pa.float64()),
+    pa.field("accept_ms", pa.float64()),
+    pa.field("step_ms", pa.float64()),
+    pa.field("predicted_step_ms", pa.float64()),
+    pa.field("host_syncs", pa.int64()),
+    pa.field("phase", pa.string()),
+    pa.field("policy_revision", pa.int64()),
+    pa.field("model_version", pa.string()),
+    pa.field("drafter_version", pa.string()),
+    pa.field("sts_version", pa.string()),
+    pa.field("cost_table_version", pa.string()),
+])
+
+# The wire form (NDJSON line or Arrow IPC row): a step with its request rows nested.
+WIRE_SCHEMA = STEP_SCHEMA.append(pa.field("requests", pa.list_(REQUEST_TYPE)))
+
+# Stored request rows: the request struct flattened, keyed by step and position.
+REQUEST_SCHEMA = pa.schema(
+    [pa.field("replica_id", pa.string()), pa.field("step_id", pa.int64()),
+     pa.field("ts", pa.float64()), pa.field("slot", pa.int32())]
+    + list(REQUEST_TYPE)
+)
+
+# One row per (request, depth), 1 <= depth <= gamma. ``label`` is y_k, null when censored.
+LABEL_SCHEMA = pa.schema([
+    pa.field("replica_id", pa.dictionary(pa.int32(), pa.string())),
+    pa.field("step_id", pa.int64()),
+    pa.field("ts", pa.float64()),
+    pa.field("request_id", pa.string()),
+    pa.field("mode", pa.dictionary(pa.int32(), pa.string())),
+    pa.field("depth", pa.int16()),
+    pa.field("status", pa.dictionary(pa.int32(), pa.string())),
+    pa.field("confidence", pa.float64()),
+    pa.field("survival", pa.float64()),
+    pa.field("label", pa.bool_()),
+])
+
+# Fields that may be null on the wire; every other field is required.
+NULLABLE_STEP_FIELDS = frozenset({"miss_reason", "predicted_step_ms", "sts_version", "cost_table_version"})
+NULLABLE_REQUEST_FIELDS = frozenset({"window_suggested", "full_accept"})

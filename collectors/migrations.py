@@ -1,0 +1,83 @@
+"""Schema migrations of the DuckDB store, applied in order and recorded in ``schema_migrations``.
+
+A migration is never edited once released: a change is a new entry. Each one
+runs in its own transaction together with its ``schema_migrations`` row, so a
+crash leaves the store either before or after it.
+"""
+from __future__ import annotations
+
+import time
+
+import duckdb
+
+MIGRATIONS: tuple[tuple[int, str, str], ...] = (
+    (1, "v1 event tables", """
+    CREATE TYPE verify_mode AS ENUM ('static', 'shadow', 'compact', 'cap_accept');
+    CREATE TYPE label_status AS ENUM ('accepted', 'rejected', 'not_at_risk', 'censored');
+    CREATE TABLE steps (
+        schema_version BIGINT NOT NULL, replica_id VARCHAR NOT NULL, step_id BIGINT NOT NULL,
+        ts DOUBLE NOT NULL, batch_size BIGINT NOT NULL, gamma BIGINT NOT NULL,
+        verify_rows BIGINT NOT NULL, tier_rows BIGINT NOT NULL, tier BIGINT NOT NULL,
+        graph_hit BOOLEAN NOT NULL, miss_reason VARCHAR,
+        draft_ms DOUBLE NOT NULL, schedule_ms DOUBLE NOT NULL, verify_ms DOUBLE NOT NULL,
+        accept_ms DOUBLE NOT NULL, step_ms DOUBLE NOT NULL, predicted_step_ms DOUBLE,
+        host_syncs BIGINT NOT NULL, phase VARCHAR NOT NULL, policy_revision BIGINT NOT NULL,
+        model_version VARCHAR NOT NULL, drafter_version VARCHAR NOT NULL,
+        sts_version VARCHAR, cost_table_version VARCHAR,
+        PRIMARY KEY (replica_id, step_id)
+    );
+    CREATE TABLE requests (
+        replica_id VARCHAR NOT NULL, step_id BIGINT NOT NULL, ts DOUBLE NOT NULL, slot INTEGER NOT NULL,
+        request_id VARCHAR NOT NULL, mode verify_mode NOT NULL, task VARCHAR NOT NULL,
+        temperature DOUBLE NOT NULL, window_suggested BIGINT, "window" BIGINT NOT NULL,
+        accepted BIGINT NOT NULL, full_accept BIGINT, cap_trim BIGINT NOT NULL,
+        confidence DOUBLE[] NOT NULL, survival DOUBLE[] NOT NULL, committed_tokens BIGINT[] NOT NULL
+    );
+    CREATE TABLE depth_labels (
+        replica_id VARCHAR NOT NULL, step_id BIGINT NOT NULL, ts DOUBLE NOT NULL,
+        request_id VARCHAR NOT NULL, mode verify_mode NOT NULL, depth SMALLINT NOT NULL,
+        status label_status NOT NULL, confidence DOUBLE NOT NULL, survival DOUBLE NOT NULL,
+        label BOOLEAN
+    );
+    CREATE TABLE quarantine (
+        received_at DOUBLE NOT NULL, source VARCHAR NOT NULL, position BIGINT NOT NULL,
+        replica_id VARCHAR, step_id BIGINT, reason VARCHAR NOT NULL, problems JSON NOT NULL,
+        payload BLOB NOT NULL
+    );
+    CREATE TABLE decisions (
+        decided_at DOUBLE NOT NULL, revision BIGINT NOT NULL, phase_from VARCHAR,
+        phase_to VARCHAR NOT NULL, action VARCHAR NOT NULL, reasons JSON NOT NULL
+    );
+    """),
+)
+
+
+def current_version(con: duckdb.DuckDBPyConnection) -> int:
+    """The highest applied migration, 0 for an empty database."""
+    con.execute("""CREATE TABLE IF NOT EXISTS schema_migrations (
+        version INTEGER PRIMARY KEY, description VARCHAR NOT NULL, applied_at DOUBLE NOT NULL)""")
+    return con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0]
+
+
+def migrate(con: duckdb.DuckDBPyConnection) -> int:
+    """Apply every pending migration; returns the resulting version.
+
+    Raises ``RuntimeError`` for a store written by a newer sparkgate, which this
+    code cannot read correctly.
+    """
+    version = current_version(con)
+    latest = MIGRATIONS[-1][0]
+    if version > latest:
+        raise RuntimeError(f"store schema version {version} is newer than this sparkgate ({latest})")
+    for number, description, sql in MIGRATIONS:
+        if number <= version:
+            continue
+        con.execute("BEGIN TRANSACTION")
+        try:
+            con.execute(sql)
+            con.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)", [number, description, time.time()])
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+    return latest

@@ -1,0 +1,221 @@
+"""The DuckDB store: one file, one writer process (DESIGN §4).
+
+Invariants:
+- ``ingest`` is one transaction: a batch's valid steps (with all their request
+  rows and depth labels) and its quarantine rows are committed together or not
+  at all, and ``ingest`` returns only after the commit.
+- A step is either wholly in ``steps``/``requests``/``depth_labels`` or wholly
+  in ``quarantine``; a (replica_id, step_id) is stored at most once.
+- Other processes never open the file: they read Parquet snapshots
+  (``snapshot`` / ``open_snapshot``) or hive-partitioned exports.
+
+The connection is shared by threads (HTTP handlers, the in-process sink); a lock
+serialises its use because a DuckDB connection is not safe to use concurrently.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from collectors.batch import Prepared, prepare
+from collectors.migrations import migrate
+from collectors.wire import Parsed, flatten
+
+EVENT_TABLES = ("steps", "requests", "depth_labels")
+SNAPSHOT_TABLES = EVENT_TABLES + ("quarantine", "decisions")
+# Snapshot generations kept, so a reader that opened the previous one can finish.
+_KEEP_GENERATIONS = 2
+# UTC calendar date of a unix time, without depending on the session time zone.
+_DATE = "(DATE '1970-01-01' + CAST(floor(ts / 86400) AS INTEGER))"
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What one committed batch wrote."""
+
+    prepared: Prepared
+
+    @property
+    def steps(self) -> int:
+        return self.prepared.flat.steps.num_rows
+
+    @property
+    def labels(self) -> int:
+        return self.prepared.labels.num_rows
+
+    @property
+    def quarantined(self) -> int:
+        return len(self.prepared.quarantined)
+
+    def summary(self) -> dict:
+        return {"steps": self.steps, "requests": self.prepared.requests.num_rows,
+                "depth_labels": self.labels, "quarantined": self.quarantined}
+
+
+def _sql_path(path: Path) -> str:
+    return "'" + str(path).replace("'", "''") + "'"
+
+
+class Store:
+    """A DuckDB file holding the event tables; migrates it on open."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._con = duckdb.connect(str(self.path))
+        self._lock = threading.Lock()
+        self.version = migrate(self._con)
+
+    def close(self) -> None:
+        with self._lock:
+            self._con.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def query(self, sql: str, params: list | None = None) -> pa.Table:
+        """Run a read query in the writer process and return an Arrow table."""
+        with self._lock:
+            return self._con.sql(sql, params=params or None).to_arrow_table()
+
+    def counts(self) -> dict[str, int]:
+        """Row counts of the event and quarantine tables."""
+        with self._lock:
+            return {t: self._con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                    for t in EVENT_TABLES + ("quarantine",)}
+
+    def _stored_mask(self, steps: pa.Table) -> np.ndarray:
+        keys = pa.table({"i": pa.array(np.arange(steps.num_rows)), "replica_id": steps.column("replica_id"),
+                         "step_id": steps.column("step_id")})
+        self._con.register("incoming_keys", keys)
+        try:
+            hits = self._con.execute("SELECT k.i FROM incoming_keys k JOIN steps s "
+                                     "ON s.replica_id = k.replica_id AND s.step_id = k.step_id").fetchall()
+        finally:
+            self._con.unregister("incoming_keys")
+        mask = np.zeros(steps.num_rows, dtype=bool)
+        mask[[i for (i,) in hits]] = True
+        return mask
+
+    def ingest(self, parsed: Parsed, source: str) -> IngestResult:
+        """Validate ``parsed`` and commit it as one transaction; raises (having written nothing) on a
+        database error. Invalid records are committed to ``quarantine`` in the same transaction."""
+        flat = flatten(parsed.wire)
+        with self._lock:
+            prepared = prepare(parsed, self._stored_mask(flat.steps), flat)
+            tables = {"steps": prepared.flat.steps, "requests": prepared.requests,
+                      "depth_labels": prepared.labels,
+                      "quarantine": prepared.quarantine_table(source, time.time())}
+            self._con.execute("BEGIN TRANSACTION")
+            try:
+                for name, table in tables.items():
+                    if table.num_rows:
+                        self._con.register("incoming", table)
+                        self._con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM incoming")
+                        self._con.unregister("incoming")
+                self._con.execute("COMMIT")
+            except BaseException:
+                self._con.execute("ROLLBACK")
+                raise
+        return IngestResult(prepared)
+
+    def delete_before(self, cutoff_ts: float) -> dict[str, int]:
+        """Retention: drop events (and quarantine rows received) before ``cutoff_ts``, atomically."""
+        deleted = {}
+        with self._lock:
+            self._con.execute("BEGIN TRANSACTION")
+            try:
+                for table, column in [(t, "ts") for t in EVENT_TABLES] + [("quarantine", "received_at")]:
+                    deleted[table] = self._con.execute(
+                        f"DELETE FROM {table} WHERE {column} < ?", [cutoff_ts]).fetchone()[0]
+                self._con.execute("COMMIT")
+            except BaseException:
+                self._con.execute("ROLLBACK")
+                raise
+        return deleted
+
+    def export(self, out_dir: str | os.PathLike, since_ts: float | None = None) -> dict[str, int]:
+        """Write the event tables as hive-partitioned Parquet: ``OUT/TABLE/date=D/replica_id=R/*.parquet``.
+
+        ``since_ts`` is rounded down to its UTC day so that every partition written
+        is complete; each written partition replaces the previous export of it, so
+        re-exporting never duplicates rows. Returns rows written per table.
+        """
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        where = "" if since_ts is None else f"WHERE ts >= {float(since_ts // 86400 * 86400)!r}"
+        staging = out / f".staging-{time.time_ns()}"
+        staging.mkdir()
+        written = {}
+        with self._lock:
+            for table in EVENT_TABLES:
+                written[table] = self._con.execute(
+                    f"COPY (SELECT *, {_DATE} AS date FROM {table} {where}) TO {_sql_path(staging / table)} "
+                    "(FORMAT parquet, PARTITION_BY (date, replica_id))").fetchone()[0]
+        for partition in sorted(staging.glob("*/date=*/replica_id=*")):
+            target = out / partition.relative_to(staging)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(target, ignore_errors=True)
+            partition.rename(target)
+        shutil.rmtree(staging)
+        return written
+
+    def snapshot(self, directory: str | os.PathLike) -> Path:
+        """Write a consistent Parquet copy of every table and publish it atomically.
+
+        Readers find the newest complete generation through the ``CURRENT`` file,
+        which is replaced only after every file of the generation is written.
+        """
+        root = Path(directory)
+        root.mkdir(parents=True, exist_ok=True)
+        generation = root / f"gen-{time.time_ns()}"
+        staging = root / f".{generation.name}.tmp"
+        staging.mkdir()
+        with self._lock:
+            self._con.execute("BEGIN TRANSACTION")  # one MVCC snapshot for every table
+            try:
+                for table in SNAPSHOT_TABLES:
+                    self._con.execute(f"COPY {table} TO {_sql_path(staging / f'{table}.parquet')} (FORMAT parquet)")
+            finally:
+                self._con.execute("COMMIT")
+        staging.rename(generation)
+        pointer = root / ".CURRENT.tmp"
+        pointer.write_text(generation.name)
+        os.replace(pointer, root / "CURRENT")
+        for old in sorted(root.glob("gen-*"), key=lambda p: int(p.name[4:]))[:-_KEEP_GENERATIONS]:
+            shutil.rmtree(old, ignore_errors=True)
+        return generation
+
+    def max_step_ids(self) -> dict[str, int]:
+        """The highest stored step_id per replica (producers resume numbering from it)."""
+        rows = self.query("SELECT replica_id, max(step_id) AS m FROM steps GROUP BY replica_id")
+        return dict(zip(rows.column("replica_id").to_pylist(), rows.column("m").to_pylist()))
+
+    def record_decision(self, revision: int, phase_from: str | None, phase_to: str, action: str,
+                        reasons: list[dict], decided_at: float | None = None) -> None:
+        """Persist a rollout decision with its reasons (committed before this returns)."""
+        with self._lock:
+            self._con.execute("INSERT INTO decisions VALUES (?, ?, ?, ?, ?, ?)",
+                              [time.time() if decided_at is None else decided_at, revision, phase_from,
+                               phase_to, action, json.dumps(reasons)])
+
+
+def open_snapshot(directory: str | os.PathLike) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with one view per table of the newest published snapshot."""
+    root = Path(directory)
+    generation = root / (root / "CURRENT").read_text().strip()
+    con = duckdb.connect()
+    for table in SNAPSHOT_TABLES:
+        con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet({_sql_path(generation / f'{table}.parquet')})")
+    return con

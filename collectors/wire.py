@@ -1,0 +1,199 @@
+"""Wire formats to Arrow: step records as Python objects, NDJSON and Arrow IPC.
+
+Every front end turns its input into a ``Parsed``: a table in ``WIRE_SCHEMA``
+(one row per step, request rows nested) plus the records that could not even be
+typed (not an object, a string where an integer belongs, broken JSON), each with
+its problems and its original bytes for the quarantine. Nothing here raises on
+bad input: a record is either a row of ``wire`` or a ``Rejected``.
+
+The fast paths convert a whole body at once in Arrow's C++ readers; only when
+that fails does a per-record pass find which records are at fault and why.
+"""
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pajson
+
+from collectors.schema import REQUEST_TYPE, STEP_SCHEMA, WIRE_SCHEMA, Problem, StepRecord
+
+# Larger than any sane body, so one block parses it (a line straddling blocks fails).
+_JSON_BLOCK = 1 << 26
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A record that could not be typed. ``position`` is its 0-based index in the input."""
+
+    position: int
+    payload: bytes
+    problems: list[Problem]
+
+
+@dataclass
+class Parsed:
+    """Typed steps plus rejected records. ``positions[i]`` is the input index of ``wire`` row i."""
+
+    wire: pa.Table
+    positions: np.ndarray
+    rejected: list[Rejected]
+    payload: Callable[[int], bytes]  # original bytes of the record at an input index
+
+    @property
+    def total(self) -> int:
+        return self.wire.num_rows + len(self.rejected)
+
+
+@dataclass(frozen=True)
+class Flat:
+    """A batch in columnar form: steps, their request rows, and each row's step index."""
+
+    steps: pa.Table      # STEP_SCHEMA columns, one row per step
+    requests: pa.Table   # REQUEST_TYPE columns, one row per request row
+    parent: np.ndarray   # int64 step index of each request row
+    slot: np.ndarray     # int64 position of each request row within its step
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return json.dumps(obj, default=repr).encode()
+
+
+def _field_problems(obj: Any) -> list[Problem]:
+    """Why ``obj`` does not fit ``WIRE_SCHEMA``, field by field (the slow path only)."""
+    if not isinstance(obj, dict):
+        return [Problem("<record>", type(obj).__name__, "a step record must be a JSON object")]
+    problems = []
+    for f in STEP_SCHEMA:
+        try:
+            pa.array([obj.get(f.name)], f.type)
+        except Exception as exc:  # noqa: BLE001 - arbitrary input; report, never crash
+            problems.append(Problem(f.name, obj.get(f.name), f"not a {f.type}: {exc}"))
+    rows = obj.get("requests")
+    if rows is not None and not isinstance(rows, list):
+        return problems + [Problem("requests", type(rows).__name__, "must be a list of request rows")]
+    for slot, row in enumerate(rows or []):
+        if not isinstance(row, dict):
+            problems.append(Problem(f"requests[{slot}]", type(row).__name__, "a request row must be an object"))
+            continue
+        for f in REQUEST_TYPE:
+            try:
+                pa.array([row.get(f.name)], f.type)
+            except Exception as exc:  # noqa: BLE001
+                problems.append(Problem(f"requests[{slot}].{f.name}", row.get(f.name), f"not a {f.type}: {exc}"))
+    return problems
+
+
+def _objects(objs: Sequence[Any], payload: Callable[[int], bytes],
+             positions: Sequence[int] | None = None) -> Parsed:
+    """Type ``objs`` (dicts in wire form); ``positions`` maps them to input indices."""
+    index = np.arange(len(objs)) if positions is None else np.asarray(positions, dtype=np.int64)
+    try:
+        return Parsed(pa.Table.from_pylist(list(objs), schema=WIRE_SCHEMA), index, [], payload)
+    except Exception:  # noqa: BLE001 - find the culprits one by one below
+        pass
+    good, kept, rejected = [], [], []
+    for i, obj in enumerate(objs):
+        problems = _field_problems(obj)
+        if not problems:
+            try:
+                pa.Table.from_pylist([obj], schema=WIRE_SCHEMA)
+            except Exception as exc:  # noqa: BLE001
+                problems = [Problem("<record>", None, f"does not fit the v1 wire schema: {exc}")]
+        if problems:
+            rejected.append(Rejected(int(index[i]), payload(int(index[i])), problems))
+        else:
+            good.append(obj)
+            kept.append(index[i])
+    wire = pa.Table.from_pylist(good, schema=WIRE_SCHEMA)
+    return Parsed(wire, np.asarray(kept, dtype=np.int64), rejected, payload)
+
+
+def from_dicts(objs: Sequence[Any]) -> Parsed:
+    """Type step records given as wire-form objects (``StepRecord.to_dict()`` or parsed JSON)."""
+    return _objects(objs, lambda i: _json_bytes(objs[i]))
+
+
+def from_records(records: Sequence[StepRecord]) -> Parsed:
+    """Type in-process ``StepRecord`` objects."""
+    return from_dicts([r.to_dict() for r in records])
+
+
+def from_ndjson(data: bytes) -> Parsed:
+    """Type an NDJSON body: one step record per non-blank line; positions count those lines."""
+    lines = [line for line in data.split(b"\n") if line.strip()]
+    try:
+        wire = pajson.read_json(
+            io.BytesIO(data),
+            read_options=pajson.ReadOptions(block_size=max(_JSON_BLOCK, len(data) + 1)),
+            parse_options=pajson.ParseOptions(explicit_schema=WIRE_SCHEMA, unexpected_field_behavior="ignore"),
+        )
+        if wire.num_rows == len(lines):
+            return Parsed(wire.select(WIRE_SCHEMA.names), np.arange(len(lines)), [], lines.__getitem__)
+    except (pa.ArrowException, ValueError):
+        pass  # the per-line pass below tells which lines are at fault
+    objs, kept, rejected = [], [], []
+    for i, line in enumerate(lines):
+        try:
+            objs.append(json.loads(line))
+            kept.append(i)
+        except ValueError as exc:
+            rejected.append(Rejected(i, line, [Problem("<line>", line[:80].decode(errors="replace"),
+                                                       f"invalid JSON: {exc}")]))
+    parsed = _objects(objs, lines.__getitem__, kept)
+    parsed.rejected.extend(rejected)
+    return parsed
+
+
+def from_ipc(data: bytes) -> Parsed:
+    """Type an Arrow IPC stream whose rows are step records (columns by wire name).
+
+    Missing columns become nulls, so validation names every missing required field;
+    a body that is not an IPC stream, or whose columns cannot be cast, is rejected whole.
+    """
+    try:
+        table = pa.ipc.open_stream(data).read_all()
+    except (pa.ArrowException, ValueError) as exc:
+        return _whole_body_rejected(data, Problem("<body>", None, f"not an Arrow IPC stream: {exc}"))
+    columns = []
+    for f in WIRE_SCHEMA:
+        if f.name not in table.column_names:
+            columns.append(pa.nulls(table.num_rows, f.type))
+            continue
+        try:
+            columns.append(table.column(f.name).cast(f.type))
+        except (pa.ArrowException, ValueError) as exc:
+            problem = Problem(f.name, str(table.schema.field(f.name).type), f"cannot be read as {f.type}: {exc}")
+            return _whole_body_rejected(data, problem)
+    wire = pa.Table.from_arrays(columns, schema=WIRE_SCHEMA)
+    return Parsed(wire, np.arange(wire.num_rows), [], lambda i: _json_bytes(wire.slice(i, 1).to_pylist()[0]))
+
+
+def _whole_body_rejected(data: bytes, problem: Problem) -> Parsed:
+    return Parsed(WIRE_SCHEMA.empty_table(), np.zeros(0, np.int64), [Rejected(0, data, [problem])], lambda i: data)
+
+
+def to_ipc(wire: pa.Table) -> bytes:
+    """Serialise a wire table as an Arrow IPC stream (the HTTP body for ``from_ipc``)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, wire.schema) as writer:
+        writer.write_table(wire)
+    return sink.getvalue().to_pybytes()
+
+
+def flatten(wire: pa.Table) -> Flat:
+    """Split a wire table into steps and flat request rows, keeping each row's step and slot."""
+    nested = wire.column("requests").combine_chunks()
+    rows = pc.list_flatten(nested)
+    parent = pc.list_parent_indices(nested).to_numpy().astype(np.int64, copy=False)
+    # ``flatten`` (not ``field``) so a null row nulls its fields and they read as missing.
+    requests = pa.Table.from_arrays(rows.flatten(), names=[f.name for f in REQUEST_TYPE])
+    counts = np.bincount(parent, minlength=wire.num_rows)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    slot = np.arange(len(parent), dtype=np.int64) - starts[parent]
+    return Flat(wire.drop_columns(["requests"]), requests, parent, slot)
