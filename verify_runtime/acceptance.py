@@ -1,0 +1,80 @@
+"""Lossless acceptance of drafted tokens (greedy and speculative sampling).
+
+Shapes: ``B`` requests, ``γ`` drafts. Row ``k`` of the target's strided view is
+its distribution for draft ``k+1`` (row 0 follows the last committed token), so
+``p`` has ``γ+1`` rows and the last is the bonus distribution after all drafts.
+
+Per request:
+- ``verified`` drafts were run through the target (γ, or the compact window);
+- ``limit`` caps what may be committed (the window for ``cap_accept``/``compact``,
+  γ otherwise);
+- ``full`` = leading drafts accepted among the verified ones (``a*`` when the
+  whole block was verified);
+- ``accepted`` = ``min(full, limit)``; the token after them is a correction from
+  ``norm(max(p - q, 0))`` when a draft inside the limit was rejected, else a
+  bonus from ``p``. Cutting at the limit therefore commits exactly what a
+  compact window of that size would, given the same uniforms.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .rng import sample_from
+
+
+@dataclass
+class AcceptInput:
+    p: torch.Tensor  # [B, γ+1, V] target probabilities (rows past `verified` unused)
+    q: torch.Tensor  # [B, γ, V] draft probabilities
+    drafts: torch.Tensor  # [B, γ] int64
+    verified: torch.Tensor  # [B] int64 in [0, γ]
+    limit: torch.Tensor  # [B] int64 in [0, verified]
+    greedy: torch.Tensor  # [B] bool: temperature 0
+    u_accept: torch.Tensor  # [B, γ] uniforms for the accept test of draft k+1
+    u_sample: torch.Tensor  # [B, γ+1] uniforms for the token sampled at row k
+
+
+@dataclass
+class AcceptResult:
+    accepted: torch.Tensor  # [B] drafts committed
+    full: torch.Tensor  # [B] leading drafts accepted among the verified
+    next_token: torch.Tensor  # [B] correction or bonus token
+
+
+def draft_accepts(x: AcceptInput) -> torch.Tensor:
+    """``[B, γ]`` bool: would draft k+1 pass its own test (ignoring earlier rejections)."""
+    p_d = x.p[:, :-1].gather(-1, x.drafts.unsqueeze(-1)).squeeze(-1)
+    q_d = x.q.gather(-1, x.drafts.unsqueeze(-1)).squeeze(-1)
+    sampled = x.u_accept * q_d < p_d  # u < min(1, p/q) without dividing by q
+    greedy = x.drafts == x.p[:, :-1].argmax(-1)
+    return torch.where(x.greedy.unsqueeze(-1), greedy, sampled)
+
+
+def accept_all(x: AcceptInput) -> torch.Tensor:
+    """A deliberately broken rule (every draft passes) for negative controls."""
+    return torch.ones_like(x.drafts, dtype=torch.bool)
+
+
+def accept(x: AcceptInput, passes: Callable[[AcceptInput], torch.Tensor] = draft_accepts) -> AcceptResult:
+    gamma = x.drafts.shape[1]
+    depth = torch.arange(1, gamma + 1, device=x.drafts.device)
+    ok = passes(x) & (depth.unsqueeze(0) <= x.verified.unsqueeze(1))
+    full = ok.long().cumprod(-1).sum(-1)
+    accepted = torch.minimum(full, x.limit)
+    rejected = full < x.limit
+
+    rows = accepted.view(-1, 1, 1).expand(-1, 1, x.p.shape[-1])
+    p_row = x.p.gather(1, rows).squeeze(1)
+    q_pad = torch.cat([x.q, torch.zeros_like(x.q[:, :1])], dim=1)
+    q_row = q_pad.gather(1, rows).squeeze(1)
+    residual = (p_row - q_row).clamp(min=0)
+    # p == q exactly leaves no residual mass; rejection then had probability 0.
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_row)
+    dist = torch.where(rejected.unsqueeze(-1), residual, p_row)
+    u = x.u_sample.gather(1, accepted.unsqueeze(1)).squeeze(1)
+    sampled = sample_from(dist, u)
+    next_token = torch.where(x.greedy, p_row.argmax(-1), sampled)
+    return AcceptResult(accepted=accepted, full=full, next_token=next_token)

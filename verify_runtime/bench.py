@@ -1,0 +1,102 @@
+"""``sparkgate bench verify``: static vs compact verification of one batch, side by side.
+
+Both arms run on the same model, cache and prompts in one process, interleaved
+step by step so machine noise hits both alike. Compact windows are drawn from a
+binomial with the requested mean, so the packed rows (not ``B × (γ+1)``) decide
+the cost.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import click
+import torch
+
+from .model import ModelArgs, Transformer
+from .kv_cache import KVCache
+from .tiers import TierGrid
+from .verify import TargetRunner
+
+
+def prepared_runner(batch: int, prompt_len: int, device: str, seed: int = 0) -> tuple[TargetRunner, list[int], int]:
+    """A default-sized target (about 3.3M parameters) with ``batch`` prefilled prompts."""
+    torch.manual_seed(seed)
+    model = Transformer(ModelArgs()).to(device).eval()
+    cache = KVCache(model.args, batch, device=device)
+    slots = [cache.alloc() for _ in range(batch)]
+    runner = TargetRunner(model, cache, TierGrid())
+    prompts = torch.randint(0, 256, (batch, prompt_len)).tolist()
+    runner.prefill(prompts, slots)
+    return runner, slots, model.num_params
+
+
+def _timed(runner: TargetRunner, tokens: torch.Tensor, lens: list[int], slots: list[int]):
+    sync = torch.cuda.synchronize if tokens.is_cuda else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    out = runner.verify(tokens, lens, slots)
+    sync()
+    return (time.perf_counter() - start) * 1000.0, out.tier.tier_rows
+
+
+def time_static_verify(batch: int, gamma: int, steps: int = 10, device: str = "cpu") -> float:
+    """Median ms of one full-block verify step (the scheduler benchmark's yardstick)."""
+    runner, slots, _ = prepared_runner(batch, 64, device)
+    tokens = torch.randint(0, 256, (batch, gamma + 1), device=device)
+    times = [_timed(runner, tokens, [gamma + 1] * batch, slots)[0] for _ in range(steps + 2)]
+    return statistics.median(times[2:])
+
+
+def run_verify_bench(batch: int, gamma: int, mean_window: float, steps: int, warmup: int,
+                     prompt_len: int, device: str, graphs: bool = False) -> dict:
+    runner, slots, params = prepared_runner(batch, prompt_len, device)
+    if graphs:
+        from .cuda_graphs import GraphTiers
+        runner.graphs = GraphTiers(runner.model, runner.cache, runner.grid, gamma, batch)
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 256, (batch, gamma + 1), generator=gen).to(device)
+    windows_dist = torch.distributions.Binomial(gamma, torch.tensor(mean_window / gamma))
+    static_ms, compact_ms, compact_rows, compact_tier_rows = [], [], [], []
+    for i in range(warmup + steps):
+        windows = windows_dist.sample((batch,)).long().tolist()
+        s_ms, s_tier = _timed(runner, tokens, [gamma + 1] * batch, slots)
+        c_lens = [w + 1 for w in windows]
+        c_ms, c_tier = _timed(runner, tokens, c_lens, slots)
+        if i >= warmup:
+            static_ms.append(s_ms)
+            compact_ms.append(c_ms)
+            compact_rows.append(sum(c_lens))
+            compact_tier_rows.append(c_tier)
+    rows_static = batch * (gamma + 1)
+    static, compact = statistics.median(static_ms), statistics.median(compact_ms)
+    tier_rows_compact = statistics.median(compact_tier_rows)
+    return {
+        "device": device, "graphs": graphs, "params": params, "batch": batch, "gamma": gamma,
+        "prompt_len": prompt_len, "steps": steps, "mean_window": statistics.mean(r / batch - 1 for r in compact_rows),
+        "rows_static": rows_static, "rows_compact": statistics.median(compact_rows),
+        "tier_rows_compact": tier_rows_compact, "static_ms": round(static, 3), "compact_ms": round(compact, 3),
+        "time_ratio": round(compact / static, 4), "row_ratio": round(tier_rows_compact / rows_static, 4),
+    }
+
+
+@click.command("verify")
+@click.option("--batch", default=32, show_default=True)
+@click.option("--gamma", default=7, show_default=True)
+@click.option("--mean-window", default=2.5, show_default=True, help="Mean compact window (binomial).")
+@click.option("--steps", default=30, show_default=True, help="Timed steps per arm (median reported).")
+@click.option("--warmup", default=5, show_default=True)
+@click.option("--prompt-len", default=64, show_default=True)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--graphs/--no-graphs", default=None, help="CUDA-graph tiers (default: on for CUDA).")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON result.")
+def bench_verify(batch, gamma, mean_window, steps, warmup, prompt_len, device, graphs, as_json):
+    """Static vs compact verification cost on one batch; prints JSON."""
+    if not 0 <= mean_window <= gamma:
+        raise click.BadParameter(f"must lie in [0, gamma={gamma}], got {mean_window}", param_hint="--mean-window")
+    graphs = device.startswith("cuda") if graphs is None else graphs
+    result = run_verify_bench(batch, gamma, mean_window, steps, warmup, prompt_len, device, graphs)
+    if not as_json:
+        click.echo(f"compact/static time {result['time_ratio']:.3f} vs rows {result['row_ratio']:.3f}", err=True)
+    click.echo(json.dumps(result))

@@ -1,0 +1,212 @@
+"""The continuous-batching decode loop: admit, prefill, draft, schedule, verify, accept, commit.
+
+Each ``step`` advances every active request by ``accepted + 1`` tokens and emits
+one ``StepRecord`` (DESIGN §4) to the sink. Request state lives in the KV cache
+(committed rows) and in ``Request.history`` (committed tokens, the last one
+pending: its K/V is written by the next verify step).
+"""
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from collectors.schema import RequestRow, StepRecord
+from policies.window import FixedWindow, WindowContext, WindowPolicy
+
+from .acceptance import AcceptInput, accept, draft_accepts
+from .drafters import DraftContext, Drafter, temperature_probs
+from .kv_cache import KVCache
+from .model import EOS, Transformer, model_version
+from .modes import labels, mode_codes, verify_plan
+from .rng import ACCEPT, SAMPLE, uniform
+from .tiers import TierGrid
+from .timing import StageClock
+from .verify import TargetRunner
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: list[int]
+    max_new_tokens: int
+    temperature: float = 0.0
+    seed: int = 0
+    mode: str | None = None  # None: the engine's mode_for decides
+    task: str = "default"
+    stop_at_eos: bool = True
+    output: list[int] = field(default_factory=list)
+    history: list[int] = field(default_factory=list)
+    slot: int = -1
+    finish_reason: str | None = None
+
+
+@dataclass
+class EngineConfig:
+    gamma: int = 7
+    max_batch: int = 32
+    cache_len: int | None = None  # default: the model's max_seq_len
+    replica_id: str = "replica-0"
+    phase: str = "baseline"
+    policy_revision: int = 0
+    default_mode: str = "static"
+    sts_version: str | None = None
+    cost_table_version: str | None = None
+
+
+Sink = Callable[[StepRecord], None]
+
+
+class Engine:
+    def __init__(self, model: Transformer, drafter: Drafter, config: EngineConfig | None = None, *,
+                 policy: WindowPolicy | None = None, sink: Sink | None = None,
+                 calibrate: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 mode_for: Callable[[Request], str] | None = None,
+                 tiers: TierGrid | None = None, graphs: bool = False, passes=draft_accepts):
+        self.config = config or EngineConfig()
+        self.model, self.drafter = model.eval(), drafter
+        self.device = model.output.weight.device
+        self.cache = KVCache(model.args, self.config.max_batch, self.config.cache_len, self.device,
+                             model.output.weight.dtype)
+        grid = tiers or TierGrid()
+        runner_graphs = None
+        if graphs:
+            from .cuda_graphs import GraphTiers
+            runner_graphs = GraphTiers(model, self.cache, grid, self.config.gamma, self.config.max_batch)
+        self.runner = TargetRunner(model, self.cache, grid, runner_graphs)
+        self.policy = policy or FixedWindow(self.config.gamma)
+        self.sink = sink
+        # Without STS the survival is the plain running product of raw confidences.
+        self.calibrate = calibrate or (lambda conf: conf.cumprod(-1))
+        self.mode_for = mode_for or (lambda r: r.mode or self.config.default_mode)
+        self.passes = passes
+        self.queue: collections.deque[Request] = collections.deque()
+        self.active: list[Request] = []
+        self.finished: dict[str, Request] = {}
+        self.step_id = 0
+        self.model_version = model_version(model)
+
+    # -- admission -----------------------------------------------------------
+    def submit(self, request: Request) -> None:
+        need = len(request.prompt) + request.max_new_tokens + self.config.gamma + 1
+        if not request.prompt:
+            raise ValueError(f"request {request.request_id!r} has an empty prompt")
+        if need > self.cache.max_len:
+            raise ValueError(f"request {request.request_id!r} needs {need} positions (prompt {len(request.prompt)} "
+                             f"+ max_new_tokens {request.max_new_tokens} + gamma+1) but the cache holds {self.cache.max_len}")
+        if request.max_new_tokens < 1:
+            raise ValueError(f"request {request.request_id!r} has max_new_tokens={request.max_new_tokens} (< 1)")
+        self.queue.append(request)
+
+    def _admit(self) -> None:
+        admitted = []
+        while self.queue and len(self.active) < self.config.max_batch and self.cache.free_slots:
+            request = self.queue.popleft()
+            request.slot = self.cache.alloc()
+            request.history = list(request.prompt)
+            admitted.append(request)
+        # The last prompt token stays pending: the first verify step writes its K/V.
+        self.runner.prefill([r.prompt[:-1] for r in admitted], [r.slot for r in admitted])
+        self.active.extend(admitted)
+
+    # -- one step ------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> StepRecord | None:
+        self._admit()
+        if not self.active:
+            return None
+        reqs, gamma, dev = self.active, self.config.gamma, self.device
+        clock = StageClock(dev)
+        syncs = 0
+        positions = torch.tensor([self.cache.lengths[r.slot] for r in reqs], device=dev)
+        seeds = torch.tensor([r.seed for r in reqs], device=dev)
+        temps = torch.tensor([r.temperature for r in reqs], device=dev, dtype=torch.float32)
+
+        draft = self.drafter.propose(DraftContext([r.history for r in reqs], positions, seeds, temps, gamma))
+        clock.mark()
+
+        confidence = torch.sigmoid(draft.confidence_logits.float())
+        survival = self.calibrate(confidence)
+        decision = self.policy(survival, WindowContext(batch_size=len(reqs), gamma=gamma))
+        modes = [self.mode_for(r) for r in reqs]
+        verified, limit = verify_plan(mode_codes(modes, dev), decision.windows.to(dev), gamma)
+        lens = (verified + 1).tolist()  # the row count sizes the step: one host read
+        syncs += 1
+        clock.mark()
+
+        last = torch.tensor([r.history[-1] for r in reqs], device=dev)
+        out = self.runner.verify(torch.cat([last[:, None], draft.tokens.to(dev)], 1), lens, [r.slot for r in reqs])
+        clock.mark()
+
+        depth = torch.arange(1, gamma + 2, device=dev)
+        result = accept(AcceptInput(
+            p=temperature_probs(out.logits.float(), temps), q=draft.probs.to(dev).float(), drafts=draft.tokens.to(dev),
+            verified=verified, limit=limit, greedy=temps <= 0,
+            u_accept=uniform(seeds[:, None], positions[:, None] + depth[:-1], ACCEPT),
+            u_sample=uniform(seeds[:, None], positions[:, None] + depth, SAMPLE),
+        ), self.passes)
+        accepted, full, nxt = (t.tolist() for t in (result.accepted, result.full, result.next_token))
+        syncs += 1
+        drafts = draft.tokens.tolist()
+        clock.mark()
+
+        rows = []
+        suggested, windows = decision.windows.tolist(), limit.tolist()
+        conf_rows, surv_rows = confidence.tolist(), survival.tolist()
+        for i, r in enumerate(reqs):
+            committed = drafts[i][: accepted[i]] + [nxt[i]]
+            self.cache.commit(r.slot, accepted[i] + 1)
+            r.history.extend(committed)
+            r.output.extend(committed)
+            window, full_accept, cap_trim = labels(modes[i], windows[i], accepted[i], full[i], gamma)
+            rows.append(RequestRow(
+                request_id=r.request_id, mode=modes[i], task=r.task, temperature=r.temperature,
+                window_suggested=suggested[i], window=window, accepted=accepted[i], full_accept=full_accept,
+                cap_trim=cap_trim, confidence=conf_rows[i], survival=surv_rows[i], committed_tokens=committed,
+            ))
+        self._retire()
+        clock.mark()
+
+        draft_ms, schedule_ms, verify_ms, accept_ms, commit_ms = clock.durations_ms()
+        record = StepRecord(
+            replica_id=self.config.replica_id, step_id=self.step_id, ts=time.time(), batch_size=len(reqs),
+            gamma=gamma, verify_rows=sum(lens), tier_rows=out.tier.tier_rows, tier=out.tier.tier,
+            graph_hit=out.tier.graph_hit, miss_reason=out.tier.miss_reason, draft_ms=draft_ms,
+            schedule_ms=schedule_ms, verify_ms=verify_ms, accept_ms=accept_ms + commit_ms,
+            step_ms=draft_ms + schedule_ms + verify_ms + accept_ms + commit_ms,
+            predicted_step_ms=decision.predicted_step_ms, host_syncs=syncs if dev.type == "cuda" else 0,
+            phase=self.config.phase, policy_revision=self.config.policy_revision,
+            model_version=self.model_version, drafter_version=self.drafter.version,
+            sts_version=self.config.sts_version, cost_table_version=self.config.cost_table_version, requests=rows,
+        )
+        self.step_id += 1
+        if self.sink is not None:
+            self.sink(record)
+        return record
+
+    def _retire(self) -> None:
+        still = []
+        for r in self.active:
+            if r.stop_at_eos and EOS in r.output:
+                del r.output[r.output.index(EOS) + 1:]
+                r.finish_reason = "eos"
+            elif len(r.output) >= r.max_new_tokens:
+                del r.output[r.max_new_tokens:]
+                r.finish_reason = "length"
+            if r.finish_reason:
+                self.cache.release(r.slot)
+                self.finished[r.request_id] = r
+            else:
+                still.append(r)
+        self.active = still
+
+    def run(self, max_steps: int | None = None) -> dict[str, list[int]]:
+        """Step until every submitted request finished; returns outputs by request id."""
+        steps = 0
+        while (self.queue or self.active) and (max_steps is None or steps < max_steps):
+            self.step()
+            steps += 1
+        return {rid: r.output for rid, r in self.finished.items()}

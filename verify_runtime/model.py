@@ -1,0 +1,244 @@
+"""A Llama-style decoder-only LM in plain torch, over a byte-level vocabulary.
+
+Two forward paths share every layer:
+- ``forward_full`` — dense causal attention over ``[B, L]`` tokens, no cache. The
+  reference for correctness tests and the path used for training.
+- ``forward_packed`` — packed (ragged) rows from ``packing.PackedLayout``: all
+  dense work (projections, MLP, LM head) runs on the packed rows only, new K/V
+  rows are written into the ``KVCache``, and each row attends to its request's
+  cache causally by absolute position.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .packing import PackedLayout, kv_positions_mask
+
+# Byte-level vocabulary: ids 0..255 are bytes, then a few specials.
+BOS, EOS, PAD = 256, 257, 258
+BYTE_VOCAB = 260
+
+
+@dataclass
+class ModelArgs:
+    dim: int = 256
+    n_layers: int = 4
+    n_heads: int = 8
+    n_kv_heads: int = 4
+    ffn_hidden: int = 768
+    vocab_size: int = BYTE_VOCAB
+    max_seq_len: int = 512
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.dim % self.n_heads:
+            raise ValueError(f"dim={self.dim} is not divisible by n_heads={self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+def rope_tables(args: ModelArgs) -> tuple[torch.Tensor, torch.Tensor]:
+    half = args.head_dim // 2
+    freqs = 1.0 / (args.rope_theta ** (torch.arange(half, dtype=torch.float64) / half))
+    angles = torch.outer(torch.arange(args.max_seq_len, dtype=torch.float64), freqs)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [..., H, D]`` by tables ``cos, sin [..., D/2]`` (broadcast over heads)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+# An attention kernel: (q [..., H, D], k [..., Hkv, D], v [..., Hkv, D]) -> [..., H, D].
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
+        # One fused projection: at decode-sized row counts each matmul call has a
+        # fixed cost, so fewer, wider calls make step time follow the rows.
+        self.wqkv = nn.Linear(args.dim, (args.n_heads + 2 * args.n_kv_heads) * args.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+        lead = x.shape[:-1]
+        qkv = self.wqkv(x).view(*lead, self.n_heads + 2 * self.n_kv_heads, self.head_dim)
+        q, k, v = qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=-2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return self.wo(attend(q, k, v).flatten(-2))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.w13 = nn.Linear(args.dim, 2 * args.ffn_hidden, bias=False)  # gate and up, fused
+        self.w2 = nn.Linear(args.ffn_hidden, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w13(x).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.feed_forward = FeedForward(args)
+
+    def forward(self, x, cos, sin, attend: Attend) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, attend)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        cos, sin = rope_tables(args)
+        self.register_buffer("rope_cos", cos.float(), persistent=False)
+        self.register_buffer("rope_sin", sin.float(), persistent=False)
+        self.apply(self._init)
+
+    def _init(self, module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=self.args.init_std)
+
+    def _apply(self, fn, recurse=True):
+        # Keep RoPE tables in the model's dtype when it is cast (e.g. .double()).
+        out = super()._apply(fn, recurse)
+        dtype = self.tok_embeddings.weight.dtype
+        self.rope_cos, self.rope_sin = self.rope_cos.to(dtype), self.rope_sin.to(dtype)
+        return out
+
+    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, attends: list[Attend]) -> torch.Tensor:
+        """Final-normed hidden states for ``tokens`` at absolute ``positions`` (same shape)."""
+        flat = positions.reshape(-1)
+        cos = self.rope_cos.index_select(0, flat).view(*positions.shape, -1)
+        sin = self.rope_sin.index_select(0, flat).view(*positions.shape, -1)
+        h = self.tok_embeddings(tokens)
+        for layer, attend in zip(self.layers, attends):
+            h = layer(h, cos, sin, attend)
+        return self.norm(h)
+
+    @property
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def _attend_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+    )
+    return out.transpose(1, 2)
+
+
+def forward_full(model: Transformer, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense causal forward over ``tokens [B, L]`` from position 0: (hidden, logits)."""
+    positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+    h = model.hidden(tokens, positions, [_attend_causal] * len(model.layers))
+    return h, model.output(h)
+
+
+def _attend_packed(layout: PackedLayout, k_cache: torch.Tensor, v_cache: torch.Tensor) -> Attend:
+    """Attention for packed rows against one layer's cache ``[slots, max_len, Hkv, D]``.
+
+    New K/V rows are written at (slot, position) first, so a row sees its own
+    request's committed prefix plus the earlier rows of its window. Rows past a
+    request's committed length from an earlier, rejected verification are never
+    read: the mask admits only keys at positions <= the query's position, and
+    every such position was just written or is committed.
+    """
+    mask = kv_positions_mask(layout)  # [Bp, 1, Q, L]
+    n_req, width, max_len = layout.req_slot.shape[0], layout.q_len, k_cache.shape[1]
+    # Flat indices turn the row scatters and gathers into index_copy/index_select,
+    # which are several times cheaper than advanced indexing on CPU.
+    write_at = layout.kv_slot * max_len + layout.positions
+    cell = layout.row_req * width + layout.row_q
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k_cache.view(-1, *k.shape[1:]).index_copy_(0, write_at, k)
+        v_cache.view(-1, *v.shape[1:]).index_copy_(0, write_at, v)
+        qs = q.new_zeros(n_req * width, *q.shape[1:]).index_copy_(0, cell, q).view(n_req, width, *q.shape[1:])
+        keys = k_cache[:, : layout.kv_len].index_select(0, layout.req_slot)
+        values = v_cache[:, : layout.kv_len].index_select(0, layout.req_slot)
+        out = F.scaled_dot_product_attention(
+            qs.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask, enable_gqa=True
+        )
+        return out.transpose(1, 2).reshape(n_req * width, *q.shape[1:]).index_select(0, cell)
+
+    return attend
+
+
+def forward_packed(model: Transformer, cache, tokens: torch.Tensor, layout: PackedLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed forward over ``tokens [T]`` laid out by ``layout``: (hidden [T, dim], logits [T, V]).
+
+    Writes the rows' K/V into ``cache`` at their positions; does not move any
+    committed length (that is ``KVCache.commit``'s job).
+    """
+    attends = [_attend_packed(layout, cache.k[i], cache.v[i]) for i in range(len(model.layers))]
+    h = model.hidden(tokens, layout.positions, attends)
+    return h, model.output(h)
+
+
+def model_version(model: Transformer) -> str:
+    """A short content hash of the weights and args: the ``model_version`` of records."""
+    digest = hashlib.sha256(repr(dataclasses.asdict(model.args)).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().to(torch.float32).cpu().numpy().tobytes())
+    return digest.hexdigest()[:12]
+
+
+def save_checkpoint(model: Transformer, path: str | Path, extra: dict | None = None) -> None:
+    """Weights plus the ``ModelArgs`` as plain data, loadable with ``weights_only=True``."""
+    payload = {"args": dataclasses.asdict(model.args), "model": model.state_dict(), "extra": extra or {}}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(str(path) + ".tmp")
+    torch.save(payload, tmp)
+    tmp.replace(path)  # never leave a half-written checkpoint under the real name
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[Transformer, dict]:
+    payload = torch.load(path, map_location=map_location, weights_only=True)
+    missing = {"args", "model"} - set(payload)
+    if missing:
+        raise ValueError(f"checkpoint {path} lacks {sorted(missing)}")
+    model = Transformer(ModelArgs(**payload["args"]))
+    state = {k: v.float() if v.is_floating_point() else v for k, v in payload["model"].items()}
+    model.load_state_dict(state)
+    return model, payload.get("extra", {})
+
