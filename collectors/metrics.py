@@ -1,0 +1,116 @@
+"""Prometheus metrics named ``sparkgate_*``, fed from committed batches.
+
+Each ``Metrics`` owns a registry (the process default only when asked), so
+several stores or tests never share counters. Counting is vectorised: one
+``bincount`` per batch, then one counter update per non-empty label set.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from collectors.batch import Prepared
+from collectors.labels import ACCEPTED, CENSORED, REJECTED, mode_codes
+from collectors.schema import MODES, STATUSES
+
+# Steps take milliseconds; Prometheus' defaults start at 5 ms and would lump them together.
+STEP_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024)
+PHASES = ("baseline", "shadow", "canary", "compact", "adaptive", "fallback", "paused")
+_STEP_PARTS = ("draft", "schedule", "verify", "accept")
+
+
+class Metrics:
+    """The collector's Prometheus metrics; ``observe`` adds one committed batch."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = CollectorRegistry() if registry is None else registry
+        r = self.registry
+        labels = ("mode", "depth")
+        self.verified = Counter("sparkgate_depth_verified_total",
+                                "At-risk depths that were verified (accepted or rejected).", labels, registry=r)
+        self.accepted = Counter("sparkgate_depth_accepted_total", "Depths accepted.", labels, registry=r)
+        self.censored = Counter("sparkgate_depth_censored_total",
+                                "Depths never verified with outcome unknown (compact).", labels, registry=r)
+        self.tier_hits = Counter("sparkgate_tier_hits_total", "Verify steps served by a captured graph tier.",
+                                 ("tier",), registry=r)
+        self.tier_misses = Counter("sparkgate_tier_misses_total", "Verify steps that ran eager.",
+                                   ("reason",), registry=r)
+        self.padding_rows = Counter("sparkgate_padding_rows_total", "tier_rows - verify_rows over graph hits.",
+                                    registry=r)
+        self.step_seconds = Histogram("sparkgate_step_seconds", "Wall time of a verify step.",
+                                      buckets=STEP_BUCKETS, registry=r)
+        self.part_seconds = Histogram("sparkgate_step_part_seconds", "Time of one part of a verify step.",
+                                      ("part",), buckets=STEP_BUCKETS, registry=r)
+        self.steps = Counter("sparkgate_ingested_steps_total", "Step records committed.", registry=r)
+        self.depth_labels = Counter("sparkgate_ingested_depth_labels_total", "Depth labels committed.", registry=r)
+        self.quarantined = Counter("sparkgate_quarantined_total", "Records sent to quarantine.",
+                                   ("source",), registry=r)
+        self.ece = Gauge("sparkgate_survival_ece", "Survival ECE per depth (uncensored traffic).",
+                         ("depth",), registry=r)
+        self.utilization = Gauge("sparkgate_upper_bound_utilization",
+                                 "Accepted drafts over what the full block would have accepted.", registry=r)
+        self.phase = Gauge("sparkgate_rollout_phase", "1 for the current rollout phase, else 0.",
+                           ("phase",), registry=r)
+
+    def observe(self, prepared: Prepared, source: str) -> None:
+        """Count one committed batch (its valid steps and its quarantined records)."""
+        if prepared.quarantined:
+            self.quarantined.labels(source).inc(len(prepared.quarantined))
+        steps, labels = prepared.flat.steps, prepared.labels
+        self.steps.inc(steps.num_rows)
+        self.depth_labels.inc(labels.num_rows)
+        if labels.num_rows:
+            self._count_depths(labels)
+        if steps.num_rows:
+            self._count_steps(steps)
+
+    def _count_depths(self, labels) -> None:
+        mode = mode_codes(labels.column("mode").cast("string"))
+        depth = labels.column("depth").to_numpy().astype(np.int64)
+        status = labels.column("status").combine_chunks().indices.to_numpy()
+        width = int(depth.max()) + 1
+        counts = np.bincount((mode * width + depth) * len(STATUSES) + status,
+                             minlength=len(MODES) * width * len(STATUSES)).reshape(len(MODES), width, -1)
+        for m, d in zip(*np.nonzero(counts.sum(axis=2))):
+            key = (MODES[m], str(d))
+            row = counts[m, d]
+            self.verified.labels(*key).inc(int(row[ACCEPTED] + row[REJECTED]))
+            self.accepted.labels(*key).inc(int(row[ACCEPTED]))
+            self.censored.labels(*key).inc(int(row[CENSORED]))
+
+    def _count_steps(self, steps) -> None:
+        hit = steps.column("graph_hit").to_numpy(zero_copy_only=False)
+        tiers, tier_counts = np.unique(steps.column("tier").to_numpy()[hit], return_counts=True)
+        for tier, n in zip(tiers, tier_counts):
+            self.tier_hits.labels(str(tier)).inc(int(n))
+        reasons = steps.column("miss_reason").to_numpy(zero_copy_only=False)[~hit]
+        for reason, n in zip(*np.unique(reasons.astype(str), return_counts=True)):
+            self.tier_misses.labels(str(reason)).inc(int(n))
+        padding = steps.column("tier_rows").to_numpy()[hit] - steps.column("verify_rows").to_numpy()[hit]
+        self.padding_rows.inc(int(padding.sum()))
+        for seconds in steps.column("step_ms").to_numpy() / 1000.0:
+            self.step_seconds.observe(seconds)
+        for part in _STEP_PARTS:
+            child = self.part_seconds.labels(part)
+            for seconds in steps.column(f"{part}_ms").to_numpy() / 1000.0:
+                child.observe(seconds)
+
+    def set_calibration(self, ece_by_depth: Mapping[int, float]) -> None:
+        for depth, value in ece_by_depth.items():
+            self.ece.labels(str(depth)).set(value)
+
+    def set_utilization(self, value: float) -> None:
+        self.utilization.set(value)
+
+    def set_phase(self, current: str) -> None:
+        """Mark ``current`` as the rollout phase (one-hot over ``PHASES``)."""
+        if current not in PHASES:
+            raise ValueError(f"phase={current!r}: unknown; known: {list(PHASES)}")
+        for phase in PHASES:
+            self.phase.labels(phase).set(1.0 if phase == current else 0.0)
+
+    def exposition(self) -> bytes:
+        """The text exposition format, for a ``/metrics`` endpoint."""
+        return generate_latest(self.registry)
