@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # Benchmarks: `sparkgate bench NAME`.
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "verify": ("verify_runtime.bench:bench_verify", "static vs compact verification cost."),
+    "scheduler": ("policies.bench:bench_scheduler", "Window-policy time per step vs static verify time."),
 }
 
 

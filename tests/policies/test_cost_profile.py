@@ -1,0 +1,69 @@
+import dataclasses
+import random
+import re
+
+import pytest
+import torch
+
+from policies.cost_model import AdditiveCostTable, CostMeta, CostTableError, parse_cost_table
+from policies.cost_profile import StepSample, fit_additive_table, hardware_fingerprint, median_relative_error
+
+TRUE = AdditiveCostTable(bias_seconds=0.003, bs_probes=(1, 8, 32), alpha_seconds=(0.0, 0.0004, 0.002),
+                         m_probes=(1, 16, 64, 256), theta_seconds=(0.0, 0.0001, 0.001, 0.006))
+
+
+def grid_samples(table, noise=0.0, seed=0):
+    rng = random.Random(seed)
+    samples = []
+    for bs in (1, 8, 32):
+        for frac in (0.0, 0.25, 0.5, 1.0):
+            rows = bs + round(frac * bs * 7)
+            secs = float(table.step_seconds(bs, torch.tensor([float(rows)]))[0])
+            samples.append(StepSample(bs, rows, secs * (1 + rng.uniform(-noise, noise))))
+    return samples
+
+
+def test_fit_recovers_an_exactly_additive_cost():
+    samples = grid_samples(TRUE)
+    fitted = fit_additive_table(samples, bs_probes=TRUE.bs_probes, m_probes=TRUE.m_probes)
+    assert median_relative_error(fitted, samples) < 1e-9
+    assert min(fitted.alpha_seconds) == 0.0 and min(fitted.theta_seconds) == 0.0
+    assert fitted.bias_seconds > 0
+
+
+def test_fit_of_noisy_samples_predicts_within_the_noise_and_round_trips():
+    samples = grid_samples(TRUE, noise=0.05)
+    fitted = fit_additive_table(samples, meta=CostMeta(version="fit-1"))
+    assert median_relative_error(fitted, samples) < 0.05
+    assert parse_cost_table(fitted.to_json_dict()) == fitted
+
+
+def test_fit_rounds_rows_to_tiers_like_prediction():
+    meta = CostMeta(tiers=(16, 64, 256))
+    tiered = dataclasses.replace(TRUE, meta=meta)
+    samples = grid_samples(tiered)
+    fitted = fit_additive_table(samples, meta=meta)
+    assert fitted.m_probes == (16, 64, 256)  # the distinct tier-rounded row counts
+    assert median_relative_error(fitted, samples) < 1e-9
+
+
+@pytest.mark.parametrize("sample, field", [
+    (StepSample(0, 4, 0.01), "samples[0]: needs 1 <= batch_size"),
+    (StepSample(4, 2, 0.01), "samples[0]: needs 1 <= batch_size"),
+    (StepSample(4, 8, float("nan")), "samples[0].seconds"),
+])
+def test_bad_samples_are_rejected(sample, field):
+    with pytest.raises(CostTableError, match=re.escape(field)):
+        fit_additive_table([sample])
+
+
+def test_fit_refuses_to_extrapolate_beyond_given_probes():
+    with pytest.raises(CostTableError, match="m_probes"):
+        fit_additive_table(grid_samples(TRUE), m_probes=(1, 16))
+
+
+def test_hardware_fingerprint_is_stable_and_names_the_device():
+    fp = hardware_fingerprint()
+    assert fp == hardware_fingerprint("cpu")
+    assert set(fp) == {"system", "machine", "cpu", "torch", "device"}
+    assert fp["device"] == "cpu" and fp["torch"] == torch.__version__

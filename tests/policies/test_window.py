@@ -1,0 +1,150 @@
+"""Window policies: the behaviours issue 4 asks for, on hand-computed cases."""
+import pytest
+import torch
+
+from policies.cost_model import AdditiveCostTable, StepsPerSecondTable
+from policies.scheduler import admission_order, assign_windows, clean_survival
+from policies.window import ConfidenceThreshold, CostAwareScheduler, FixedWindow, WindowContext
+
+FREE = StepsPerSecondTable(sample_batch_tokens=(1,), sample_steps_per_sec=(100.0,), max_batch_tokens=100_000)
+# T(bs, M) = 2 + M seconds: a fixed overhead plus a cost proportional to rows.
+PROPORTIONAL = AdditiveCostTable(bias_seconds=2.0, bs_probes=(1,), alpha_seconds=(0.0,),
+                                 m_probes=(1, 2), theta_seconds=(1.0, 2.0))
+# Rows are nearly free up to 64 (memory-bound), then every row costs (compute-bound).
+KNEE = AdditiveCostTable(bias_seconds=0.01, bs_probes=(1,), alpha_seconds=(0.0,),
+                         m_probes=(1, 64, 128), theta_seconds=(0.0, 0.0005, 0.0105))
+
+
+def decide(policy, survival, lagged=None):
+    return policy(survival, WindowContext(survival.shape[0], survival.shape[1], lagged))
+
+
+def test_free_verification_verifies_everything():
+    survival = torch.cumprod(torch.rand(16, 7, generator=torch.Generator().manual_seed(0)) * 0.9 + 0.05, dim=1)
+    for table in (FREE, AdditiveCostTable(0.01, (1,), (0.0,), (1,), (0.0,))):
+        decision = decide(CostAwareScheduler(table), survival)
+        assert decision.windows.tolist() == [7] * 16
+        assert int(decision.budget) == 16 * 7
+
+
+def test_proportional_cost_picks_the_hand_computed_optimum():
+    # One request, S = [0.9, 0.5, 0.1], T = 2 + (1 + k):
+    # rate(k) = tau/T = 1/3, 1.9/4, 2.4/5, 2.5/6 -> k = 2 (0.48 tokens/s).
+    decision = decide(CostAwareScheduler(PROPORTIONAL, min_window=0), torch.tensor([[0.9, 0.5, 0.1]]))
+    assert decision.windows.tolist() == [2]
+    assert float(decision.predicted_step_ms) == pytest.approx(5000.0)
+    assert float(decision.predicted_tokens_per_s) == pytest.approx(0.48)
+
+
+def test_requests_with_different_confidences_get_different_windows():
+    # Admission: .9(r0) .8(r0) .6(r1) .2(r1) .1 .1; T = 2 + 2 + k:
+    # rate = 2/4, 2.9/5, 3.7/6, 4.3/7, 4.5/8 ... -> k = 2, both for request 0.
+    survival = torch.tensor([[0.9, 0.8, 0.1], [0.6, 0.2, 0.1]])
+    decision = decide(CostAwareScheduler(PROPORTIONAL, min_window=0), survival)
+    assert decision.windows.tolist() == [2, 0]
+    assert float(decision.predicted_tokens_per_s) == pytest.approx(3.7 / 6)
+
+
+def test_the_same_confidences_at_a_larger_batch_get_shorter_windows():
+    row = torch.tensor([[0.95, 0.9, 0.8, 0.7, 0.55, 0.4, 0.3]])
+    small = decide(CostAwareScheduler(KNEE), row.repeat(4, 1)).windows
+    large = decide(CostAwareScheduler(KNEE), row.repeat(64, 1)).windows
+    assert small.tolist() == [7] * 4
+    assert large.float().mean() < small.float().mean()
+    assert large.max() < 7
+
+
+def test_min_window_holds_even_when_rows_are_expensive():
+    survival = torch.full((8, 5), 0.01)
+    windows = decide(CostAwareScheduler(PROPORTIONAL, min_window=2), survival).windows
+    assert windows.tolist() == [2] * 8
+    assert decide(CostAwareScheduler(PROPORTIONAL, min_window=9), survival).windows.tolist() == [5] * 8
+
+
+def test_max_batch_tokens_caps_the_planned_rows():
+    capped = StepsPerSecondTable(sample_batch_tokens=(1,), sample_steps_per_sec=(100.0,), max_batch_tokens=4 + 6)
+    decision = decide(CostAwareScheduler(capped, min_window=0), torch.full((4, 7), 0.9))
+    assert int(decision.windows.sum()) == 6
+
+
+def test_tie_break_is_survival_then_depth_then_request():
+    survival = torch.tensor([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]])
+    requests, _ = admission_order(clean_survival(survival))
+    assert requests.tolist() == [0, 1, 2, 0, 1, 2]
+    assert assign_windows(requests, 4, 3).tolist() == [2, 1, 1]
+    # Survival first; among equal survivals the shallower depth beats the lower request.
+    survival = torch.tensor([[0.5, 0.5], [0.7, 0.5]])
+    requests, _ = admission_order(clean_survival(survival))
+    assert requests.tolist() == [1, 0, 0, 1]
+
+
+def test_decisions_are_deterministic():
+    survival = torch.tensor([[0.8, 0.8, 0.4], [0.8, 0.4, 0.4], [0.8, 0.8, 0.8]])
+    policy = CostAwareScheduler(PROPORTIONAL, min_window=0)
+    first = decide(policy, survival).windows
+    for _ in range(5):
+        assert torch.equal(decide(policy, survival).windows, first)
+
+
+def test_wobbly_survivals_still_give_prefixes():
+    # Calibration round-off: depth 2 a hair above depth 1 must not be admitted before it.
+    survival = torch.tensor([[0.5, 0.5000001, float("nan")], [0.6, 0.1, 0.0]])
+    requests, admitted = admission_order(clean_survival(survival))
+    assert requests.tolist()[:3] == [1, 0, 0]
+    assert admitted.tolist()[-1] == 0.0
+
+
+def test_lagged_mode_decides_the_budget_from_the_older_survivals():
+    current = torch.tensor([[0.99, 0.98, 0.97], [0.99, 0.98, 0.97]])
+    lagged = torch.tensor([[0.3, 0.1, 0.05], [0.9, 0.8, 0.1]])
+    unlagged_on_lagged = decide(CostAwareScheduler(PROPORTIONAL, min_window=0), lagged)
+    decision = decide(CostAwareScheduler(PROPORTIONAL, min_window=0, lag=2), current, lagged)
+    assert int(decision.budget) == int(unlagged_on_lagged.budget) == 2
+    # Within that budget the windows follow the current survivals (depth first, then request).
+    assert decision.windows.tolist() == [1, 1]
+    assert int(decide(CostAwareScheduler(PROPORTIONAL, min_window=0), current).budget) > 2
+
+
+def test_lagged_mode_needs_matching_lagged_survivals():
+    policy = CostAwareScheduler(PROPORTIONAL, lag=2)
+    with pytest.raises(ValueError, match="lagged_survival, got None"):
+        decide(policy, torch.ones(2, 3))
+    with pytest.raises(ValueError, match=r"lagged_survival: shape \(1, 3\)"):
+        decide(policy, torch.ones(2, 3), torch.ones(1, 3))
+
+
+def test_scheduler_checks_the_context_and_handles_an_empty_batch():
+    with pytest.raises(ValueError, match="does not match ctx"):
+        CostAwareScheduler(FREE)(torch.ones(2, 3), WindowContext(2, 4))
+    assert decide(CostAwareScheduler(FREE), torch.ones(0, 3)).windows.shape == (0,)
+    with pytest.raises(ValueError, match="min_window"):
+        CostAwareScheduler(FREE, min_window=-1)
+
+
+def test_confidence_threshold_counts_survivors():
+    survival = torch.tensor([[0.9, 0.6, 0.3], [0.4, 0.2, 0.1]])
+    assert decide(ConfidenceThreshold(0.5), survival).windows.tolist() == [2, 0]
+    assert decide(ConfidenceThreshold(0.5, min_window=1), survival).windows.tolist() == [2, 1]
+    assert decide(ConfidenceThreshold(0.0), survival).windows.tolist() == [3, 3]
+    with pytest.raises(ValueError, match="p must be in"):
+        ConfidenceThreshold(1.5)
+
+
+def test_fixed_window_clamps_to_gamma():
+    assert decide(FixedWindow(9), torch.ones(2, 4)).windows.tolist() == [4, 4]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_scheduler_never_syncs_on_cuda():
+    survival = torch.cumprod(torch.rand(64, 7, device="cuda") * 0.7 + 0.3, dim=1)
+    lagged_host = torch.cumprod(torch.rand(64, 7) * 0.7 + 0.3, dim=1)
+    for policy, lagged in ((CostAwareScheduler(KNEE), None), (CostAwareScheduler(KNEE, lag=2), lagged_host),
+                           (ConfidenceThreshold(0.5), None)):
+        decide(policy, survival, lagged)  # warm-up copies the cost curve once
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            decision = decide(policy, survival, lagged)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert decision.windows.is_cuda
