@@ -55,7 +55,8 @@ def time_policy(policy: WindowPolicy, inputs: list[torch.Tensor], ctxs: list[Win
         times.append((time.perf_counter() - start) * 1000.0)
         windows.append(decision.windows)
     times.sort()
-    return {"median_ms": statistics.median(times), "p99_ms": times[min(len(times) - 1, int(0.99 * len(times)))],
+    p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
+    return {"median_ms": statistics.median(times), "p99_ms": p99,
             "mean_window": float(torch.stack(windows).float().mean())}
 
 
@@ -111,7 +112,8 @@ def bench_scheduler(batch: int, gamma: int, steps: int, device: str, cost_table:
     if batch < 1 or gamma < 1 or steps < 1:
         raise click.BadParameter(f"--batch, --gamma and --steps must be >= 1, got {batch}, {gamma}, {steps}")
     table = synthetic_cost_table() if cost_table is None else load_cost_table(cost_table)
-    report = run_benchmark(batch, gamma, steps, device, table, "synthetic" if cost_table is None else str(cost_table))
+    table_name = "synthetic" if cost_table is None else str(cost_table)
+    report = run_benchmark(batch, gamma, steps, device, table, table_name)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return

@@ -16,7 +16,14 @@ from typing import Sequence
 
 import torch
 
-from policies.cost_model import AdditiveCostTable, CostMeta, CostTable, CostTableError, piecewise_linear, round_up_to_tier
+from policies.cost_model import (
+    AdditiveCostTable,
+    CostMeta,
+    CostTable,
+    CostTableError,
+    piecewise_linear,
+    round_up_to_tier,
+)
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,8 @@ def _hat_basis(probes: tuple[int, ...], x: torch.Tensor, name: str) -> torch.Ten
 
 
 def fit_additive_table(samples: Sequence[StepSample], *, bs_probes: Sequence[int] | None = None,
-                       m_probes: Sequence[int] | None = None, meta: CostMeta = CostMeta()) -> AdditiveCostTable:
+                       m_probes: Sequence[int] | None = None,
+                       meta: CostMeta = CostMeta()) -> AdditiveCostTable:
     """Least-squares ``bias + alpha(bs) + theta(M)`` with alpha, theta piecewise linear.
 
     Probes default to the distinct measured values. Rows are rounded up to

@@ -155,7 +155,8 @@ class RolloutPolicy:
             raise _fail("progress_deadline_s", self.progress_deadline_s,
                         f"at least evaluation_interval_s ({self.evaluation_interval_s})")
         if self.fallback_window is not None and not (0 <= self.fallback_window <= self.gamma):
-            raise _fail("fallback_window", self.fallback_window, f"an integer in [0, gamma={self.gamma}] or null")
+            raise _fail("fallback_window", self.fallback_window,
+                        f"an integer in [0, gamma={self.gamma}] or null")
         names = [g.name for g in self.gates]
         for i, name in enumerate(names):
             if name in names[:i]:
@@ -168,7 +169,8 @@ class RolloutPolicy:
             if phase not in PHASES:
                 raise _fail(f"phases[{i}]", phase, f"one of {', '.join(PHASES)}")
             if i and PHASES.index(phase) <= PHASES.index(self.phases[i - 1]):
-                raise _fail(f"phases[{i}]", phase, f"a phase after {self.phases[i - 1]} in {' -> '.join(PHASES)}")
+                raise _fail(f"phases[{i}]", phase,
+                            f"a phase after {self.phases[i - 1]} in {' -> '.join(PHASES)}")
 
     @property
     def fallback_window_value(self) -> int:

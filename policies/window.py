@@ -14,7 +14,13 @@ from typing import Protocol
 import torch
 
 from policies.cost_model import CostTable
-from policies.scheduler import admission_order, assign_windows, best_budget, clean_survival, expected_committed
+from policies.scheduler import (
+    admission_order,
+    assign_windows,
+    best_budget,
+    clean_survival,
+    expected_committed,
+)
 
 
 @dataclass
@@ -102,8 +108,8 @@ class CostAwareScheduler:
     the windows sum to ``budget``; a 1-D table's ``max_batch_tokens`` caps the
     rows planned unless ``min_window`` alone needs more.
 
-    ``min_window`` defaults to 1: a zero window teaches the calibration nothing
-    (its depth-1 outcome is censored) and can never beat plain decoding.
+    ``min_window`` defaults to 1: a zero window is plain decoding, and its
+    depth-1 outcome stays censored, so it teaches the calibration nothing.
     ``lag > 0`` decides the budget from ``ctx.lagged_survival`` (the step
     ``t - lag`` survivals, as production servers do so the budget is known on
     the host without a device sync) while the windows within that budget still
@@ -133,7 +139,8 @@ class CostAwareScheduler:
         curve = self._curves.get(key)
         if curve is None:
             n = batch_size * gamma
-            seconds = self.cost_table.step_seconds(batch_size, batch_size + torch.arange(n + 1, dtype=torch.float64))
+            rows = batch_size + torch.arange(n + 1, dtype=torch.float64)
+            seconds = self.cost_table.step_seconds(batch_size, rows)
             lo = batch_size * min(self.min_window, gamma)
             max_rows = self.cost_table.max_verify_rows
             hi = n if max_rows is None else max(lo, min(n, max_rows - batch_size))
@@ -174,7 +181,9 @@ class CostAwareScheduler:
             k = budget.to(s.device, non_blocking=True)
         else:
             budget = k = best_budget(tau, curve)
-        seconds = curve[k]
+        # index_select, not curve[k]: indexing with a 0-d tensor may read it on the host.
+        seconds = curve.index_select(0, k.reshape(1)).squeeze(0)
+        committed = tau.index_select(0, k.reshape(1)).squeeze(0)
         return WindowDecision(windows=assign_windows(requests, k, batch_size),
                               predicted_step_ms=seconds * 1000.0,
-                              predicted_tokens_per_s=tau[k] / seconds, budget=budget)
+                              predicted_tokens_per_s=committed / seconds, budget=budget)
