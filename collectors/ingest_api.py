@@ -11,6 +11,12 @@ Mount ``ingest_router(ingestor)`` in any FastAPI app. Responses:
 """
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
+from typing import Iterator
+
+import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
@@ -97,3 +103,21 @@ def ingest_app(ingestor: Ingestor, max_body_bytes: int = DEFAULT_MAX_BODY) -> Fa
             return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     return app
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Run ``app`` under uvicorn on a background thread; yields its base URL (port 0 picks a free one)."""
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, name="sparkgate-http", daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError(f"HTTP server on {host}:{port} failed to start")
+        time.sleep(0.01)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join()

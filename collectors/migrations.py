@@ -56,7 +56,7 @@ def current_version(con: duckdb.DuckDBPyConnection) -> int:
     """The highest applied migration, 0 for an empty database."""
     con.execute("""CREATE TABLE IF NOT EXISTS schema_migrations (
         version INTEGER PRIMARY KEY, description VARCHAR NOT NULL, applied_at DOUBLE NOT NULL)""")
-    return con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0]
+    return con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchall()[0][0]
 
 
 def migrate(con: duckdb.DuckDBPyConnection) -> int:

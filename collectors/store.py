@@ -92,7 +92,7 @@ class Store:
     def counts(self) -> dict[str, int]:
         """Row counts of the event and quarantine tables."""
         with self._lock:
-            return {t: self._con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+            return {t: self._con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0]
                     for t in EVENT_TABLES + ("quarantine",)}
 
     def _stored_mask(self, steps: pa.Table) -> np.ndarray:
@@ -138,7 +138,7 @@ class Store:
             try:
                 for table, column in [(t, "ts") for t in EVENT_TABLES] + [("quarantine", "received_at")]:
                     deleted[table] = self._con.execute(
-                        f"DELETE FROM {table} WHERE {column} < ?", [cutoff_ts]).fetchone()[0]
+                        f"DELETE FROM {table} WHERE {column} < ?", [cutoff_ts]).fetchall()[0][0]
                 self._con.execute("COMMIT")
             except BaseException:
                 self._con.execute("ROLLBACK")
@@ -162,7 +162,7 @@ class Store:
             for table in EVENT_TABLES:
                 written[table] = self._con.execute(
                     f"COPY (SELECT *, {_DATE} AS date FROM {table} {where}) TO {_sql_path(staging / table)} "
-                    "(FORMAT parquet, PARTITION_BY (date, replica_id))").fetchone()[0]
+                    "(FORMAT parquet, PARTITION_BY (date, replica_id))").fetchall()[0][0]
         for partition in sorted(staging.glob("*/date=*/replica_id=*")):
             target = out / partition.relative_to(staging)
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,140 @@
+"""The DuckDB store: transactions, quarantine, duplicates, retention, export, snapshots."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+
+from collectors.migrations import MIGRATIONS
+from collectors.store import Store, open_snapshot
+from collectors.synth import synthetic_wire
+from collectors.wire import from_dicts, from_records
+from tests.collectors.strategies import compact_row, step
+
+
+def test_migrations_recorded_once_and_reopen_is_idempotent(tmp_path):
+    path = tmp_path / "m.duckdb"
+    Store(path).close()
+    with Store(path) as s:
+        versions = s.query("SELECT version FROM schema_migrations").column(0).to_pylist()
+    assert versions == [m[0] for m in MIGRATIONS]
+
+
+def test_refuses_a_store_from_a_newer_version(tmp_path):
+    path = tmp_path / "new.duckdb"
+    Store(path).close()
+    con = duckdb.connect(str(path))
+    con.execute("INSERT INTO schema_migrations VALUES (999, 'future', 0)")
+    con.close()
+    with pytest.raises(RuntimeError, match="999"):
+        Store(path)
+
+
+def test_batch_rows_land_in_every_table(store):
+    result = store.ingest(from_records([step(1, requests=[compact_row()]), step(2, requests=[compact_row()])]), "t")
+    assert result.summary() == {"steps": 2, "requests": 2, "depth_labels": 8, "quarantined": 0}
+    assert store.counts() == {"steps": 2, "requests": 2, "depth_labels": 8, "quarantine": 0}
+    row = store.query('SELECT mode, "window", accepted, full_accept, survival FROM requests LIMIT 1').to_pylist()[0]
+    assert row == {"mode": "compact", "window": 2, "accepted": 2, "full_accept": None,
+                   "survival": [0.9, 0.81, pytest.approx(0.729), pytest.approx(0.6561)]}
+
+
+def test_invalid_steps_are_quarantined_whole_and_valid_ones_kept(store):
+    bad = step(2, requests=[compact_row(), compact_row(window=9, request_id="r2")])
+    result = store.ingest(from_records([step(1, requests=[compact_row()]), bad]), "unit")
+    assert store.counts() == {"steps": 1, "requests": 1, "depth_labels": 4, "quarantine": 1}
+    q = store.query("SELECT source, position, replica_id, step_id, reason, problems, payload FROM quarantine")
+    row = q.to_pylist()[0]
+    assert (row["source"], row["position"], row["replica_id"], row["step_id"]) == ("unit", 1, "replica-a", 2)
+    assert "requests[1].window=9" in row["reason"]
+    assert json.loads(row["problems"])[0]["field"] == "requests[1].window"
+    assert json.loads(row["payload"])["step_id"] == 2
+    assert result.quarantined == 1
+
+
+def test_duplicate_steps_against_store_and_within_batch(store):
+    store.ingest(from_records([step(1)]), "t")
+    result = store.ingest(from_records([step(1), step(2), step(2)]), "t")
+    assert store.counts()["steps"] == 2
+    reasons = [str(p) for q in result.prepared.quarantined for p in q.problems]
+    assert any("already stored" in r for r in reasons) and any("earlier in this batch" in r for r in reasons)
+
+
+def test_untypeable_records_are_quarantined(store):
+    result = store.ingest(from_dicts([{"step_id": "seven"}, 42, step(3).to_dict()]), "t")
+    assert result.steps == 1 and result.quarantined == 2
+    problems = store.query("SELECT position, reason FROM quarantine ORDER BY position").to_pylist()
+    assert problems[0]["position"] == 0 and "step_id='seven'" in problems[0]["reason"]
+    assert problems[1]["position"] == 1 and "must be a JSON object" in problems[1]["reason"]
+
+
+def test_a_failed_commit_writes_nothing(store):
+    # depth_labels is written after steps and requests: make that third insert fail.
+    store._con.execute("ALTER TABLE depth_labels RENAME TO depth_labels_real")
+    store._con.execute("CREATE TABLE depth_labels (unrelated INTEGER)")
+    with pytest.raises(duckdb.Error):
+        store.ingest(from_records([step(1, requests=[compact_row()]), step(2, requests=[compact_row()])]), "t")
+    assert store.counts() == {"steps": 0, "requests": 0, "depth_labels": 0, "quarantine": 0}
+    store._con.execute("DROP TABLE depth_labels")
+    store._con.execute("ALTER TABLE depth_labels_real RENAME TO depth_labels")
+    assert store.ingest(from_records([step(1, requests=[compact_row()])]), "t").steps == 1
+
+
+def test_retention_deletes_old_rows_everywhere(store):
+    store.ingest(from_records([step(1, requests=[compact_row()], ts=100.0),
+                               step(2, requests=[compact_row(request_id="r2")], ts=200.0)]), "t")
+    assert store.delete_before(150.0) == {"steps": 1, "requests": 1, "depth_labels": 4, "quarantine": 0}
+    assert store.query("SELECT step_id FROM depth_labels").column(0).to_pylist() == [2] * 4
+
+
+def test_export_is_hive_partitioned_and_reexport_does_not_duplicate(store, tmp_path):
+    day = 86400.0 * 20000
+    store.ingest(from_records([step(1, requests=[compact_row()], ts=day + 5),
+                               step(2, requests=[compact_row()], ts=day + 86400 + 5, replica_id="b")]), "t")
+    out = tmp_path / "export"
+    assert store.export(out) == {"steps": 2, "requests": 2, "depth_labels": 8}
+    store.export(out, since_ts=day + 10)  # rounds down to the day: rewrites both partitions whole
+    partitions = sorted(p.relative_to(out / "depth_labels").as_posix()
+                        for p in (out / "depth_labels").glob("date=*/replica_id=*"))
+    assert partitions == ["date=2024-10-04/replica_id=replica-a", "date=2024-10-05/replica_id=b"]
+    count = duckdb.sql(f"SELECT count(*) FROM read_parquet('{out}/depth_labels/**/*.parquet', "
+                       "hive_partitioning=true)").fetchall()[0][0]
+    assert count == 8
+
+
+def test_snapshot_is_readable_from_another_process_while_the_writer_holds_the_file(store, tmp_path):
+    store.ingest(from_records([step(1, requests=[compact_row()])]), "t")
+    snapdir = tmp_path / "snap"
+    store.snapshot(snapdir)
+    store.ingest(from_records([step(2, requests=[compact_row()])]), "t")
+    generation = store.snapshot(snapdir)
+    for _ in range(2):
+        store.snapshot(snapdir)
+    assert len(list(snapdir.glob("gen-*"))) == 2 and not generation.exists()
+    code = ("from collectors.store import open_snapshot; import sys; "
+            "print(open_snapshot(sys.argv[1]).execute('SELECT count(*) FROM depth_labels').fetchall()[0][0])")
+    out = subprocess.run([sys.executable, "-c", code, str(snapdir)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "8"
+    assert pq.read_table(snapdir / (snapdir / "CURRENT").read_text() / "steps.parquet").num_rows == 2
+    assert open_snapshot(snapdir).execute("SELECT count(*) FROM steps").fetchall()[0][0] == 2
+
+
+def test_big_synthetic_batch_commits_in_one_go(store):
+    wire = synthetic_wire(50, batch=8, gamma=5)
+    parsed = from_dicts(wire.to_pylist())
+    assert store.ingest(parsed, "t").summary() == {"steps": 50, "requests": 400, "depth_labels": 2000,
+                                                   "quarantined": 0}
+    statuses = store.query("SELECT DISTINCT status FROM depth_labels ORDER BY 1").column(0).to_pylist()
+    assert set(statuses) <= {"accepted", "rejected", "not_at_risk", "censored"} and "censored" in statuses
+
+
+def test_decisions_and_max_step_ids(store):
+    store.ingest(from_records([step(4), step(9), step(2, replica_id="b")]), "t")
+    assert store.max_step_ids() == {"replica-a": 9, "b": 2}
+    store.record_decision(1, "shadow", "fallback", "rollback", [{"gate": "ece", "value": 0.09}])
+    row = store.query("SELECT phase_to, reasons FROM decisions").to_pylist()[0]
+    assert row["phase_to"] == "fallback" and json.loads(row["reasons"])[0]["gate"] == "ece"
