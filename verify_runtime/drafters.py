@@ -30,6 +30,12 @@ class DraftContext:
     seeds: torch.Tensor  # [B] int64
     temperatures: torch.Tensor  # [B] float; 0 = greedy
     gamma: int
+    # The target's final hidden states of the last ``hidden_window`` committed
+    # positions before the pending token, oldest first, left-padded with zeros
+    # (``[B, K, dim]``), and how many are real (``[B]``). Present only when the
+    # drafter asks for them with a ``hidden_window`` attribute > 0.
+    hidden: torch.Tensor | None = None
+    hidden_len: torch.Tensor | None = None
 
 
 @dataclass
@@ -41,6 +47,7 @@ class DraftOutput:
 
 class Drafter(Protocol):
     version: str
+    hidden_window: int  # target hidden states wanted per request (0: none)
 
     def propose(self, ctx: DraftContext) -> DraftOutput: ...
 
@@ -74,6 +81,7 @@ class NGramDrafter:
     def __init__(self, vocab_size: int, max_n: int = 4, smoothing: float = 0.5):
         self.vocab_size, self.max_n, self.smoothing = vocab_size, max_n, smoothing
         self.version = f"ngram-n{max_n}-s{smoothing}"
+        self.hidden_window = 0
 
     def _histogram(self, history: torch.Tensor) -> torch.Tensor:
         counts = torch.full((self.vocab_size,), self.smoothing / self.vocab_size, dtype=torch.float64)
@@ -109,6 +117,7 @@ class ModelDrafter:
     def __init__(self, model: Transformer, noise: float = 0.0, context: int = 64, version: str | None = None):
         self.model, self.noise, self.context = model, noise, context
         self.version = version or f"model-noise{noise}"
+        self.hidden_window = 0
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext) -> DraftOutput:

@@ -40,6 +40,7 @@ class Request:
     stop_at_eos: bool = True
     output: list[int] = field(default_factory=list)
     history: list[int] = field(default_factory=list)
+    hidden: torch.Tensor | None = None  # last target hidden states, for drafters that read them
     slot: int = -1
     finish_reason: str | None = None
 
@@ -109,8 +110,29 @@ class Engine:
             request.history = list(request.prompt)
             admitted.append(request)
         # The last prompt token stays pending: the first verify step writes its K/V.
-        self.runner.prefill([r.prompt[:-1] for r in admitted], [r.slot for r in admitted])
+        hidden = self.runner.prefill([r.prompt[:-1] for r in admitted], [r.slot for r in admitted])
+        for request, h in zip(admitted, hidden):
+            self._keep_hidden(request, h)
         self.active.extend(admitted)
+
+    def _keep_hidden(self, request: Request, new: torch.Tensor) -> None:
+        window = self.drafter.hidden_window
+        if window:
+            old = new[:0] if request.hidden is None else request.hidden
+            request.hidden = torch.cat([old, new])[-window:]
+
+    def _draft_context(self, reqs: list[Request], positions, seeds, temps) -> DraftContext:
+        ctx = DraftContext([r.history for r in reqs], positions, seeds, temps, self.config.gamma)
+        window = self.drafter.hidden_window
+        if window:
+            ctx.hidden = torch.zeros(len(reqs), window, self.model.args.dim, device=self.device,
+                                     dtype=self.model.output.weight.dtype)
+            for i, r in enumerate(reqs):
+                n = r.hidden.shape[0]
+                if n:
+                    ctx.hidden[i, window - n:] = r.hidden
+            ctx.hidden_len = torch.tensor([r.hidden.shape[0] for r in reqs], device=self.device)
+        return ctx
 
     # -- one step ------------------------------------------------------------
     @torch.inference_mode()
@@ -125,7 +147,7 @@ class Engine:
         seeds = torch.tensor([r.seed for r in reqs], device=dev)
         temps = torch.tensor([r.temperature for r in reqs], device=dev, dtype=torch.float32)
 
-        draft = self.drafter.propose(DraftContext([r.history for r in reqs], positions, seeds, temps, gamma))
+        draft = self.drafter.propose(self._draft_context(reqs, positions, seeds, temps))
         clock.mark()
 
         confidence = torch.sigmoid(draft.confidence_logits.float())
@@ -159,6 +181,7 @@ class Engine:
         for i, r in enumerate(reqs):
             committed = drafts[i][: accepted[i]] + [nxt[i]]
             self.cache.commit(r.slot, accepted[i] + 1)
+            self._keep_hidden(r, out.hidden[i, : accepted[i] + 1])
             r.history.extend(committed)
             r.output.extend(committed)
             window, full_accept, cap_trim = labels(modes[i], windows[i], accepted[i], full[i], gamma)
@@ -177,7 +200,7 @@ class Engine:
             graph_hit=out.tier.graph_hit, miss_reason=out.tier.miss_reason, draft_ms=draft_ms,
             schedule_ms=schedule_ms, verify_ms=verify_ms, accept_ms=accept_ms + commit_ms,
             step_ms=draft_ms + schedule_ms + verify_ms + accept_ms + commit_ms,
-            predicted_step_ms=decision.predicted_step_ms, host_syncs=syncs if dev.type == "cuda" else 0,
+            predicted_step_ms=_as_float(decision.predicted_step_ms), host_syncs=syncs if dev.type == "cuda" else 0,
             phase=self.config.phase, policy_revision=self.config.policy_revision,
             model_version=self.model_version, drafter_version=self.drafter.version,
             sts_version=self.config.sts_version, cost_table_version=self.config.cost_table_version, requests=rows,
@@ -210,3 +233,8 @@ class Engine:
             self.step()
             steps += 1
         return {rid: r.output for rid, r in self.finished.items()}
+
+
+def _as_float(value) -> float | None:
+    """Policies may return predictions as 0-d tensors (no host sync in the hot path)."""
+    return None if value is None else float(value)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .packing import PackedLayout, kv_positions_mask
+from .packing import PackedLayout
 
 # Byte-level vocabulary: ids 0..255 are bytes, then a few specials.
 BOS, EOS, PAD = 256, 257, 258
@@ -182,23 +182,29 @@ def _attend_packed(layout: PackedLayout, k_cache: torch.Tensor, v_cache: torch.T
     read: the mask admits only keys at positions <= the query's position, and
     every such position was just written or is committed.
     """
-    mask = kv_positions_mask(layout)  # [Bp, 1, Q, L]
-    n_req, width, max_len = layout.req_slot.shape[0], layout.q_len, k_cache.shape[1]
+    masks = [g.mask() for g in layout.groups]
+    max_len = k_cache.shape[1]
     # Flat indices turn the row scatters and gathers into index_copy/index_select,
-    # which are several times cheaper than advanced indexing on CPU.
+    # several times cheaper than advanced indexing on CPU.
     write_at = layout.kv_slot * max_len + layout.positions
-    cell = layout.row_req * width + layout.row_q
+    n_cells = layout.n_cells
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_cache.view(-1, *k.shape[1:]).index_copy_(0, write_at, k)
         v_cache.view(-1, *v.shape[1:]).index_copy_(0, write_at, v)
-        qs = q.new_zeros(n_req * width, *q.shape[1:]).index_copy_(0, cell, q).view(n_req, width, *q.shape[1:])
-        keys = k_cache[:, : layout.kv_len].index_select(0, layout.req_slot)
-        values = v_cache[:, : layout.kv_len].index_select(0, layout.req_slot)
-        out = F.scaled_dot_product_attention(
-            qs.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask, enable_gqa=True
-        )
-        return out.transpose(1, 2).reshape(n_req * width, *q.shape[1:]).index_select(0, cell)
+        # One spare cell (index n_cells) takes every padding row and stays zero.
+        grid = q.new_zeros(n_cells + 1, *q.shape[1:]).index_copy_(0, layout.cell, q)
+        out = torch.zeros_like(grid)
+        for group, mask in zip(layout.groups, masks):
+            cells = slice(group.offset, group.offset + group.n_cells)
+            qs = grid[cells].view(-1, group.q_len, *q.shape[1:])
+            keys = k_cache[:, : group.kv_len].index_select(0, group.slots)
+            values = v_cache[:, : group.kv_len].index_select(0, group.slots)
+            o = F.scaled_dot_product_attention(
+                qs.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask, enable_gqa=True
+            )
+            out[cells] = o.transpose(1, 2).reshape(group.n_cells, *q.shape[1:])
+        return out.index_select(0, layout.cell)
 
     return attend
 

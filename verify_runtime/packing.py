@@ -4,13 +4,19 @@ Request ``b`` contributes ``lens[b]`` rows (its last committed token plus its
 window of drafts, or a prompt at prefill) at absolute positions
 ``starts[b] .. starts[b] + lens[b] - 1``. Rows are concatenated request by
 request; ``cu_seqlens`` holds the cumulative offsets. Padding rows (up to a
-graph tier) follow the real rows and belong to a scratch request ``B`` that
-owns the cache's scratch slot, so they never touch a real request's state.
+graph tier) follow the real rows, write their K/V into the cache's scratch slot
+and are attended by nobody.
+
+Attention runs per *group* of requests with similar row counts: a group is a
+``[n, q_len]`` grid of query cells, and every real row owns one cell. Grouping
+by powers of two keeps padded cells under 2× the real rows, so attention cost
+follows the packed rows too. A CUDA graph asks for one fixed-shape group instead.
 
 Invariants of a ``PackedLayout`` with ``n_rows`` real rows and ``T`` rows in all:
 - ``row_req[:n_rows]`` is non-decreasing, ``row_req[n_rows:] == B``;
-- ``positions[r] == req_start[row_req[r]] + row_q[r]`` for real rows;
-- ``q_len >= max(lens)`` and ``kv_len >= max(starts + lens)``.
+- ``positions[r] == starts[row_req[r]] + row_q[r]`` for real rows, 0 for padding;
+- each real row's ``cell`` is unique; padding rows share the cell ``n_cells``,
+  which no group computes (its attention output is zero).
 """
 from __future__ import annotations
 
@@ -20,25 +26,48 @@ import torch
 
 
 @dataclass
+class AttentionGroup:
+    slots: torch.Tensor  # [n] cache slot per request
+    starts: torch.Tensor  # [n] absolute position of each request's first row
+    q_len: int  # query cells per request
+    kv_len: int  # keys read per request
+    offset: int  # first cell of this group in the flat grid
+
+    @property
+    def n_cells(self) -> int:
+        return self.slots.shape[0] * self.q_len
+
+    def mask(self) -> torch.Tensor:
+        """Boolean ``[n, 1, q_len, kv_len]``: key ``j`` visible to query ``q`` iff ``j <= start + q``."""
+        device = self.starts.device
+        last = self.starts[:, None] + torch.arange(self.q_len, device=device)[None, :]
+        keys = torch.arange(self.kv_len, device=device)
+        return (keys[None, None, :] <= last[:, :, None]).unsqueeze(1)
+
+
+@dataclass
 class PackedLayout:
     cu_seqlens: torch.Tensor  # [B+1] int64
     row_req: torch.Tensor  # [T] request index per row; padding rows -> B
-    row_q: torch.Tensor  # [T] offset of the row inside its request
+    row_q: torch.Tensor  # [T] offset of the row inside its request; padding 0
     positions: torch.Tensor  # [T] absolute positions (KV write index)
     kv_slot: torch.Tensor  # [T] cache slot per row (KV write slot)
-    req_slot: torch.Tensor  # [B+1] cache slot per request, scratch slot last
-    req_start: torch.Tensor  # [B+1] absolute position of each request's first row
+    cell: torch.Tensor  # [T] query cell in the flat attention grid
+    groups: list[AttentionGroup]
     n_rows: int
-    q_len: int  # width of the strided per-request view used by attention
-    kv_len: int  # keys read per request
+    batch_size: int
 
     @property
     def tier_rows(self) -> int:
         return self.row_req.shape[0]
 
     @property
-    def batch_size(self) -> int:
-        return self.req_slot.shape[0] - 1
+    def n_cells(self) -> int:
+        return sum(g.n_cells for g in self.groups)
+
+
+def _bucket(n: int) -> int:
+    return 1 << (n - 1).bit_length()
 
 
 def build_layout(
@@ -54,56 +83,68 @@ def build_layout(
 ) -> PackedLayout:
     """Lay out ``lens[b]`` rows per request, padded with scratch rows to ``tier_rows``.
 
-    ``q_len``/``kv_len`` default to the tightest shapes for this step; a CUDA
-    graph passes fixed ones so that every replay has the same shapes.
+    Without ``q_len`` requests are grouped by their row count rounded up to a
+    power of two, each group reading the keys it needs. With ``q_len`` (and
+    ``kv_len``) all requests form one group of that fixed shape, as a CUDA graph
+    needs.
     """
     if not (len(starts) == len(lens) == len(slots)):
         raise ValueError(f"starts, lens, slots differ in length: {len(starts)}, {len(lens)}, {len(slots)}")
     if any(n < 1 for n in lens):
         raise ValueError(f"every request needs at least one row, got lens={lens}")
-    n_rows = sum(lens)
+    n_rows, batch = sum(lens), len(lens)
     total = n_rows if tier_rows is None else tier_rows
     if total < n_rows:
         raise ValueError(f"tier_rows={tier_rows} is smaller than the {n_rows} real rows")
-    q_len = max(lens) if q_len is None else q_len
-    kv_len = max(s + n for s, n in zip(starts, lens)) if kv_len is None else kv_len
-    batch = len(lens)
+    if q_len is not None and q_len < max(lens):
+        raise ValueError(f"q_len={q_len} is smaller than the longest request ({max(lens)} rows)")
+
+    if q_len is None:
+        keys = sorted({_bucket(n) for n in lens})
+        members = [[b for b in range(batch) if _bucket(lens[b]) == k] for k in keys]
+    else:
+        keys, members = [q_len], [list(range(batch))]
+    groups, cell_of = [], [0] * batch
+    offset = 0
+    for width, reqs in zip(keys, members):
+        need = max(starts[b] + lens[b] for b in reqs)
+        groups.append(AttentionGroup(
+            slots=torch.tensor([slots[b] for b in reqs], dtype=torch.long, device=device),
+            starts=torch.tensor([starts[b] for b in reqs], dtype=torch.long, device=device),
+            q_len=width, kv_len=need if kv_len is None else kv_len, offset=offset,
+        ))
+        for i, b in enumerate(reqs):
+            cell_of[b] = offset + i * width
+        offset += len(reqs) * width
 
     lens_t = torch.tensor(lens, dtype=torch.long, device=device)
-    starts_t = torch.tensor(starts + [0], dtype=torch.long, device=device)
     cu = torch.zeros(batch + 1, dtype=torch.long, device=device)
     cu[1:] = torch.cumsum(lens_t, 0)
     pad = total - n_rows
     real_req = torch.repeat_interleave(torch.arange(batch, device=device), lens_t, output_size=n_rows)
-    row_req = torch.cat([real_req, torch.full((pad,), batch, dtype=torch.long, device=device)])
-    row_q = torch.cat([torch.arange(n_rows, device=device) - cu[real_req], torch.zeros(pad, dtype=torch.long, device=device)])
-    req_slot = torch.tensor(slots + [scratch_slot], dtype=torch.long, device=device)
+    real_q = torch.arange(n_rows, device=device) - cu[real_req]
+    pad_zeros = torch.zeros(pad, dtype=torch.long, device=device)
+    starts_t = torch.tensor(starts, dtype=torch.long, device=device)
+    slots_t = torch.tensor(slots, dtype=torch.long, device=device)
+    cells_t = torch.tensor(cell_of, dtype=torch.long, device=device)
     return PackedLayout(
         cu_seqlens=cu,
-        row_req=row_req,
-        row_q=row_q,
-        positions=starts_t[row_req] + row_q,
-        kv_slot=req_slot[row_req],
-        req_slot=req_slot,
-        req_start=starts_t,
+        row_req=torch.cat([real_req, pad_zeros + batch]),
+        row_q=torch.cat([real_q, pad_zeros]),
+        positions=torch.cat([starts_t[real_req] + real_q, pad_zeros]),
+        kv_slot=torch.cat([slots_t[real_req], pad_zeros + scratch_slot]),
+        cell=torch.cat([cells_t[real_req] + real_q, pad_zeros + offset]),
+        groups=groups,
         n_rows=n_rows,
-        q_len=q_len,
-        kv_len=kv_len,
+        batch_size=batch,
     )
-
-
-def kv_positions_mask(layout: PackedLayout) -> torch.Tensor:
-    """Boolean ``[B+1, 1, q_len, kv_len]``: key ``j`` visible to row ``q`` iff ``j <= start + q``."""
-    device = layout.req_start.device
-    last = layout.req_start[:, None] + torch.arange(layout.q_len, device=device)[None, :]
-    keys = torch.arange(layout.kv_len, device=device)
-    return (keys[None, None, :] <= last[:, :, None]).unsqueeze(1)
 
 
 def gather_rows(strided: torch.Tensor, layout: PackedLayout) -> torch.Tensor:
     """``[B, W, ...]`` -> packed ``[T, ...]``; padding rows read request 0's first row."""
-    req = layout.row_req.clamp(max=layout.batch_size - 1)
-    q = torch.where(layout.row_req < layout.batch_size, layout.row_q, 0)
+    real = layout.row_req < layout.batch_size
+    req = torch.where(real, layout.row_req, 0)
+    q = torch.where(real, layout.row_q, 0)
     return strided[req, q]
 
 

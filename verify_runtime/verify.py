@@ -41,17 +41,23 @@ class TargetRunner:
         return build_layout(starts, lens, slots, self.cache.scratch_slot, tier_rows=tier_rows, device=self.device)
 
     @torch.inference_mode()
-    def prefill(self, prompts: list[list[int]], slots: list[int]) -> None:
-        """Write the K/V of each prompt's tokens at positions 0.. and commit them (eager)."""
+    def prefill(self, prompts: list[list[int]], slots: list[int]) -> list[torch.Tensor]:
+        """Write the K/V of each prompt's tokens at positions 0.. and commit them (eager).
+
+        Returns each prompt's final hidden states ``[len, dim]`` (empty for an empty prompt).
+        """
+        hidden = [self.cache.k.new_zeros(0, self.model.args.dim) for _ in prompts]
         keep = [i for i, p in enumerate(prompts) if p]
         if not keep:
-            return
+            return hidden
         lens = [len(prompts[i]) for i in keep]
         layout = self.layout([0] * len(keep), lens, [slots[i] for i in keep])
         tokens = torch.tensor([t for i in keep for t in prompts[i]], dtype=torch.long, device=self.device)
-        forward_packed(self.model, self.cache, tokens, layout)
-        for i, n in zip(keep, lens):
+        packed, _ = forward_packed(self.model, self.cache, tokens, layout)
+        for i, n, part in zip(keep, lens, packed.split(lens)):
             self.cache.commit(slots[i], n)
+            hidden[i] = part
+        return hidden
 
     @torch.inference_mode()
     def verify(self, tokens: torch.Tensor, lens: list[int], slots: list[int]) -> VerifyOutput:

@@ -1,0 +1,62 @@
+import pytest
+import torch
+
+from verify_runtime.kv_cache import KVCache
+from verify_runtime.model import ModelArgs, Transformer, forward_full, load_checkpoint, model_version, save_checkpoint
+from verify_runtime.verify import TargetRunner
+
+from .conftest import tiny_model
+
+
+def test_packed_prefill_and_decode_match_dense_forward(target):
+    """Ragged rows against the cache give the dense causal forward's logits."""
+    torch.manual_seed(1)
+    prompts = [torch.randint(0, 32, (n,)).tolist() for n in (5, 1, 9)]
+    cache = KVCache(target.args, 4, dtype=torch.float64)
+    runner = TargetRunner(target, cache)
+    slots = [cache.alloc() for _ in prompts]
+    runner.prefill([p[:-1] for p in prompts], slots)
+    # one verify step with ragged windows: last prompt token + 0..3 extra tokens
+    extra = [torch.randint(0, 32, (k,)).tolist() for k in (3, 0, 2)]
+    rows = [p[-1:] + e for p, e in zip(prompts, extra)]
+    tokens = torch.zeros(3, 4, dtype=torch.long)
+    for b, r in enumerate(rows):
+        tokens[b, : len(r)] = torch.tensor(r)
+    out = runner.verify(tokens, [len(r) for r in rows], slots)
+    for b, (p, e) in enumerate(zip(prompts, extra)):
+        _, dense = forward_full(target, torch.tensor([p + e]))
+        n = len(e) + 1
+        torch.testing.assert_close(out.logits[b, :n], dense[0, -n:], rtol=0, atol=1e-9)
+        assert out.logits[b, n:].eq(0).all()
+
+
+def test_grouped_query_attention_and_arg_checks():
+    model = tiny_model(seed=3)
+    assert model.args.n_kv_heads < model.args.n_heads
+    with pytest.raises(ValueError, match="n_heads=4 is not divisible by n_kv_heads=3"):
+        ModelArgs(dim=32, n_heads=4, n_kv_heads=3)
+
+
+def test_checkpoint_round_trip_is_weights_only(tmp_path, target):
+    path = tmp_path / "m.pt"
+    save_checkpoint(target, path, extra={"val_loss": 1.5})
+    loaded, extra = load_checkpoint(path)
+    assert extra == {"val_loss": 1.5}
+    assert loaded.args == target.args
+    tokens = torch.randint(0, 32, (2, 7))
+    torch.testing.assert_close(forward_full(loaded.double(), tokens)[1], forward_full(target, tokens)[1])
+    assert model_version(loaded.double()) == model_version(target)
+    # a pickle with arbitrary objects is refused by the weights-only loader
+    torch.save({"args": object(), "model": {}}, tmp_path / "bad.pt")
+    with pytest.raises(Exception):
+        load_checkpoint(tmp_path / "bad.pt")
+
+
+def test_checkpoint_without_args_fails_clearly(tmp_path):
+    torch.save({"model": {}}, tmp_path / "noargs.pt")
+    with pytest.raises(ValueError, match=r"lacks \['args'\]"):
+        load_checkpoint(tmp_path / "noargs.pt")
+
+
+def test_default_model_is_large_enough_for_the_benchmark():
+    assert Transformer(ModelArgs()).num_params >= 3_000_000

@@ -1,0 +1,30 @@
+import pytest
+
+from verify_runtime.tiers import TierGrid, parse_tiers
+
+
+def test_round_up_to_smallest_tier():
+    grid = TierGrid((8, 16, 32))
+    assert grid.select(1) == grid.select(8)
+    choice = grid.select(9)
+    assert (choice.tier, choice.tier_rows, choice.graph_hit, choice.miss_reason) == (1, 16, True, None)
+    assert grid.select(32).tier_rows == 32
+
+
+def test_misses_carry_their_reason_and_run_unpadded():
+    over = TierGrid((8, 16)).select(17)
+    assert (over.tier, over.tier_rows, over.graph_hit, over.miss_reason) == (-1, 17, False, "over_max_tier")
+    absent = TierGrid((8, 16, 32), captured=frozenset({8, 32})).select(12)
+    assert (absent.tier_rows, absent.graph_hit, absent.miss_reason) == (12, False, "not_captured")
+    forced = TierGrid((8, 16), force_eager=True).select(4)
+    assert (forced.tier_rows, forced.miss_reason) == (4, "forced_eager")
+
+
+def test_bad_grids_fail_clearly():
+    with pytest.raises(ValueError, match="strictly increasing"):
+        TierGrid((16, 8))
+    with pytest.raises(ValueError, match=r"captured tiers \[24\]"):
+        TierGrid((8, 16), captured=frozenset({24}))
+    with pytest.raises(ValueError, match="comma-separated"):
+        parse_tiers("8,x")
+    assert parse_tiers("8, 16,32") == (8, 16, 32)
