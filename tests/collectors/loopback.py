@@ -1,0 +1,39 @@
+"""A scripted HTTP server on 127.0.0.1 for poller tests: each GET answers the next payload."""
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def scripted_server(path: str, payloads: list, content_type: str = "application/json") -> Iterator[str]:
+    """Serve ``payloads`` in order at ``path`` (the last one repeats); yields the base URL."""
+    remaining = list(payloads)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's naming
+            if self.path != path:
+                self.send_error(404)
+                return
+            payload = remaining.pop(0) if len(remaining) > 1 else remaining[0]
+            body = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+            self.send_response(200)
+            self.send_header("content-type", content_type)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
