@@ -1,0 +1,168 @@
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from policies.window import FixedWindow
+from verify_runtime.drafters import ModelDrafter, NGramDrafter
+from verify_runtime.engine import Engine, EngineConfig, Request
+from verify_runtime.model import EOS, forward_full
+from verify_runtime.reference import greedy_decode
+
+from .conftest import SurvivalWindows, tiny_model
+
+MODES = ["static", "shadow", "compact", "cap_accept"]
+
+
+@pytest.fixture(scope="module")
+def drafter(target):
+    return ModelDrafter(target, noise=1.5)
+
+
+prompts = st.lists(st.integers(0, 31), min_size=1, max_size=12)
+
+
+@given(st.lists(st.tuples(prompts, st.sampled_from(MODES), st.integers(1, 14)), min_size=1, max_size=6),
+       st.integers(1, 4), st.integers(1, 5))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_every_mode_reproduces_greedy_decoding(target, drafter, reqs, max_batch, gamma):
+    """Mixed modes in one batch, varying windows and admission: token-for-token greedy."""
+    engine = Engine(target, drafter, EngineConfig(gamma=gamma, max_batch=max_batch), policy=SurvivalWindows())
+    for i, (prompt, mode, n) in enumerate(reqs):
+        engine.submit(Request(str(i), prompt, n, mode=mode, stop_at_eos=False))
+    outputs = engine.run()
+    for i, (prompt, _, n) in enumerate(reqs):
+        assert outputs[str(i)] == greedy_decode(target, prompt, n)
+
+
+def test_ngram_drafter_also_reproduces_greedy(target):
+    prompt = [3, 4, 5, 3, 4, 5, 3, 4]
+    engine = Engine(target, NGramDrafter(32), EngineConfig(gamma=4, max_batch=2), policy=SurvivalWindows())
+    engine.submit(Request("a", prompt, 20, mode="compact", stop_at_eos=False))
+    engine.submit(Request("b", prompt[:3], 20, mode="static", stop_at_eos=False))
+    out = engine.run()
+    assert out["a"] == greedy_decode(target, prompt, 20)
+    assert out["b"] == greedy_decode(target, prompt[:3], 20)
+
+
+def run_sampled(target, drafter, mode, seed_base=0):
+    records = []
+    engine = Engine(target, drafter, EngineConfig(gamma=4, max_batch=3), policy=SurvivalWindows(), sink=records.append)
+    for i in range(5):
+        engine.submit(Request(f"r{i}", [i, 2 * i + 1, 7], 16, temperature=0.9, seed=seed_base + i, mode=mode,
+                              stop_at_eos=False))
+    return engine.run(), records
+
+
+def test_cap_accept_and_compact_commit_identical_tokens(target, drafter):
+    cap, cap_records = run_sampled(target, drafter, "cap_accept")
+    compact, compact_records = run_sampled(target, drafter, "compact")
+    assert cap == compact
+    # same windows, same commits, but cap-accept verified the full block
+    assert [r.verify_rows for r in cap_records] != [r.verify_rows for r in compact_records]
+    cap_rows = [row for rec in cap_records for row in rec.requests]
+    compact_rows = [row for rec in compact_records for row in rec.requests]
+    assert [(r.window, r.accepted, r.committed_tokens) for r in cap_rows] == \
+           [(r.window, r.accepted, r.committed_tokens) for r in compact_rows]
+    # and the seeds matter: another seed base commits something else
+    other, _ = run_sampled(target, drafter, "compact", seed_base=100)
+    assert other != compact
+
+
+def test_state_after_a_step_equals_replaying_committed_tokens(target, drafter):
+    """Next-step logits from the cache agree with a dense forward over the committed tokens."""
+    engine = Engine(target, drafter, EngineConfig(gamma=5, max_batch=4), policy=SurvivalWindows())
+    for i in range(4):
+        engine.submit(Request(str(i), [i + 1, 9, 2 * i], 30, mode=MODES[i], stop_at_eos=False))
+    for _ in range(3):
+        engine.step()
+        for r in engine.active:
+            last = torch.zeros(1, 2, dtype=torch.long)
+            last[0, 0] = r.history[-1]
+            cached = engine.runner.verify(last, [1], [r.slot]).logits[0, 0]
+            _, dense = forward_full(target, torch.tensor([r.history]))
+            torch.testing.assert_close(cached, dense[0, -1], rtol=0, atol=1e-5)
+
+
+def test_rejected_rows_are_never_read(target, drafter):
+    """Poison every cache row past the committed length: decoding is unchanged."""
+    clean = Engine(target, drafter, EngineConfig(gamma=4, max_batch=2), policy=SurvivalWindows())
+    poisoned = Engine(target, drafter, EngineConfig(gamma=4, max_batch=2), policy=SurvivalWindows())
+    for e in (clean, poisoned):
+        e.submit(Request("x", [5, 6, 7], 24, mode="compact", stop_at_eos=False))
+        e.submit(Request("y", [1], 24, mode="static", stop_at_eos=False))
+    while poisoned.queue or poisoned.active:
+        poisoned._admit()
+        for r in poisoned.active:
+            n = poisoned.cache.lengths[r.slot]
+            poisoned.cache.k[:, r.slot, n:] = 1e4
+            poisoned.cache.v[:, r.slot, n:] = -1e4
+        poisoned.step()
+    assert {k: v.output for k, v in poisoned.finished.items()} == clean.run()
+
+
+def test_records_carry_the_labels_of_each_mode(target, drafter):
+    records = []
+    gamma = 4
+    engine = Engine(target, drafter, EngineConfig(gamma=gamma, max_batch=8), policy=FixedWindow(2),
+                    sink=records.append)
+    for i, mode in enumerate(MODES * 2):
+        engine.submit(Request(f"{mode}{i}", [i, 3, 1], 10, mode=mode, task="code", stop_at_eos=False))
+    engine.run()
+    assert [r.step_id for r in records] == list(range(len(records)))
+    for rec in records:
+        assert rec.verify_rows == sum((r.window if r.mode == "compact" else gamma) + 1 for r in rec.requests)
+        assert rec.tier_rows >= rec.verify_rows and rec.graph_hit and rec.miss_reason is None
+        assert rec.step_ms >= rec.verify_ms > 0
+        for row in rec.requests:
+            assert len(row.confidence) == len(row.survival) == gamma
+            assert all(a >= b for a, b in zip(row.survival, row.survival[1:]))
+            assert len(row.committed_tokens) == row.accepted + 1
+            assert row.window_suggested == 2 and row.task == "code"
+            if row.mode in ("static", "shadow"):
+                assert row.window == gamma and row.full_accept == row.accepted and row.cap_trim == 0
+            elif row.mode == "cap_accept":
+                assert row.window == 2 and row.accepted == min(row.full_accept, 2)
+                assert row.cap_trim == row.full_accept - row.accepted
+            else:
+                assert row.window == 2 and row.cap_trim == 0
+                assert row.full_accept == (None if row.accepted == 2 else row.accepted)
+
+
+def test_tier_misses_are_recorded(target, drafter):
+    from verify_runtime.tiers import TierGrid
+    records = []
+    engine = Engine(target, drafter, EngineConfig(gamma=4, max_batch=4), tiers=TierGrid((8,)), sink=records.append)
+    for i in range(4):
+        engine.submit(Request(str(i), [1, 2], 3, stop_at_eos=False))
+    engine.step()
+    rec = records[0]
+    assert (rec.verify_rows, rec.tier, rec.tier_rows, rec.graph_hit, rec.miss_reason) == (20, -1, 20, False, "over_max_tier")
+
+
+def test_finishes_at_eos_and_frees_the_slot():
+    model = tiny_model(vocab=260, seed=5)
+    ref = greedy_decode(model, [10, 11], 8)
+    stop_at = ref[3]
+    with torch.no_grad():  # whatever greedy would emit as `stop_at`, it now emits EOS
+        model.output.weight[EOS] = model.output.weight[stop_at]
+        model.output.weight[stop_at] -= 100.0 * model.output.weight[stop_at].sign()
+    engine = Engine(model, NGramDrafter(260), EngineConfig(gamma=3, max_batch=1))
+    engine.submit(Request("a", [10, 11], 20))
+    engine.submit(Request("b", [12], 2))
+    out = engine.run()
+    assert out["a"] == ref[: ref.index(stop_at)] + [EOS]
+    assert engine.finished["a"].finish_reason == "eos"
+    assert len(out["b"]) <= 2 and engine.cache.free_slots == 1
+
+
+def test_bad_requests_fail_clearly(target, drafter):
+    engine = Engine(target, drafter, EngineConfig(gamma=4, max_batch=2))
+    with pytest.raises(ValueError, match="'long' needs 104 positions"):
+        engine.submit(Request("long", [1] * 50, 49))
+    with pytest.raises(ValueError, match="empty prompt"):
+        engine.submit(Request("empty", [], 5))
+    with pytest.raises(ValueError, match=r"max_new_tokens=0"):
+        engine.submit(Request("zero", [1], 0))
+    engine.submit(Request("odd", [1], 3, mode="sideways"))
+    with pytest.raises(ValueError, match=r"unknown verify mode\(s\) \['sideways'\]"):
+        engine.step()
