@@ -16,11 +16,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("controller.cli:bench", "Benchmarks that print JSON ratios against a baseline."),
     "demo": ("verify_runtime.cli:demo", "Run the main job with embedded defaults."),
     "generate": ("verify_runtime.cli:generate", "Generate text with the runtime in one verify mode."),
+    "ingest": ("collectors.cli:ingest", "Ingest NDJSON files of step records into a DuckDB store."),
+    "export": ("collectors.cli:export", "Export stored events as Parquet partitioned by date and replica."),
+    "collect": ("collectors.cli:collect", "Poll SGLang DSpark records / vLLM spec-decode metrics."),
+    "prune": ("collectors.cli:prune", "Delete stored events older than a retention window."),
 }
 
 # Benchmarks: `sparkgate bench NAME`.
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "verify": ("verify_runtime.bench:bench_verify", "static vs compact verification cost."),
+    "ingest": ("collectors.bench:bench_ingest", "Batch vs row-wise ingestion, plus HTTP, in rows/s."),
     "scheduler": ("policies.bench:bench_scheduler", "Window-policy time per step vs static verify time."),
 }
 

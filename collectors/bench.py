@@ -1,0 +1,122 @@
+"""``sparkgate bench ingest``: the batch path against row-wise ``executemany``, plus HTTP.
+
+All three run in one process on the same synthetic records (γ = 7, 32 requests
+per step), each into its own fresh DuckDB file. Rows are depth-label rows.
+
+- batch: Arrow wire tables through validation, explode and one transaction per
+  ``--batch-steps`` steps (record generation is not timed);
+- row-wise: the same depth labels inserted with ``executemany`` in one
+  transaction (no validation: the baseline is given every advantage);
+- http: ``--clients`` concurrent loopback clients POSTing NDJSON bodies to the
+  ingest endpoint; lost rows = rows sent minus rows stored.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import click
+import httpx
+import numpy as np
+import pyarrow as pa
+
+from collectors.ingest import Ingestor
+from collectors.ingest_api import ingest_app, serve_in_thread
+from collectors.labels import explode
+from collectors.store import Store
+from collectors.synth import synthetic_wire
+from collectors.wire import Parsed, flatten
+
+GAMMA, BATCH = 7, 32
+_ROWS_PER_STEP = GAMMA * BATCH
+
+
+def _wire_batches(rows: int, batch_steps: int, replica: str) -> list[pa.Table]:
+    steps = max(1, rows // _ROWS_PER_STEP)
+    return [synthetic_wire(min(batch_steps, steps - s), BATCH, GAMMA, replica, first_step=s, seed=s)
+            for s in range(0, steps, batch_steps)]
+
+
+def _parsed(wire: pa.Table) -> Parsed:
+    return Parsed(wire, np.arange(wire.num_rows), [], lambda i: b"")
+
+
+def bench_batch(db: Path, batches: list[pa.Table]) -> tuple[int, float]:
+    """(depth-label rows, seconds) through ``Store.ingest``."""
+    with Store(db) as store:
+        start = time.perf_counter()
+        rows = sum(store.ingest(_parsed(wire), "bench").labels for wire in batches)
+        return rows, time.perf_counter() - start
+
+
+def bench_rowwise(db: Path, rows: int) -> tuple[int, float]:
+    """(rows, seconds) inserting the same kind of depth labels one parameter tuple at a time."""
+    wire = synthetic_wire(max(1, rows // _ROWS_PER_STEP), BATCH, GAMMA, "rowwise")
+    labels = explode(flatten(wire)).to_pylist()
+    values = [tuple(r.values()) for r in labels]
+    with Store(db) as store:
+        con = store._con  # the baseline deliberately bypasses the batch path
+        start = time.perf_counter()
+        con.execute("BEGIN TRANSACTION")
+        con.executemany(f"INSERT INTO depth_labels VALUES ({', '.join('?' * len(values[0]))})", values)
+        con.execute("COMMIT")
+        return len(values), time.perf_counter() - start
+
+
+def bench_http(db: Path, rows: int, clients: int, batch_steps: int) -> tuple[int, float, int]:
+    """(rows sent, seconds, rows lost) with ``clients`` concurrent NDJSON posters on loopback."""
+    bodies = []
+    for c in range(clients):
+        for wire in _wire_batches(rows // clients, batch_steps, f"http-{c}"):
+            bodies.append(b"\n".join(json.dumps(r).encode() for r in wire.to_pylist()) + b"\n")
+    sent = sum(body.count(b"\n") for body in bodies) * _ROWS_PER_STEP
+    with Store(db) as store:
+        with serve_in_thread(ingest_app(Ingestor(store))) as url:
+            def post(chunk: list[bytes]) -> None:
+                with httpx.Client(base_url=url, timeout=120.0) as http:
+                    for body in chunk:
+                        http.post("/v1/ingest", content=body, headers={"content-type": "application/x-ndjson"})
+
+            start = time.perf_counter()
+            with ThreadPoolExecutor(clients) as pool:
+                list(pool.map(post, [bodies[c::clients] for c in range(clients)]))
+            elapsed = time.perf_counter() - start
+        stored = store.counts()["depth_labels"]
+    return sent, elapsed, sent - stored
+
+
+def run(rows: int, rowwise_rows: int, http_rows: int, clients: int, batch_steps: int) -> dict:
+    """Every figure of the benchmark as a JSON-ready dict."""
+    batches = _wire_batches(rows, batch_steps, "batch")
+    with tempfile.TemporaryDirectory(prefix="sparkgate-bench-") as tmp:
+        batch_rows, batch_s = bench_batch(Path(tmp) / "batch.duckdb", batches)
+        row_rows, row_s = bench_rowwise(Path(tmp) / "rowwise.duckdb", rowwise_rows)
+        http_sent, http_s, http_lost = bench_http(Path(tmp) / "http.duckdb", http_rows, clients, batch_steps)
+    batch_rate, row_rate = batch_rows / batch_s, row_rows / row_s
+    return {
+        "rows": batch_rows, "batch_seconds": round(batch_s, 3), "batch_rows_per_s": round(batch_rate),
+        "rowwise_rows": row_rows, "rowwise_rows_per_s": round(row_rate), "speedup": round(batch_rate / row_rate, 1),
+        "http_rows": http_sent, "http_clients": clients, "http_rows_per_s": round(http_sent / http_s),
+        "http_lost_rows": http_lost, "gamma": GAMMA, "requests_per_step": BATCH,
+    }
+
+
+@click.command("ingest")
+@click.option("--rows", default=2_000_000, show_default=True, help="Depth-label rows through the batch path.")
+@click.option("--rowwise-rows", default=20_000, show_default=True, help="Rows for the executemany baseline.")
+@click.option("--http-rows", default=None, type=int, help="Rows over HTTP [default: --rows / 4].")
+@click.option("--clients", default=4, show_default=True, help="Concurrent HTTP clients.")
+@click.option("--batch-steps", default=1000, show_default=True, help="Steps per transaction / HTTP body.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def bench_ingest(rows: int, rowwise_rows: int, http_rows: int | None, clients: int, batch_steps: int,
+                 as_json: bool) -> None:
+    """Batch ingestion vs row-wise executemany, and the HTTP path, side by side."""
+    result = run(rows, rowwise_rows, rows // 4 if http_rows is None else http_rows, clients, batch_steps)
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        for key, value in result.items():
+            click.echo(f"{key:>20}: {value}")

@@ -1,0 +1,142 @@
+"""Commands of the record path: ``sparkgate ingest | export | collect | prune``."""
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import IO, Iterator
+
+import click
+
+from collectors.ingest import Ingestor
+from collectors.sglang import SGLangPoller
+from collectors.store import Store
+from collectors.vllm import VLLMScraper
+from collectors.wire import from_ndjson
+
+_SHOWN_PROBLEMS = 20
+
+
+def _chunks(stream: IO[bytes], lines: int) -> Iterator[tuple[int, bytes]]:
+    """(index of the first record, body) for every ``lines`` non-blank lines of ``stream``."""
+    records = (line for line in stream if line.strip())
+    start = 0
+    while chunk := list(itertools.islice(records, lines)):
+        yield start, b"".join(line if line.endswith(b"\n") else line + b"\n" for line in chunk)
+        start += len(chunk)
+
+
+def _report_problems(path: str, start: int, result) -> None:
+    for q in result.prepared.quarantined[:_SHOWN_PROBLEMS]:
+        problems = "; ".join(str(p) for p in q.problems)
+        click.echo(f"{path}: record {start + q.position}: {problems}", err=True)
+
+
+@click.command()
+@click.option("--db", required=True, type=click.Path(dir_okay=False), help="DuckDB file (created if missing).")
+@click.option("--batch-lines", default=10_000, show_default=True, help="Records per transaction.")
+@click.option("--strict", is_flag=True, help="Exit 1 when any record was quarantined.")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, allow_dash=True))
+def ingest(db: str, batch_lines: int, strict: bool, paths: tuple[str, ...]) -> None:
+    """Ingest NDJSON files of step records (one record with its request rows per line; - for stdin).
+
+    Each batch of lines is one transaction; invalid records go to the quarantine
+    table with their reasons. Prints one JSON summary per file.
+    """
+    quarantined = 0
+    with Store(db) as store:
+        ingestor = Ingestor(store)
+        for path in paths:
+            totals = {"path": path, "steps": 0, "requests": 0, "depth_labels": 0, "quarantined": 0}
+            stream = sys.stdin.buffer if path == "-" else open(path, "rb")
+            with stream:
+                for start, body in _chunks(stream, batch_lines):
+                    result = ingestor.ingest(from_ndjson(body), f"file:{path}@{start}")
+                    _report_problems(path, start, result)
+                    for key, value in result.summary().items():
+                        totals[key] += value
+            quarantined += totals["quarantined"]
+            click.echo(json.dumps(totals))
+    if strict and quarantined:
+        sys.exit(1)
+
+
+def _day(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return dt.datetime.strptime(value, "%Y-%m-%d").replace(tzinfo=dt.timezone.utc).timestamp()
+    except ValueError as exc:
+        raise click.BadParameter(f"--since={value!r}: expected YYYY-MM-DD") from exc
+
+
+@click.command()
+@click.option("--db", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Export root directory.")
+@click.option("--since", default=None, help="First UTC day to export (YYYY-MM-DD); default everything.")
+def export(db: str, out: str, since: str | None) -> None:
+    """Export steps, requests and depth_labels as Parquet partitioned by date and replica_id."""
+    with Store(db) as store:
+        written = store.export(out, _day(since))
+    click.echo(json.dumps({"out": str(Path(out)), **written}))
+
+
+@click.command()
+@click.option("--db", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--older-than-days", required=True, type=click.FloatRange(min=0), help="Retention window.")
+def prune(db: str, older_than_days: float) -> None:
+    """Delete events (and quarantine rows) older than the retention window, in one transaction."""
+    with Store(db) as store:
+        deleted = store.delete_before(time.time() - older_than_days * 86400)
+    click.echo(json.dumps({"deleted": deleted}))
+
+
+@click.command()
+@click.option("--db", type=click.Path(dir_okay=False), help="DuckDB file for SGLang records.")
+@click.option("--sglang", "sglang_urls", multiple=True, help="SGLang server base URL (repeatable).")
+@click.option("--vllm", "vllm_urls", multiple=True, help="vLLM server base URL (repeatable).")
+@click.option("--interval", default=1.0, show_default=True, help="Seconds between polls.")
+@click.option("--polls", default=0, show_default=True, help="Stop after this many polls (0: run until interrupted).")
+@click.option("--snapshot-dir", type=click.Path(file_okay=False), help="Publish a Parquet snapshot after each poll.")
+def collect(db: str | None, sglang_urls: tuple[str, ...], vllm_urls: tuple[str, ...], interval: float,
+            polls: int, snapshot_dir: str | None) -> None:
+    """Poll SGLang DSpark records into the store and print vLLM survival curves, one JSON line per poll."""
+    if not sglang_urls and not vllm_urls:
+        raise click.UsageError("give at least one --sglang or --vllm URL")
+    if sglang_urls and not db:
+        raise click.UsageError("--sglang needs --db")
+    store = Store(db) if db else None
+    try:
+        pollers = [SGLangPoller(url, Ingestor(store)) for url in sglang_urls] if store else []
+        scrapers = [VLLMScraper(url) for url in vllm_urls]
+        for n in itertools.count(1):
+            _poll_all(pollers, scrapers)
+            if store is not None and snapshot_dir:
+                store.snapshot(snapshot_dir)
+            if polls and n >= polls:
+                break
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _poll_all(pollers: list[SGLangPoller], scrapers: list[VLLMScraper]) -> None:
+    """One round; a server that cannot be reached is reported and retried next round."""
+    for poller in pollers:
+        try:
+            result = poller.poll_once()
+            summary = result.summary() if result else {"steps": 0, "quarantined": 0}
+            click.echo(json.dumps({"sglang": poller.url, **summary, "restarts": poller.restarts}))
+        except Exception as exc:  # noqa: BLE001 - keep polling the other servers
+            click.echo(json.dumps({"sglang": poller.url, "error": str(exc)}), err=True)
+    for scraper in scrapers:
+        try:
+            click.echo(json.dumps({"vllm": scraper.url, **scraper.scrape().to_dict()}))
+        except Exception as exc:  # noqa: BLE001
+            click.echo(json.dumps({"vllm": scraper.url, "error": str(exc)}), err=True)
