@@ -36,7 +36,7 @@ def test_demo_reports_every_mode_with_identical_greedy_outputs():
     assert set(result["modes"]) == {"static", "shadow", "compact", "cap_accept"}
     assert result["identical_outputs"] is True
     per_step = {m: s["verify_rows"] / s["steps"] for m, s in result["modes"].items()}
-    assert per_step["compact"] < per_step["static"] == per_step["cap_accept"]
+    assert per_step["compact"] < min(per_step["static"], per_step["cap_accept"])
 
 
 def test_generate_prints_a_continuation():
