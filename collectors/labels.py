@@ -64,7 +64,9 @@ def explode(flat: Flat) -> pa.Table:
             pa.array(replica.indices.to_numpy()[step_of], pa.int32()), replica.dictionary),
         "step_id": pa.array(steps.column("step_id").to_numpy()[step_of]),
         "ts": pa.array(steps.column("ts").to_numpy()[step_of]),
-        "request_id": reqs.column("request_id").take(pa.array(owner)),
+        # A dictionary over the request rows' ids: no string is copied per depth.
+        "request_id": pa.DictionaryArray.from_arrays(pa.array(owner, pa.int32()),
+                                                     reqs.column("request_id").combine_chunks()),
         "mode": _dictionary(mode[owner], MODES),
         "depth": pa.array(depth),
         "status": _dictionary(status.astype(np.int32), STATUSES),

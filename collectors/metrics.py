@@ -11,6 +11,7 @@ from typing import Mapping
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from collectors.aggregate import Aggregate
 from collectors.batch import Prepared
 from collectors.labels import ACCEPTED, CENSORED, REJECTED, mode_codes
 from collectors.schema import MODES, STATUSES
@@ -96,6 +97,13 @@ class Metrics:
             child = self.part_seconds.labels(part)
             for seconds in steps.column(f"{part}_ms").to_numpy() / 1000.0:
                 child.observe(seconds)
+
+    def publish(self, aggregate: Aggregate) -> None:
+        """Set the calibration and utilization gauges from an interval's (merged) aggregate."""
+        self.set_calibration(aggregate.survival.ece())
+        utilization = aggregate.upper_bound_utilization()
+        if utilization is not None:
+            self.set_utilization(utilization)
 
     def set_calibration(self, ece_by_depth: Mapping[int, float]) -> None:
         for depth, value in ece_by_depth.items():

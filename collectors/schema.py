@@ -173,7 +173,7 @@ LABEL_SCHEMA = pa.schema([
     pa.field("replica_id", pa.dictionary(pa.int32(), pa.string())),
     pa.field("step_id", pa.int64()),
     pa.field("ts", pa.float64()),
-    pa.field("request_id", pa.string()),
+    pa.field("request_id", pa.dictionary(pa.int32(), pa.string())),
     pa.field("mode", pa.dictionary(pa.int32(), pa.string())),
     pa.field("depth", pa.int16()),
     pa.field("status", pa.dictionary(pa.int32(), pa.string())),

@@ -8,12 +8,14 @@ import pyarrow as pa
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from collectors.aggregate import Aggregate
 from collectors.ingest import Ingestor, StoreSink
 from collectors.ingest_api import ingest_app, serve_in_thread
 from collectors.metrics import Metrics
 from collectors.synth import synthetic_wire
 from collectors.tracing import tracer_provider
-from collectors.wire import from_ipc, from_ndjson, to_ipc
+from collectors.schema import RequestRow
+from collectors.wire import from_ipc, from_ndjson, from_records, to_ipc
 from tests.collectors.strategies import compact_row, step
 
 
@@ -109,9 +111,22 @@ def test_metrics_count_depths_tiers_and_times(store):
     assert value("sparkgate_tier_misses_total", {"reason": "over_max_tier"}) == 1
     assert value("sparkgate_step_seconds_bucket", {"le": "0.008"}) == 2
     assert value("sparkgate_step_seconds_bucket", {"le": "0.004"}) == 0
+    agg = Aggregate.from_tables(*tables_of(ingestor, step(3, requests=[cap_row()])), depths=4)
+    metrics.publish(agg)
+    assert value("sparkgate_survival_ece", {"depth": "1"}) == agg.survival.ece()[1]
+    assert value("sparkgate_upper_bound_utilization") == 0.5  # accepted 2 of the 4 the full block had
     metrics.set_phase("canary")
     assert value("sparkgate_rollout_phase", {"phase": "canary"}) == 1
     assert value("sparkgate_rollout_phase", {"phase": "shadow"}) == 0
+
+
+def cap_row():
+    return RequestRow("c", "cap_accept", "chat", 0.0, None, 2, 2, 4, 2, [0.9] * 4, [0.9, 0.8, 0.7, 0.6], [1, 2, 3])
+
+
+def tables_of(ingestor, record):
+    prepared = ingestor.ingest(from_records([record]), "t").prepared
+    return prepared.requests, prepared.labels
 
 
 def test_one_internal_span_per_step(store):
