@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ingest": ("collectors.cli:ingest", "Ingest NDJSON files of step records into a DuckDB store."),
     "export": ("collectors.cli:export", "Export stored events as Parquet partitioned by date and replica."),
     "collect": ("collectors.cli:collect", "Poll SGLang DSpark records / vLLM spec-decode metrics."),
+    "profile": ("verify_runtime.profiler:profile", "Measure step time here and fit a cost table (JSON + PNG)."),
     "prune": ("collectors.cli:prune", "Delete stored events older than a retention window."),
 }
 
@@ -26,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "verify": ("verify_runtime.bench:bench_verify", "static vs compact verification cost."),
     "ingest": ("collectors.bench:bench_ingest", "Batch vs row-wise ingestion, plus HTTP, in rows/s."),
+    "e2e": ("verify_runtime.bench_e2e:bench_e2e", "Engine tokens/s: static vs fixed short window vs cost-aware."),
     "scheduler": ("policies.bench:bench_scheduler", "Window-policy time per step vs static verify time."),
 }
 

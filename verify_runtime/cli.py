@@ -10,9 +10,8 @@ import torch
 
 from policies.window import FixedWindow
 
-from .drafters import NGramDrafter
+from .defaults import default_drafter, default_target
 from .engine import Engine, EngineConfig, Request
-from .model import ModelArgs, Transformer
 from .modes import MODES
 
 # A small mixed workload: repetitive code, prose, and a prompt with little to copy.
@@ -29,16 +28,6 @@ def encode(text: str) -> list[int]:
 
 def decode(tokens: list[int]) -> str:
     return bytes(t for t in tokens if t < 256).decode("utf-8", errors="replace")
-
-
-def build_target(seed: int) -> Transformer:
-    """The target model: shipped weights when present, else a seeded random init of the default size."""
-    try:
-        from .assets import load_shipped_target
-    except ImportError:
-        torch.manual_seed(seed)
-        return Transformer(ModelArgs()).eval()
-    return load_shipped_target()
 
 
 def run_requests(engine: Engine, requests: list[Request]) -> tuple[list, float]:
@@ -75,7 +64,8 @@ def mode_summary(records: list, seconds: float) -> dict:
 @click.option("--seed", default=0, show_default=True)
 def generate(prompt, max_new_tokens, mode, gamma, window, temperature, seed):
     """Generate a continuation with the runtime in one verify mode."""
-    engine = Engine(build_target(seed), NGramDrafter(ModelArgs().vocab_size), EngineConfig(gamma=gamma, max_batch=1),
+    target = default_target(seed)
+    engine = Engine(target, default_drafter(target), EngineConfig(gamma=gamma, max_batch=1),
                     policy=FixedWindow(window))
     records, seconds = run_requests(engine, [Request("cli", encode(prompt), max_new_tokens, temperature, seed, mode)])
     click.echo(decode(engine.finished["cli"].output))
@@ -89,10 +79,10 @@ def generate(prompt, max_new_tokens, mode, gamma, window, temperature, seed):
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def demo(max_new_tokens, gamma, window, as_json):
     """Run the same mixed batch in every verify mode and compare what each verified and committed."""
-    target = build_target(0)
+    target = default_target(0)
     summary = {}
     for mode in MODES:
-        engine = Engine(target, NGramDrafter(target.args.vocab_size), EngineConfig(gamma=gamma, max_batch=8),
+        engine = Engine(target, default_drafter(target), EngineConfig(gamma=gamma, max_batch=8),
                         policy=FixedWindow(window))
         requests = [Request(f"{task}-{i}", encode(text), max_new_tokens, mode=mode, task=task)
                     for i in range(2) for task, text in DEMO_PROMPTS.items()]

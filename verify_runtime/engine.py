@@ -41,6 +41,7 @@ class Request:
     output: list[int] = field(default_factory=list)
     history: list[int] = field(default_factory=list)
     hidden: torch.Tensor | None = None  # last target hidden states, for drafters that read them
+    past_survival: list[torch.Tensor] = field(default_factory=list)  # for lagged policies, oldest first
     slot: int = -1
     finish_reason: str | None = None
 
@@ -121,6 +122,17 @@ class Engine:
             old = new[:0] if request.hidden is None else request.hidden
             request.hidden = torch.cat([old, new])[-window:]
 
+    def _lagged(self, reqs: list[Request], survival: torch.Tensor) -> torch.Tensor | None:
+        """Survivals from ``policy.lag`` steps ago (ones for younger requests); remembers this step's."""
+        lag = getattr(self.policy, "lag", 0)
+        if not lag:
+            return None
+        ones = torch.ones_like(survival[0])
+        lagged = torch.stack([r.past_survival[0] if len(r.past_survival) == lag else ones for r in reqs])
+        for r, s in zip(reqs, survival):
+            r.past_survival = (r.past_survival + [s])[-lag:]
+        return lagged
+
     def _draft_context(self, reqs: list[Request], positions, seeds, temps) -> DraftContext:
         ctx = DraftContext([r.history for r in reqs], positions, seeds, temps, self.config.gamma)
         window = self.drafter.hidden_window
@@ -152,7 +164,7 @@ class Engine:
 
         confidence = torch.sigmoid(draft.confidence_logits.float())
         survival = self.calibrate(confidence)
-        decision = self.policy(survival, WindowContext(batch_size=len(reqs), gamma=gamma))
+        decision = self.policy(survival, WindowContext(len(reqs), gamma, self._lagged(reqs, survival)))
         modes = [self.mode_for(r) for r in reqs]
         verified, limit = verify_plan(mode_codes(modes, dev), decision.windows.to(dev), gamma)
         lens = (verified + 1).tolist()  # the row count sizes the step: one host read

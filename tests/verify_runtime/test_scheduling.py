@@ -1,0 +1,105 @@
+"""The runtime driven by the policies package: scheduler wiring, lag, the profiler."""
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from controller.cli import main
+from policies.cost_model import StepsPerSecondTable
+from policies.window import CostAwareScheduler, WindowDecision
+from verify_runtime.drafters import ModelDrafter
+from verify_runtime.engine import Engine, EngineConfig, Request
+from verify_runtime.profiler import even_windows, profile_model
+from verify_runtime.reference import greedy_decode
+
+from .conftest import tiny_model
+
+
+def flat_table(max_tokens=4096):
+    """Verification is free: the scheduler should verify everything."""
+    return StepsPerSecondTable(sample_batch_tokens=(1, max_tokens), sample_steps_per_sec=(100.0, 100.0),
+                               max_batch_tokens=max_tokens)
+
+
+def test_cost_aware_compact_reproduces_greedy_and_logs_predictions(target):
+    records = []
+    engine = Engine(target, ModelDrafter(target, noise=1.5), EngineConfig(gamma=4, max_batch=3),
+                    policy=CostAwareScheduler(flat_table()), sink=records.append)
+    prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9]]
+    for i, p in enumerate(prompts):
+        engine.submit(Request(str(i), p, 12, mode="compact", stop_at_eos=False))
+    out = engine.run()
+    for i, p in enumerate(prompts):
+        assert out[str(i)] == greedy_decode(target, p, 12)
+    assert all(isinstance(r.predicted_step_ms, float) and r.predicted_step_ms > 0 for r in records)
+    # free verification: every request verifies the whole block
+    assert all(row.window == 4 for r in records for row in r.requests)
+
+
+class RecordingLag:
+    """A lagged policy that remembers what it was shown."""
+    lag = 2
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, survival, ctx):
+        self.seen.append((survival.clone(), ctx.lagged_survival.clone()))
+        return WindowDecision(torch.full((survival.shape[0],), ctx.gamma))
+
+
+def test_lagged_policies_see_the_survivals_of_two_steps_ago(target):
+    policy = RecordingLag()
+    engine = Engine(target, ModelDrafter(target, noise=1.5), EngineConfig(gamma=3, max_batch=1), policy=policy)
+    engine.submit(Request("a", [1, 2], 20, stop_at_eos=False))
+    for _ in range(4):
+        engine.step()
+    (s0, l0), (s1, l1), (s2, l2), (s3, l3) = policy.seen
+    assert torch.equal(l0, torch.ones_like(s0)) and torch.equal(l1, torch.ones_like(s1))
+    assert torch.equal(l2, s0) and torch.equal(l3, s1)
+
+
+def test_even_windows_spread_the_budget():
+    assert even_windows(4, 7, 10) == [3, 3, 2, 2]
+    assert sum(even_windows(5, 3, 15)) == 15
+    with pytest.raises(ValueError, match="budget 29 outside"):
+        even_windows(4, 7, 29)
+
+
+def test_profile_fits_a_table_that_predicts_its_samples():
+    model = tiny_model(seed=2).float()
+    result = profile_model(model, batches=(1, 4), fractions=(0.0, 0.5, 1.0), gamma=3, repeats=1, progress=False)
+    assert len(result.samples) == 6
+    assert result.table.meta.model and result.table.meta.hardware["device"] == "cpu"
+    assert [(s.batch_size, s.verify_rows) for s in result.samples] == [(1, 1), (1, 3), (1, 4), (4, 4), (4, 10), (4, 16)]
+    assert result.median_rel_error < 1.0
+
+
+def test_profile_command_writes_table_and_plot(tmp_path):
+    out = tmp_path / "table.json"
+    res = CliRunner().invoke(main, ["profile", "--out", str(out), "--batch-sizes", "1,2", "--fractions", "0,1",
+                                    "--repeats", "1", "--gamma", "3"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout.strip().splitlines()[-1])
+    assert report["samples"] == 4 and (tmp_path / "table.png").stat().st_size > 0
+    table = json.loads(out.read_text())
+    assert {"bias_seconds", "bs_probes", "alpha_seconds", "m_probes", "theta_seconds", "meta"} <= set(table)
+
+
+def test_profile_command_rejects_bad_fractions(tmp_path):
+    res = CliRunner().invoke(main, ["profile", "--out", str(tmp_path / "t.json"), "--fractions", "0,1.5"])
+    assert res.exit_code != 0 and "fractions must lie in [0, 1]" in res.output
+
+
+def test_bench_e2e_runs_and_reports_ratios(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARKGATE_CACHE", str(tmp_path))
+    res = CliRunner().invoke(main, ["bench", "e2e", "--batches", "1,2", "--waves", "1", "--max-new-tokens", "4",
+                                    "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    for batch in ("1", "2"):
+        row = summary["batches"][batch]
+        assert set(row) == {"static", "fixed_short", "cost_aware"}
+        assert row["static"]["mean_window"] == 7.0 and row["fixed_short"]["mean_window"] <= 2.0
+        assert row["cost_aware"]["ratio_to_static"] > 0

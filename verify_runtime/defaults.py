@@ -1,0 +1,62 @@
+"""The models, calibration and cost table that commands use when not told otherwise.
+
+Shipped assets (``verify_runtime/assets/``) win when present; otherwise a seeded
+random target of the default size and the n-gram stand-in drafter. A cost table
+must match this machine and model: the shipped one is used when its fingerprint
+matches, else the profiler measures one here (cached per model under
+``~/.cache/sparkgate``) rather than trusting numbers from other hardware.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from policies.cost_model import CostTable, CostTableError, load_cost_table, save_cost_table
+from policies.cost_profile import hardware_fingerprint
+
+from .drafters import Drafter, NGramDrafter
+from .model import ModelArgs, Transformer, model_version
+
+ASSETS = Path(__file__).parent / "assets"
+SHIPPED_COST_TABLE = ASSETS / "cost_table_cpu.json"
+CACHE_DIR = Path(os.environ.get("SPARKGATE_CACHE", Path.home() / ".cache" / "sparkgate"))
+
+
+def default_target(seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(ModelArgs()).eval()
+
+
+def default_drafter(target: Transformer) -> Drafter:
+    return NGramDrafter(target.args.vocab_size)
+
+
+def default_calibration() -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """None: survivals are the running product of raw confidences."""
+    return None
+
+
+def default_cost_table(target: Transformer, path: str | Path | None = None, *,
+                       quick: bool = True) -> tuple[CostTable, str]:
+    """(table, where it came from). An explicit ``path`` must match or it is an error."""
+    device = target.output.weight.device
+    fingerprint = {"hardware": hardware_fingerprint(device), "model": model_version(target)}
+    if path is not None:
+        return load_cost_table(path, **fingerprint), str(path)
+    cached = CACHE_DIR / f"cost_table-{fingerprint['model']}.json"
+    for candidate in (SHIPPED_COST_TABLE, cached):
+        if candidate.exists():
+            try:
+                return load_cost_table(candidate, **fingerprint), str(candidate)
+            except CostTableError:
+                continue  # measured elsewhere or for another model: profile here instead
+    from .profiler import profile_model
+
+    grid = dict(batches=(1, 8, 32, 64), fractions=(0.0, 0.3, 0.6, 1.0), repeats=3) if quick else {}
+    table = profile_model(target, **grid).table
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    save_cost_table(table, cached)
+    return table, f"profiled here ({cached})"
