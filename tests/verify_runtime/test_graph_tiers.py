@@ -1,0 +1,52 @@
+"""The fixed-shape path CUDA graphs capture, checked on CPU; the graphs themselves on CUDA."""
+import pytest
+import torch
+
+from policies.window import FixedWindow
+from verify_runtime.cuda_graphs import StaticLayouts
+from verify_runtime.drafters import ModelDrafter
+from verify_runtime.engine import Engine, EngineConfig, Request
+from verify_runtime.kv_cache import KVCache
+from verify_runtime.model import forward_packed
+from verify_runtime.packing import gather_rows
+from verify_runtime.reference import greedy_decode
+from verify_runtime.verify import TargetRunner
+
+from .conftest import SurvivalWindows, tiny_model
+
+
+def test_static_shapes_compute_what_the_ragged_layout_does(target):
+    torch.manual_seed(4)
+    cache = KVCache(target.args, 6, dtype=torch.float64)
+    runner = TargetRunner(target, cache)
+    slots = [cache.alloc() for _ in range(3)]
+    runner.prefill([[1, 2, 3], [4], [5, 6]], slots)
+    starts = [cache.lengths[s] for s in slots]
+    lens, gamma, rows = [4, 1, 3], 4, 16
+    tokens = torch.randint(0, 32, (3, gamma + 1))
+    ragged = runner.layout(starts, lens, slots, tier_rows=rows)
+    _, eager = forward_packed(target, cache, gather_rows(tokens, ragged), ragged)
+    shapes = StaticLayouts(cache, gamma, max_batch=6)
+    real = shapes.real(starts, lens, slots, rows)
+    padded = shapes.padded(real)
+    assert padded.groups[0].slots.shape == (6,) and padded.n_cells == 6 * (gamma + 1)
+    _, static = forward_packed(target, cache, gather_rows(tokens, real), padded)
+    n = sum(lens)
+    torch.testing.assert_close(static[:n], eager[:n], rtol=0, atol=1e-10)
+    with pytest.raises(ValueError, match="exceed the captured max_batch=2"):
+        StaticLayouts(cache, gamma, max_batch=2).real(starts, lens, slots, rows)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_graph_tiers_reproduce_greedy_decoding():
+    model = tiny_model(seed=8).float().cuda()
+    records = []
+    engine = Engine(model, ModelDrafter(model, noise=1.5), EngineConfig(gamma=4, max_batch=4),
+                    policy=SurvivalWindows(), graphs=True, sink=records.append)
+    prompts = [[1, 2, 3], [7], [9, 9, 9, 9], [4, 5]]
+    for i, p in enumerate(prompts):
+        engine.submit(Request(str(i), p, 16, mode=["static", "compact", "cap_accept", "shadow"][i], stop_at_eos=False))
+    out = engine.run()
+    for i, p in enumerate(prompts):
+        assert out[str(i)] == greedy_decode(model, p, 16)
+    assert all(r.graph_hit for r in records) and all(r.host_syncs >= 1 for r in records)
