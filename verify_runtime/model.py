@@ -173,6 +173,10 @@ def forward_full(model: Transformer, tokens: torch.Tensor) -> tuple[torch.Tensor
     return h, model.output(h)
 
 
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, -torch.inf)
+
+
 def _attend_packed(layout: PackedLayout, k_cache: torch.Tensor, v_cache: torch.Tensor) -> Attend:
     """Attention for packed rows against one layer's cache ``[slots, max_len, Hkv, D]``.
 
@@ -182,7 +186,8 @@ def _attend_packed(layout: PackedLayout, k_cache: torch.Tensor, v_cache: torch.T
     read: the mask admits only keys at positions <= the query's position, and
     every such position was just written or is committed.
     """
-    masks = [g.mask() for g in layout.groups]
+    # Additive float masks, built once per forward instead of once per layer.
+    masks = [_additive(g.mask(), k_cache.dtype) for g in layout.groups]
     max_len = k_cache.shape[1]
     # Flat indices turn the row scatters and gathers into index_copy/index_select,
     # several times cheaper than advanced indexing on CPU.
