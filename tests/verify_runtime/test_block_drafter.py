@@ -1,0 +1,109 @@
+import pytest
+import torch
+
+from verify_runtime.block_drafter import BlockDrafter, DrafterArgs, DSparkNet, load_drafter
+from verify_runtime.drafters import DraftContext
+from verify_runtime.engine import Engine, EngineConfig, Request
+from verify_runtime.model import forward_full, model_version, save_checkpoint
+from verify_runtime.reference import greedy_decode
+
+from .conftest import tiny_model
+
+
+def tiny_net(sequential: bool = True, seed: int = 0) -> DSparkNet:
+    torch.manual_seed(seed)
+    args = DrafterArgs(target_dim=32, dim=32, n_heads=4, n_kv_heads=2, ffn_hidden=48, vocab_size=32, window=6,
+                       max_gamma=6, markov_rank=8, sequential=sequential, init_std=0.3)
+    net = DSparkNet(args).double()
+    if sequential:  # training starts it at zero; a trained head is not
+        torch.nn.init.normal_(net.markov_out.weight, std=0.5)
+    return net
+
+
+def context(target, histories, gamma=5, temperature=0.0, window=6) -> DraftContext:
+    hidden = torch.zeros(len(histories), window, target.args.dim, dtype=torch.float64)
+    lengths = []
+    for i, h in enumerate(histories):
+        states, _ = forward_full(target, torch.tensor([h[:-1]])) if len(h) > 1 else (torch.zeros(1, 0, 32), None)
+        n = min(window, states.shape[1])
+        if n:
+            hidden[i, window - n:] = states[0, -n:]
+        lengths.append(n)
+    b = len(histories)
+    return DraftContext(histories, torch.tensor([len(h) - 1 for h in histories]), torch.arange(b) + 11,
+                        torch.full((b,), temperature), gamma, hidden, torch.tensor(lengths))
+
+
+def test_outputs_have_the_interface_shapes_and_ranges(target):
+    drafter = BlockDrafter(tiny_net())
+    assert drafter.hidden_window == 6 and drafter.version.startswith("dspark-")
+    for temperature in (0.0, 0.8):
+        out = drafter.propose(context(target, [[1, 2, 3, 4], [5], list(range(12))], temperature=temperature))
+        assert out.tokens.shape == (3, 5) and out.tokens.dtype == torch.long
+        assert out.probs.shape == (3, 5, 32) and out.confidence_logits.shape == (3, 5)
+        torch.testing.assert_close(out.probs.sum(-1), torch.ones(3, 5, dtype=out.probs.dtype))
+        conf = torch.sigmoid(out.confidence_logits)
+        assert ((conf > 0) & (conf < 1)).all()
+        # each draft token is possible under the distribution it was drawn from
+        assert (out.probs.gather(-1, out.tokens[..., None]) > 0).all()
+        if temperature == 0.0:
+            assert torch.equal(out.tokens, out.probs.argmax(-1))
+
+
+def test_drafts_are_deterministic_per_seed_and_position(target):
+    drafter = BlockDrafter(tiny_net())
+    ctx = context(target, [[1, 2, 3], [4, 5, 6, 7]], temperature=1.0)
+    a, b = drafter.propose(ctx), drafter.propose(ctx)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.probs, b.probs)
+    # a request's drafts do not depend on what else is in the batch
+    alone = context(target, [[4, 5, 6, 7]], temperature=1.0)
+    alone.seeds = ctx.seeds[1:]
+    assert torch.equal(drafter.propose(alone).tokens[0], a.tokens[1])
+
+
+def test_sequential_head_matches_the_teacher_forced_training_pass(target):
+    """The drafting loop and the training forward compute the same logits when the
+    training pass is fed the drafted tokens, so what was trained is what drafts."""
+    net = tiny_net()
+    ctx = context(target, [[3, 1, 4, 1, 5], [9, 2]])
+    out = BlockDrafter(net).propose(ctx)
+    pending = torch.tensor([[5], [2]])
+    prev = torch.cat([pending, out.tokens[:, :-1]], 1)
+    logits, confidence = net(ctx.hidden, ctx.hidden_len, prev)
+    torch.testing.assert_close(torch.softmax(logits.float(), -1), out.probs)
+    torch.testing.assert_close(confidence.float(), out.confidence_logits)
+    # without the sequential head the block is the backbone's alone
+    parallel = BlockDrafter(net, sequential=False).propose(ctx)
+    base, _ = net(ctx.hidden, ctx.hidden_len, prev, sequential=False)
+    assert torch.equal(parallel.tokens, base.argmax(-1))
+    assert not torch.equal(parallel.tokens, out.tokens)
+
+
+@pytest.mark.parametrize("mode", ["static", "compact"])
+def test_engine_with_block_drafter_reproduces_target_greedy(target, mode):
+    from .conftest import SurvivalWindows
+
+    engine = Engine(target, BlockDrafter(tiny_net()), EngineConfig(gamma=5, max_batch=3), policy=SurvivalWindows())
+    prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9, 10, 11, 12, 13]]
+    for i, p in enumerate(prompts):
+        engine.submit(Request(str(i), p, 14, mode=mode, stop_at_eos=False))
+    out = engine.run()
+    for i, p in enumerate(prompts):
+        assert out[str(i)] == greedy_decode(target, p, 14)
+
+
+def test_checkpoint_round_trip_and_bad_input(tmp_path, target):
+    net = tiny_net()
+    save_checkpoint(net, tmp_path / "d.pt", extra={"note": 1})
+    loaded, extra = load_drafter(tmp_path / "d.pt")
+    assert extra == {"note": 1} and loaded.args == net.args
+    assert model_version(loaded.double()) == model_version(net)
+    drafter = BlockDrafter(net)
+    with pytest.raises(ValueError, match="gamma=7 is outside"):
+        drafter.propose(context(target, [[1, 2]], gamma=7))
+    ctx = context(target, [[1, 2]])
+    ctx.hidden = None
+    with pytest.raises(ValueError, match="needs the target hidden states"):
+        drafter.propose(ctx)
+    with pytest.raises(ValueError, match="DrafterArgs.markov_rank must be >= 1"):
+        DrafterArgs(markov_rank=0)
