@@ -49,6 +49,15 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         phase_to VARCHAR NOT NULL, action VARCHAR NOT NULL, reasons JSON NOT NULL
     );
     """),
+    (2, "rollout decisions carry their stage, interval outcome and operator; consistency checks", """
+    ALTER TABLE decisions ADD COLUMN compact_fraction DOUBLE;
+    ALTER TABLE decisions ADD COLUMN outcome VARCHAR;
+    ALTER TABLE decisions ADD COLUMN operator VARCHAR;
+    CREATE TABLE consistency_checks (
+        received_at DOUBLE NOT NULL, replica_id VARCHAR NOT NULL, request_id VARCHAR NOT NULL,
+        kind VARCHAR NOT NULL, tokens BIGINT NOT NULL, mismatch_at BIGINT, expected BIGINT, got BIGINT
+    );
+    """),
 )
 
 

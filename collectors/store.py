@@ -31,7 +31,7 @@ from collectors.migrations import migrate
 from collectors.wire import Parsed, flatten
 
 EVENT_TABLES = ("steps", "requests", "depth_labels")
-SNAPSHOT_TABLES = EVENT_TABLES + ("quarantine", "decisions")
+SNAPSHOT_TABLES = EVENT_TABLES + ("quarantine", "decisions", "consistency_checks")
 # Snapshot generations kept, so a reader that opened the previous one can finish.
 _KEEP_GENERATIONS = 2
 # UTC calendar date of a unix time, without depending on the session time zone.
@@ -203,13 +203,23 @@ class Store:
         return dict(zip(rows.column("replica_id").to_pylist(), rows.column("m").to_pylist()))
 
     def record_decision(self, revision: int, phase_from: str | None, phase_to: str, action: str,
-                        reasons: list[dict], decided_at: float | None = None) -> None:
+                        reasons: list[dict], decided_at: float | None = None, *,
+                        compact_fraction: float | None = None, outcome: str | None = None,
+                        operator: str | None = None) -> None:
         """Persist a rollout decision with its reasons (committed before this returns)."""
         with self._lock:
-            self._con.execute("INSERT INTO decisions VALUES (?, ?, ?, ?, ?, ?)",
-                              [time.time() if decided_at is None else decided_at, revision, phase_from,
-                               phase_to, action, json.dumps(reasons)])
+            self._con.execute(
+                "INSERT INTO decisions (decided_at, revision, phase_from, phase_to, action, reasons, "
+                "compact_fraction, outcome, operator) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [time.time() if decided_at is None else decided_at, revision, phase_from, phase_to, action,
+                 json.dumps(reasons), compact_fraction, outcome, operator])
 
+    def record_consistency(self, rows: list[dict]) -> None:
+        """Persist greedy-replay / state checks reported by replicas (``consistency_checks`` columns)."""
+        columns = ("received_at", "replica_id", "request_id", "kind", "tokens", "mismatch_at", "expected", "got")
+        with self._lock:
+            self._con.executemany(f"INSERT INTO consistency_checks ({', '.join(columns)}) VALUES "
+                                  f"({', '.join('?' * len(columns))})", [[r.get(c) for c in columns] for r in rows])
 
 def open_snapshot(directory: str | os.PathLike) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with one view per table of the newest published snapshot."""

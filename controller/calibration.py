@@ -1,0 +1,166 @@
+"""Calibration figures from depth labels: ECE (equal-width and equal-mass), Brier, AUROC,
+reliability curves, and bootstrap intervals that resample requests (DESIGN §2).
+
+One pass over the label rows fills two histograms per kind of prediction
+(survival ``S_k`` against ``y_k`` over observed rows; conditional ``c_k`` against
+``y_k`` over rows at risk):
+
+- ``fine``: per (mode, depth, fine bin, y) the count, Σp and Σp². ``FINE_BINS`` is a
+  multiple of 15, so each of the 15 equal-width bins is exactly 64 fine bins and
+  the collectors' ``CalibrationStats`` (hence their ECE, Brier and reliability)
+  is a sum of fine bins. Equal-mass bins and AUROC are resolved to 1/960.
+- ``grouped``: per (request group, depth, equal-width bin) the count, Σp and Σy
+  over the gated (uncensored) modes. Requests are hashed into ``REQUEST_GROUPS``
+  groups; resampling groups resamples requests, at a cost independent of the
+  number of rows.
+
+Invariants: every array is indexed by depth with index 0 unused; counts are
+integers so merging (adding) histograms is exact.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from collectors.aggregate import N_BINS, UNCENSORED_MODES, CalibrationStats
+from collectors.schema import MODES
+
+FINE_PER_BIN = 64
+FINE_BINS = N_BINS * FINE_PER_BIN
+REQUEST_GROUPS = 1000
+GATED = np.isin(np.arange(len(MODES)), [MODES.index(m) for m in UNCENSORED_MODES])
+
+
+def fine_bin(p: np.ndarray) -> np.ndarray:
+    """Fine bin of each probability; p = 1 lands in the last bin, like the equal-width bins."""
+    return np.minimum((p * FINE_BINS).astype(np.int64), FINE_BINS - 1)
+
+
+@dataclass
+class KindStats:
+    """Histograms of one kind of prediction. ``fine_*`` are [modes, depths+1, FINE_BINS, 2]
+    (last axis: y = 0, y = 1); ``grouped_*`` are [REQUEST_GROUPS, depths+1, N_BINS] over gated modes."""
+
+    fine_count: np.ndarray
+    fine_sum_p: np.ndarray
+    fine_sum_p2: np.ndarray
+    grouped_count: np.ndarray
+    grouped_sum_p: np.ndarray
+    grouped_sum_y: np.ndarray
+
+    @classmethod
+    def from_rows(cls, mode: np.ndarray, depth: np.ndarray, p: np.ndarray, y: np.ndarray, group: np.ndarray,
+                  depths: int) -> "KindStats":
+        """From one row per label: mode code, depth (1..depths), prediction, outcome (0/1), request group."""
+        width = depths + 1
+        fine = fine_bin(p)
+        y = y.astype(np.int64)
+        key = ((mode.astype(np.int64) * width + depth) * FINE_BINS + fine) * 2 + y
+        shape = (len(MODES), width, FINE_BINS, 2)
+        size = int(np.prod(shape))
+        gated = GATED[mode]
+        gkey = ((group[gated].astype(np.int64) * width + depth[gated]) * N_BINS
+                + fine[gated] // FINE_PER_BIN) * 2 + y[gated]
+        gshape = (REQUEST_GROUPS, width, N_BINS, 2)
+        gsize = int(np.prod(gshape))
+        gcount = np.bincount(gkey, minlength=gsize).reshape(gshape)
+        return cls(
+            np.bincount(key, minlength=size).reshape(shape),
+            np.bincount(key, p, minlength=size).reshape(shape),
+            np.bincount(key, p * p, minlength=size).reshape(shape),
+            gcount.sum(axis=-1),
+            np.bincount(gkey, p[gated], minlength=gsize).reshape(gshape).sum(axis=-1),
+            gcount[..., 1],
+        )
+
+    @property
+    def depths(self) -> int:
+        return self.fine_count.shape[1] - 1
+
+    def calibration_stats(self) -> CalibrationStats:
+        """The collectors' equal-width statistics (per mode, depth, bin), summed from the fine bins."""
+        def coarse(a: np.ndarray) -> np.ndarray:
+            return a.reshape(*a.shape[:2], N_BINS, FINE_PER_BIN, *a.shape[3:]).sum(axis=3)
+
+        count, sum_p, sum_p2 = coarse(self.fine_count), coarse(self.fine_sum_p), coarse(self.fine_sum_p2)
+        # Σ(p - y)² = Σp² - 2Σ_{y=1} p + n_{y=1}, since y² = y.
+        sum_sq = sum_p2.sum(-1) - 2 * sum_p[..., 1] + count[..., 1]
+        return CalibrationStats(count.sum(-1), sum_p.sum(-1), count[..., 1], sum_sq)
+
+    def _fine(self, modes: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """(count [depths+1, F, 2], Σp [depths+1, F]) summed over ``modes``."""
+        keep = [MODES.index(m) for m in modes]
+        return self.fine_count[keep].sum(axis=0), self.fine_sum_p[keep].sum(axis=(0, -1))
+
+    def equal_mass_ece(self, modes: tuple[str, ...] = UNCENSORED_MODES) -> dict[int, float]:
+        """ECE over 15 bins of (about) equal count per depth; boundaries fall on fine-bin edges."""
+        count, sum_p = self._fine(modes)
+        out = {}
+        for d in range(1, count.shape[0]):
+            n_f = count[d].sum(-1)
+            n = n_f.sum()
+            if not n:
+                continue
+            # A fine bin joins the equal-mass bin holding its midpoint in cumulative count.
+            middle = np.cumsum(n_f) - n_f / 2
+            mass_bin = np.minimum((middle * N_BINS / n).astype(np.int64), N_BINS - 1)
+            gap = np.bincount(mass_bin, sum_p[d] - count[d, :, 1], minlength=N_BINS)
+            out[d] = float(np.abs(gap).sum() / n)
+        return out
+
+    def auroc(self, modes: tuple[str, ...] = UNCENSORED_MODES) -> dict[int, float]:
+        """P(prediction of a y=1 row > that of a y=0 row), ties within a fine bin counting half.
+        Depths with only one outcome are left out."""
+        count, _ = self._fine(modes)
+        out = {}
+        for d in range(1, count.shape[0]):
+            neg, pos = count[d, :, 0].astype(np.float64), count[d, :, 1].astype(np.float64)
+            if not (neg.sum() and pos.sum()):
+                continue
+            above = pos.sum() - np.cumsum(pos)
+            out[d] = float((neg * (above + pos / 2)).sum() / (neg.sum() * pos.sum()))
+        return out
+
+    def curve(self, modes: tuple[str, ...] = UNCENSORED_MODES) -> dict[int, dict]:
+        """Per depth: mean prediction, observed rate of y and the count (the c_k / S_k curve)."""
+        count, sum_p = self._fine(modes)
+        out = {}
+        for d in range(1, count.shape[0]):
+            n = int(count[d].sum())
+            if n:
+                out[d] = {"mean_p": float(sum_p[d].sum() / n), "rate": float(count[d, :, 1].sum() / n), "samples": n}
+        return out
+
+
+def grouped_ece(count: np.ndarray, sum_p: np.ndarray, sum_y: np.ndarray) -> np.ndarray:
+    """ECE per depth over the last two axes [..., depths+1, N_BINS]: Σ_b |Σp − Σy| / n, the
+    estimator of ``CalibrationStats.ece``; NaN where a depth has no rows."""
+    n = count.sum(axis=-1)
+    gap = np.abs(sum_p - sum_y).sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, gap / np.maximum(n, 1), np.nan)
+
+
+def bootstrap_ece(stats: KindStats, resamples: int = 200, level: float = 0.95,
+                  seed: int = 0) -> dict[int, tuple[float, float]]:
+    """Percentile interval of the gated-mode ECE per depth, resampling request groups with replacement.
+
+    Only groups holding rows are resampled, so sparse windows (fewer requests than
+    groups) still resample requests rather than empty groups.
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level={level!r}: expected a fraction in (0, 1)")
+    occupied = stats.grouped_count.reshape(REQUEST_GROUPS, -1).sum(axis=1) > 0
+    k = int(occupied.sum())
+    if not k:
+        return {}
+    flat = [a[occupied].reshape(k, -1).astype(np.float64)
+            for a in (stats.grouped_count, stats.grouped_sum_p, stats.grouped_sum_y)]
+    weights = np.random.default_rng(seed).multinomial(k, np.full(k, 1.0 / k), size=resamples).astype(np.float64)
+    shape = (resamples, stats.depths + 1, N_BINS)
+    present = np.flatnonzero(stats.grouped_count.sum(axis=(0, 2))[1:]) + 1
+    ece = grouped_ece(*((weights @ a).reshape(shape) for a in flat))[:, present]
+    tail = (1 - level) / 2 * 100
+    lo, hi = np.nanpercentile(ece, [tail, 100 - tail], axis=0)
+    return {int(d): (float(a), float(b)) for d, a, b in zip(present, lo, hi)}

@@ -1,0 +1,97 @@
+"""Gate verdicts (DESIGN §6): each gate of the rollout policy judges one measurement.
+
+A verdict is ``pass``, ``fail`` or ``inconclusive``: inconclusive when the value
+is missing, when it rests on fewer than ``min_samples`` samples, or when the data
+is stale. Equality with the threshold passes. ``dry_run`` gates get verdicts like
+any other but never decide; ``interval_outcome`` folds the deciding verdicts of
+one evaluation interval into the one outcome the state machine acts on.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Iterable, Mapping
+
+from policies.rollout import Gate, RolloutPolicy
+
+from .metrics import Measurement
+
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+CRITICAL = "critical"  # an interval outcome: a critical gate failed
+# Metrics that compare with the baseline; their min_samples size the reference baseline must collect.
+BASELINE_METRICS = ("p99_step_ratio", "tokens_per_s_ratio")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One gate's judgement in one interval; ``to_dict`` is the reason stored with a decision."""
+
+    gate: str
+    metric: str
+    outcome: str
+    value: float | None
+    threshold: float
+    direction: str
+    samples: int
+    min_samples: int
+    critical: bool
+    dry_run: bool
+    note: str
+
+    @property
+    def decides(self) -> bool:
+        return not self.dry_run
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def judge(gate: Gate, measurement: Measurement | None, stale: str | None = None) -> Verdict:
+    """The verdict of ``gate`` on ``measurement``; ``stale`` (a reason) makes it inconclusive."""
+    m = measurement or Measurement(None, 0)
+
+    def verdict(outcome: str, note: str) -> Verdict:
+        return Verdict(gate.name, gate.metric, outcome, m.value, gate.threshold, gate.direction, m.samples,
+                       gate.min_samples, gate.critical, gate.dry_run, note)
+
+    if stale is not None:
+        return verdict(INCONCLUSIVE, stale)
+    if m.value is None:
+        return verdict(INCONCLUSIVE, "no data")
+    if m.samples < gate.min_samples:
+        return verdict(INCONCLUSIVE, f"{m.samples} samples < min_samples {gate.min_samples}")
+    if gate.passes(m.value):
+        return verdict(PASS, f"{m.value:.6g} {_symbol(gate.direction)} {gate.threshold:g}")
+    return verdict(FAIL, f"{m.value:.6g} not {_symbol(gate.direction)} {gate.threshold:g}")
+
+
+def _symbol(direction: str) -> str:
+    return "<=" if direction == "at_most" else ">="
+
+
+def judge_all(gates: Iterable[Gate], measurements: Mapping[str, Measurement],
+              stale: str | None = None) -> list[Verdict]:
+    """Verdicts of ``gates`` in policy order. A PromQL gate reads ``measurements[gate.name]``,
+    a store gate ``measurements[gate.metric]``."""
+    return [judge(g, measurements.get(g.name if g.promql else g.metric), stale) for g in gates]
+
+
+def judge_baseline(policy: RolloutPolicy, steps: int, stale: str | None = None) -> Verdict:
+    """Baseline's one check: has it recorded the reference the latency gates will compare with?
+    It passes or waits (inconclusive), never fails: baseline changes nothing that could go wrong."""
+    needed = max([g.min_samples for g in policy.gates if g.metric in BASELINE_METRICS] + [1])
+    outcome = INCONCLUSIVE if stale or steps < needed else PASS
+    return Verdict("baseline_reference", "baseline_steps", outcome, float(steps), float(needed), "at_least",
+                   steps, needed, False, False, stale or f"{steps} baseline steps (need {needed})")
+
+
+def interval_outcome(verdicts: Iterable[Verdict]) -> str:
+    """``critical`` if a deciding critical gate failed, else ``fail`` if any deciding gate failed, else
+    ``inconclusive`` if any was inconclusive, else ``pass`` (also when no gate decides)."""
+    deciding = [v for v in verdicts if v.decides]
+    if any(v.critical and v.outcome == FAIL for v in deciding):
+        return CRITICAL
+    if any(v.outcome == FAIL for v in deciding):
+        return FAIL
+    if any(v.outcome == INCONCLUSIVE for v in deciding):
+        return INCONCLUSIVE
+    return PASS

@@ -1,0 +1,195 @@
+"""Read queries against the store for one evaluation window and slice.
+
+Every query takes the same ``Window`` (unix-second bounds on ``ts``) and
+``Slice`` (task, temperature, load bucket, replica). Label and request rows
+carry ``ts`` and ``replica_id``; task and temperature live on request rows and
+the batch size on step rows, so those slices semi-join on (replica_id, step_id[,
+request_id]). Step-level figures cannot be split by task or temperature (a step
+mixes requests), so ``Slice.per_request`` tells callers to leave them out.
+
+Enum codes: the store's ``verify_mode`` and ``label_status`` enums are declared
+in the order of ``collectors.schema.MODES`` and ``STATUSES``, so ``enum_code``
+gives the collectors' integer codes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from collectors.store import Store
+
+from .calibration import REQUEST_GROUPS
+
+# Batch sizes are bucketed by powers of two: bucket b holds sizes [2^b, 2^(b+1)).
+LOAD_BUCKET_SQL = "floor(log2(batch_size))::INTEGER"
+
+
+def load_bucket_label(bucket: int) -> str:
+    return f"{2 ** bucket}-{2 ** (bucket + 1) - 1}"
+
+
+@dataclass(frozen=True)
+class Window:
+    """Rows with ``since <= ts < until``; a None bound is open."""
+
+    since: float | None = None
+    until: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("since", "until"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"window.{name}={value!r}: expected finite unix seconds")
+        if self.since is not None and self.until is not None and self.since >= self.until:
+            raise ValueError(f"window.since={self.since!r}: must be before until={self.until!r}")
+
+
+@dataclass(frozen=True)
+class Slice:
+    """A subset of traffic; None fields do not filter. ``load_bucket`` is b for batch sizes [2^b, 2^(b+1))."""
+
+    task: str | None = None
+    temperature: float | None = None
+    load_bucket: int | None = None
+    replica_id: str | None = None
+
+    @property
+    def per_request(self) -> bool:
+        """Whether the slice selects requests within steps (so step-level figures do not apply)."""
+        return self.task is not None or self.temperature is not None
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+SLICE_COLUMNS = {"task": "task", "temperature": "temperature", "load": "load_bucket", "replica": "replica_id"}
+
+
+def _where(table: str, window: Window, slice_: Slice, alias: str, ts: str = "ts") -> tuple[str, list]:
+    """WHERE clause (with params) for ``table`` under ``alias``, time bounds on column ``ts``."""
+    clauses, params = ["TRUE"], []
+    if window.since is not None:
+        clauses.append(f"{alias}.{ts} >= ?")
+        params.append(window.since)
+    if window.until is not None:
+        clauses.append(f"{alias}.{ts} < ?")
+        params.append(window.until)
+    if slice_.replica_id is not None:
+        clauses.append(f"{alias}.replica_id = ?")
+        params.append(slice_.replica_id)
+    if slice_.load_bucket is not None and table == "steps":
+        clauses.append(f"{LOAD_BUCKET_SQL} = ?")
+        params.append(slice_.load_bucket)
+    elif slice_.load_bucket is not None:
+        clauses.append(f"({alias}.replica_id, {alias}.step_id) IN (SELECT (replica_id, step_id) FROM steps "
+                       f"WHERE {LOAD_BUCKET_SQL} = ?)")
+        params.append(slice_.load_bucket)
+    request_filters = [(c, v) for c, v in (("task", slice_.task), ("temperature", slice_.temperature))
+                       if v is not None]
+    if request_filters and table == "requests":
+        for column, value in request_filters:
+            clauses.append(f"{alias}.{column} = ?")
+            params.append(value)
+    elif request_filters and table == "depth_labels":
+        inner = " AND ".join(f"{c} = ?" for c, _ in request_filters)
+        clauses.append(f"({alias}.replica_id, {alias}.step_id, {alias}.request_id) IN "
+                       f"(SELECT (replica_id, step_id, request_id) FROM requests WHERE {inner})")
+        params.extend(v for _, v in request_filters)
+    return " AND ".join(clauses), params
+
+
+@dataclass(frozen=True)
+class LabelColumns:
+    """Depth labels as numpy columns: mode and status codes, depth, S_k, c_k and request group."""
+
+    mode: np.ndarray
+    depth: np.ndarray
+    status: np.ndarray
+    survival: np.ndarray
+    confidence: np.ndarray
+    group: np.ndarray
+
+    @property
+    def depths(self) -> int:
+        return int(self.depth.max()) if len(self.depth) else 0
+
+
+def label_columns(store: Store, window: Window, slice_: Slice) -> LabelColumns:
+    where, params = _where("depth_labels", window, slice_, "l")
+    table = store.query(
+        "SELECT enum_code(l.mode)::TINYINT AS mode, l.depth::INTEGER AS depth, enum_code(l.status)::TINYINT AS status,"
+        f" l.survival, l.confidence, (hash(l.request_id) % {REQUEST_GROUPS})::INTEGER AS grp"
+        f" FROM depth_labels l WHERE {where}", params)
+    return LabelColumns(*(table.column(c).to_numpy() for c in
+                          ("mode", "depth", "status", "survival", "confidence", "grp")))
+
+
+def request_histograms(store: Store, window: Window, slice_: Slice, width: int) -> dict[str, np.ndarray]:
+    """The collectors' request histograms ``accept_hist[mode, window, accepted]``, ``full_hist[mode,
+    accepted, full_accept]`` and ``suggest_hist[mode, window_suggested, full_accept]``, ``width`` wide."""
+    where, params = _where("requests", window, slice_, "r")
+    specs = {"accept_hist": ('"window"', "accepted", "TRUE"),
+             "full_hist": ("accepted", "full_accept", "full_accept IS NOT NULL"),
+             "suggest_hist": ("window_suggested", "full_accept",
+                              "window_suggested IS NOT NULL AND full_accept IS NOT NULL")}
+    out = {}
+    for name, (x, y, condition) in specs.items():
+        rows = store.query(f"SELECT enum_code(r.mode)::INTEGER AS m, r.{x} AS x, r.{y} AS y, count(*) AS n "
+                           f"FROM requests r WHERE {where} AND {condition} GROUP BY ALL", params)
+        hist = np.zeros((4, width, width), np.int64)
+        columns = [rows.column(c).to_numpy().astype(np.int64) for c in ("m", "x", "y", "n")]
+        hist[columns[0], columns[1], columns[2]] = columns[3]
+        out[name] = hist
+    return out
+
+
+def step_buckets(store: Store, window: Window, slice_: Slice, phase: str | None = None) -> pa.Table:
+    """Per load bucket: steps, busy seconds, step-time quantiles, tier misses and padding, newest ts,
+    and committed tokens. ``phase`` restricts to steps recorded in that phase."""
+    where, params = _where("steps", window, slice_, "s")
+    if phase is not None:
+        where += " AND s.phase = ?"
+        params = params + [phase]
+    return store.query(f"""
+        WITH s AS (SELECT *, {LOAD_BUCKET_SQL} AS bucket FROM steps s WHERE {where}),
+        committed AS (
+            SELECT s.bucket, sum(r.accepted + 1)::BIGINT AS tokens FROM requests r
+            JOIN s ON r.replica_id = s.replica_id AND r.step_id = s.step_id GROUP BY s.bucket)
+        SELECT s.bucket, count(*) AS steps, sum(step_ms) / 1000 AS busy_s,
+               quantile_cont(step_ms, 0.5) AS p50_ms, quantile_cont(step_ms, 0.95) AS p95_ms,
+               quantile_cont(step_ms, 0.99) AS p99_ms,
+               count(*) FILTER (WHERE NOT graph_hit) AS misses,
+               coalesce(sum(tier_rows - verify_rows) FILTER (WHERE graph_hit), 0)::BIGINT AS padding_rows,
+               coalesce(sum(tier_rows) FILTER (WHERE graph_hit), 0)::BIGINT AS hit_tier_rows,
+               max(ts) AS newest, any_value(c.tokens) AS tokens
+        FROM s LEFT JOIN committed c USING (bucket) GROUP BY s.bucket ORDER BY s.bucket""", params)
+
+
+def miss_reasons(store: Store, window: Window, slice_: Slice) -> dict[str, int]:
+    where, params = _where("steps", window, slice_, "s")
+    rows = store.query(f"SELECT coalesce(miss_reason, 'unknown') AS reason, count(*) AS n FROM steps s "
+                       f"WHERE {where} AND NOT graph_hit GROUP BY 1 ORDER BY 1", params)
+    return dict(zip(rows.column("reason").to_pylist(), rows.column("n").to_pylist()))
+
+
+def consistency_counts(store: Store, window: Window, slice_: Slice) -> dict[str, dict[str, int]]:
+    """Per check kind: checks received in the window and how many found a mismatch (replica slice only:
+    checks are reported per request after it finished)."""
+    where, params = _where("consistency_checks", window, Slice(replica_id=slice_.replica_id), "c", "received_at")
+    rows = store.query(f"SELECT kind, count(*) AS checks, count(mismatch_at) AS mismatches "
+                       f"FROM consistency_checks c WHERE {where} GROUP BY kind", params)
+    return {r["kind"]: {"checks": r["checks"], "mismatches": r["mismatches"]} for r in rows.to_pylist()}
+
+
+def slice_values(store: Store, key: str, window: Window) -> list:
+    """Distinct values of a slice key (``task``, ``temperature``, ``load``, ``replica``) in the window."""
+    if key not in SLICE_COLUMNS:
+        raise ValueError(f"by={key!r}: expected one of {', '.join(SLICE_COLUMNS)}")
+    table, column = {"task": ("requests", "task"), "temperature": ("requests", "temperature"),
+                     "load": ("steps", LOAD_BUCKET_SQL), "replica": ("steps", "replica_id")}[key]
+    where, params = _where(table, window, Slice(), "t")
+    rows = store.query(f"SELECT DISTINCT {column} AS v FROM {table} t WHERE {where} ORDER BY 1", params)
+    return rows.column("v").to_pylist()

@@ -1,0 +1,203 @@
+"""The staged-rollout state machine (DESIGN §6), as pure functions over immutable state.
+
+The ladder is ``policy.stages()`` (baseline, shadow, one rung per canary step,
+compact, adaptive); ``fallback`` and ``paused`` sit beside it. Every transition
+is a ``Decision`` — data that the caller persists before applying it with
+``apply`` — and a restarted controller rebuilds its state with ``replay`` over
+the persisted decisions.
+
+Invariants:
+- ``revision`` grows by one exactly when the served policy changes (advance,
+  rollback, promote, abort, pause, resume); holds keep it.
+- ``fallback`` is left only by ``resume``; nothing automatic leaves it.
+- An advance needs ``consecutive_passes`` all-pass intervals in the current
+  stage; a failed or inconclusive interval resets the streak, so a value that
+  oscillates around a threshold never advances, and its failures accumulate
+  until the failure limit sends the rollout to the sticky fallback: no flapping.
+- ``paused`` holds the stage it paused at (``stage``), never advances, and still
+  rolls back on a critical failure.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable
+
+from policies.rollout import RolloutPolicy
+
+from .gates import CRITICAL, FAIL, INCONCLUSIVE, PASS, Verdict, interval_outcome
+
+FALLBACK, PAUSED = "fallback", "paused"
+HOLD, START, ADVANCE, ROLLBACK = "hold", "start", "advance", "rollback"
+PROMOTE, ABORT, PAUSE, RESUME = "promote", "abort", "pause", "resume"
+OPERATOR_ACTIONS = (PROMOTE, ABORT, PAUSE, RESUME)
+CHANGES_POLICY = frozenset({START, ADVANCE, ROLLBACK, *OPERATOR_ACTIONS})
+
+
+class TransitionError(ValueError):
+    """An operator action the current phase does not allow; the message says why."""
+
+
+@dataclass(frozen=True)
+class RolloutState:
+    """Where the rollout stands. ``stage`` indexes ``policy.stages()`` (None in fallback; in paused, the
+    stage to resume). ``passes``/``failures`` count intervals since ``entered_at``;
+    ``last_conclusive_at`` is the latest pass or fail (or entry), for the progress deadline."""
+
+    revision: int
+    phase: str
+    stage: int | None
+    compact_fraction: float
+    entered_at: float
+    passes: int = 0
+    failures: int = 0
+    last_conclusive_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One decision: ``revision``/``phase_to``/``compact_fraction`` describe the policy in effect after it.
+    ``reasons`` hold one entry with ``rule`` (why this action) and one per gate verdict."""
+
+    decided_at: float
+    revision: int
+    phase_from: str | None
+    phase_to: str
+    compact_fraction: float
+    action: str
+    outcome: str | None
+    reasons: tuple[dict, ...]
+    operator: str | None = None
+    stage: int | None = None
+
+    def to_dict(self) -> dict:
+        return {"decided_at": self.decided_at, "revision": self.revision, "phase_from": self.phase_from,
+                "phase_to": self.phase_to, "compact_fraction": self.compact_fraction, "action": self.action,
+                "outcome": self.outcome, "reasons": list(self.reasons), "operator": self.operator}
+
+
+def _move(policy: RolloutPolicy, state: RolloutState | None, now: float, action: str, stage: int | None,
+          reasons: tuple[dict, ...], outcome: str | None = None, operator: str | None = None,
+          paused: bool = False) -> Decision:
+    """A decision that changes the served policy to ladder ``stage`` (None: fallback)."""
+    if stage is None:
+        phase, fraction = FALLBACK, 0.0
+    else:
+        rung = policy.stages()[stage]
+        phase, fraction = (PAUSED if paused else rung.phase), rung.compact_fraction
+    return Decision(now, (state.revision if state else 0) + 1, state.phase if state else None, phase, fraction,
+                    action, outcome, reasons, operator, stage)
+
+
+def _hold(state: RolloutState, now: float, outcome: str, reasons: tuple[dict, ...]) -> Decision:
+    return Decision(now, state.revision, state.phase, state.phase, state.compact_fraction, HOLD, outcome,
+                    reasons, None, state.stage)
+
+
+def start(policy: RolloutPolicy, now: float) -> Decision:
+    """The first decision of a new ledger: the bottom of the ladder."""
+    return _move(policy, None, now, START, 0, ({"rule": "start"},))
+
+
+def fall_back(policy: RolloutPolicy, state: RolloutState, now: float, rule: str, **detail) -> Decision:
+    """A rollback decided outside the gates (e.g. the persisted stage left the policy file)."""
+    return _move(policy, state, now, ROLLBACK, None, ({"rule": rule, **detail},))
+
+
+def decide(policy: RolloutPolicy, state: RolloutState, verdicts: Iterable[Verdict], now: float) -> Decision:
+    """The automatic decision after one evaluation interval with ``verdicts``."""
+    verdicts = list(verdicts)
+    outcome = interval_outcome(verdicts)
+    gates = tuple(v.to_dict() for v in verdicts)
+
+    def because(rule: str, **detail) -> tuple[dict, ...]:
+        return ({"rule": rule, **detail},) + gates
+
+    if state.phase == FALLBACK:
+        return _hold(state, now, outcome, because("fallback is left only by resume"))
+    if outcome == CRITICAL:
+        return _move(policy, state, now, ROLLBACK, None, because("critical gate failed"), outcome)
+    if state.phase == PAUSED:
+        return _hold(state, now, outcome, because("paused"))
+    if outcome == FAIL and state.failures + 1 > policy.failure_limit:
+        return _move(policy, state, now, ROLLBACK, None,
+                     because("failure limit", failures=state.failures + 1, limit=policy.failure_limit), outcome)
+    if outcome == FAIL:
+        return _hold(state, now, outcome, because("failed interval", failures=state.failures + 1,
+                                                  limit=policy.failure_limit))
+    inconclusive_for = now - state.last_conclusive_at
+    if outcome == INCONCLUSIVE and state.phase != "baseline" and inconclusive_for >= policy.progress_deadline_s:
+        return _move(policy, state, now, ROLLBACK, None,
+                     because("progress deadline", inconclusive_s=inconclusive_for,
+                             deadline_s=policy.progress_deadline_s), outcome)
+    if outcome == INCONCLUSIVE:
+        return _hold(state, now, outcome, because("inconclusive", inconclusive_s=inconclusive_for,
+                                                  deadline_s=policy.progress_deadline_s))
+    passes = state.passes + 1
+    if passes < policy.consecutive_passes:
+        return _hold(state, now, outcome, because("passing", passes=passes, needed=policy.consecutive_passes))
+    if state.stage == len(policy.stages()) - 1:
+        return _hold(state, now, outcome, because("top of the ladder", passes=passes))
+    return _move(policy, state, now, ADVANCE, state.stage + 1,
+                 because("consecutive passes", passes=passes, needed=policy.consecutive_passes), outcome)
+
+
+def command(policy: RolloutPolicy, state: RolloutState, action: str, operator: str, now: float,
+            note: str = "") -> Decision:
+    """An operator's ``promote`` (one rung up, skipping gates), ``abort`` (to fallback), ``pause`` or
+    ``resume`` (from fallback to the first serving stage; from paused to the paused stage)."""
+    if action not in OPERATOR_ACTIONS:
+        raise TransitionError(f"action={action!r}: expected one of {', '.join(OPERATOR_ACTIONS)}")
+    if not operator:
+        raise TransitionError("operator: required for a manual action")
+    reasons = ({"rule": f"operator {action}", "note": note},)
+    last = len(policy.stages()) - 1
+    if action == ABORT:
+        if state.phase == FALLBACK:
+            raise TransitionError("abort: already in fallback")
+        return _move(policy, state, now, ABORT, None, reasons, operator=operator)
+    if action == RESUME:
+        if state.phase == FALLBACK:
+            return _move(policy, state, now, RESUME, min(1, last), reasons, operator=operator)
+        if state.phase == PAUSED:
+            return _move(policy, state, now, RESUME, state.stage, reasons, operator=operator)
+        raise TransitionError(f"resume: only from fallback or paused, not {state.phase}")
+    if state.phase in (FALLBACK, PAUSED):
+        raise TransitionError(f"{action}: not from {state.phase} (resume first)")
+    if action == PAUSE:
+        return _move(policy, state, now, PAUSE, state.stage, reasons, operator=operator, paused=True)
+    if state.stage == last:
+        raise TransitionError(f"promote: {state.phase} is the top of the ladder")
+    return _move(policy, state, now, PROMOTE, state.stage + 1, reasons, operator=operator)
+
+
+def apply(state: RolloutState | None, decision: Decision) -> RolloutState:
+    """The state after ``decision`` (which ``decide``/``command``/``start`` made from ``state``)."""
+    if decision.action in CHANGES_POLICY:
+        return RolloutState(decision.revision, decision.phase_to, decision.stage, decision.compact_fraction,
+                            decision.decided_at, last_conclusive_at=decision.decided_at)
+    if state is None:
+        raise ValueError(f"action={decision.action!r}: a ledger must begin with {START!r}")
+    conclusive = decision.outcome in (PASS, FAIL)
+    return replace(state, passes=state.passes + 1 if decision.outcome == PASS else 0,
+                   failures=state.failures + (decision.outcome == FAIL),
+                   last_conclusive_at=decision.decided_at if conclusive else state.last_conclusive_at)
+
+
+def stage_of(policy: RolloutPolicy, phase: str, compact_fraction: float, phase_from: str | None) -> int | None:
+    """The ladder index a persisted policy change points at (paused: the stage it paused from).
+    Raises ``LookupError`` when the policy file no longer has that stage."""
+    if phase == FALLBACK:
+        return None
+    rung_phase = phase_from if phase == PAUSED else phase
+    for i, stage in enumerate(policy.stages()):
+        if stage.phase == rung_phase and abs(stage.compact_fraction - compact_fraction) < 1e-9:
+            return i
+    raise LookupError(f"{rung_phase} at compact_fraction {compact_fraction} is not a stage of this rollout policy")
+
+
+def replay(decisions: Iterable[Decision]) -> RolloutState | None:
+    """The state after persisted ``decisions`` in order (None for an empty ledger)."""
+    state = None
+    for decision in decisions:
+        state = apply(state, decision)
+    return state

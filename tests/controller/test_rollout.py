@@ -1,0 +1,217 @@
+"""Scripted metric streams through the real gates, state machine and ledger (a DuckDB file)."""
+from __future__ import annotations
+
+import pytest
+
+from collectors.store import Store
+from controller import ledger
+from controller.gates import judge_all, judge_baseline
+from controller.metrics import Measurement
+from controller.rollout import (FALLBACK, PAUSED, TransitionError, apply, command, decide, fall_back, start,
+                                stage_of)
+from policies.rollout import parse_rollout_policy
+
+POLICY = parse_rollout_policy({"canary_steps": [0.05, 0.5], "consecutive_passes": 2, "failure_limit": 1,
+                               "evaluation_interval_s": 60, "progress_deadline_s": 300})
+GOOD = {
+    "survival_ece": Measurement(0.02, 5000), "survival_ece_upper": Measurement(0.04, 5000),
+    "upper_bound_utilization": Measurement(0.95, 1000), "tier_miss_rate": Measurement(0.0, 1000),
+    "p99_step_ratio": Measurement(1.0, 1000), "tokens_per_s_ratio": Measurement(1.1, 1000),
+    "consistency_mismatches": Measurement(0.0, 10), "state_rollback_failures": Measurement(0.0, 10),
+}
+
+
+def good(**changes) -> dict[str, Measurement]:
+    return {**GOOD, **changes}
+
+
+class Script:
+    """Drives the state machine one interval at a time, persisting each decision before applying it."""
+
+    def __init__(self, store: Store, policy=POLICY, now: float = 0.0):
+        self.store, self.policy, self.now = store, policy, now
+        self.state = ledger.load_state(store, policy)
+        if self.state is None:
+            self._commit(start(policy, now))
+
+    def _commit(self, decision):
+        ledger.record(self.store, decision)
+        self.state = apply(self.state, decision)
+        return decision
+
+    def interval(self, measurements: dict[str, Measurement] | None = None, stale: str | None = None):
+        self.now += self.policy.evaluation_interval_s
+        measurements = GOOD if measurements is None else measurements
+        phase = self.policy.stages()[self.state.stage].phase if self.state.stage is not None else "shadow"
+        verdicts = judge_all(self.policy.gates_for(phase), measurements, stale) if phase != "baseline" else \
+            [judge_baseline(self.policy, measurements.get("baseline_steps", Measurement(1000, 1000)).samples, stale)]
+        return self._commit(decide(self.policy, self.state, verdicts, self.now))
+
+    def act(self, action: str, operator: str = "alice", note: str = ""):
+        return self._commit(command(self.policy, self.state, action, operator, self.now, note))
+
+    def climb_to(self, phase: str, fraction: float | None = None):
+        while not (self.state.phase == phase and (fraction is None or self.state.compact_fraction == fraction)):
+            assert self.interval().action in ("hold", "advance")
+
+
+@pytest.fixture
+def script(store):
+    return Script(store)
+
+
+def test_advances_after_consecutive_passes_through_the_whole_ladder(script):
+    actions = [script.interval().action for _ in range(2 * (len(POLICY.stages()) - 1) + 2)]
+    assert actions == ["hold", "advance"] * (len(POLICY.stages()) - 1) + ["hold", "hold"]
+    assert (script.state.phase, script.state.compact_fraction) == ("adaptive", 1.0)
+    assert script.state.revision == len(POLICY.stages())  # one revision per policy change
+    changes = ledger.decisions(script.store, changes_only=True)
+    assert [(d.phase_to, d.compact_fraction) for d in changes] == [
+        (s.phase, s.compact_fraction) for s in POLICY.stages()]
+
+
+def test_holds_while_inconclusive_and_an_inconclusive_interval_resets_the_streak(script):
+    script.climb_to("shadow")
+    few = good(survival_ece=Measurement(0.01, 10))
+    assert script.interval().action == "hold"
+    decision = script.interval(few)
+    assert (decision.action, decision.outcome, decision.revision) == ("hold", "inconclusive", 2)
+    assert any(r.get("gate") == "survival_ece" and "min_samples" in r["note"] for r in decision.reasons)
+    assert script.state.passes == 0
+    assert script.interval().action == "hold"  # the streak starts again
+    assert script.interval().action == "advance"
+
+
+def test_stale_data_is_inconclusive(script):
+    script.climb_to("shadow")
+    decision = script.interval(stale="newest step is 900 s old")
+    assert decision.outcome == "inconclusive"
+    assert all(r["outcome"] == "inconclusive" for r in decision.reasons[1:])
+
+
+def test_rolls_back_when_failures_exceed_the_limit_and_records_why(script):
+    script.climb_to("canary", 0.05)
+    bad = good(tier_miss_rate=Measurement(0.1, 1000))
+    first = script.interval(bad)
+    assert (first.action, first.phase_to) == ("hold", "canary")
+    assert script.interval().action == "hold"  # a pass in between does not forgive the failure
+    rollback = script.interval(bad)
+    assert (rollback.action, rollback.phase_from, rollback.phase_to) == ("rollback", "canary", FALLBACK)
+    assert rollback.reasons[0] == {"rule": "failure limit", "failures": 2, "limit": 1}
+    gate = next(r for r in rollback.reasons if r.get("gate") == "tier_miss_rate")
+    assert (gate["outcome"], gate["value"], gate["threshold"], gate["samples"]) == ("fail", 0.1, 0.02, 1000)
+    stored = ledger.decisions(script.store, limit=1)[0]
+    assert stored.to_dict() == rollback.to_dict()
+
+
+def test_a_critical_gate_rolls_back_at_once(script):
+    script.climb_to("canary", 0.5)
+    decision = script.interval(good(consistency_mismatches=Measurement(1.0, 3)))
+    assert (decision.action, decision.outcome, decision.phase_to) == ("rollback", "critical", FALLBACK)
+    assert decision.reasons[0]["rule"] == "critical gate failed"
+
+
+def test_progress_deadline_sends_an_inconclusive_phase_to_fallback(script):
+    script.climb_to("shadow")
+    silent = {}
+    actions = [script.interval(silent).action for _ in range(5)]
+    assert actions == ["hold"] * 4 + ["rollback"]
+    assert ledger.decisions(script.store, limit=1)[0].reasons[0]["rule"] == "progress deadline"
+
+
+def test_baseline_waits_without_a_deadline(script):
+    for _ in range(10):
+        script.interval(stale="no steps in the window")
+    assert script.state.phase == "baseline"
+
+
+def test_fallback_is_left_only_by_resume(script):
+    script.climb_to("canary", 0.05)
+    script.act("abort", note="pager")
+    for _ in range(6):
+        assert script.interval().action == "hold"
+    assert script.state.phase == FALLBACK
+    resumed = script.act("resume", operator="bob", note="fixed")
+    assert (resumed.phase_from, resumed.phase_to, resumed.operator) == (FALLBACK, "shadow", "bob")
+    assert resumed.reasons == ({"rule": "operator resume", "note": "fixed"},)
+
+
+def test_oscillation_around_a_threshold_does_not_flap(script):
+    script.climb_to("shadow")
+    revisions = []
+    for i in range(20):
+        value = 0.051 if i % 2 else 0.049
+        script.interval(good(survival_ece=Measurement(value, 5000)))
+        revisions.append((script.state.revision, script.state.phase))
+    phases = [phase for _, phase in revisions]
+    assert "canary" not in phases  # never two passes in a row, so never an advance
+    assert phases[-1] == FALLBACK and len(set(revisions)) == 2  # shadow, then one rollback that sticks
+
+
+def test_dry_run_gates_are_recorded_but_never_decide(store):
+    policy = parse_rollout_policy({**POLICY.to_dict(), "gates": [
+        {"metric": "survival_ece", "threshold": 0.05, "direction": "at_most"},
+        {"metric": "tier_miss_rate", "threshold": 0.0, "direction": "at_most", "dry_run": True, "critical": True}]})
+    script = Script(store, policy)
+    script.climb_to("shadow")
+    decision = script.interval(good(tier_miss_rate=Measurement(0.5, 100)))
+    assert decision.outcome == "pass"
+    assert next(r for r in decision.reasons if r.get("gate") == "tier_miss_rate")["outcome"] == "fail"
+
+
+def test_restart_mid_canary_resumes_phase_revision_and_counters(tmp_path):
+    path = tmp_path / "ledger.duckdb"
+    with Store(path) as store:
+        script = Script(store)
+        script.climb_to("canary", 0.5)
+        script.interval(good(tier_miss_rate=Measurement(0.5, 1000)))
+        script.interval()
+        before = script.state
+    with Store(path) as store:
+        resumed = Script(store, now=script.now)
+        assert resumed.state == before
+        assert (before.phase, before.compact_fraction, before.failures, before.passes) == ("canary", 0.5, 1, 1)
+        assert resumed.interval().action == "advance"  # the streak survived the restart
+        assert resumed.state.revision == before.revision + 1
+
+
+def test_pause_holds_the_stage_and_resume_returns_to_it(script):
+    script.climb_to("canary", 0.5)
+    paused = script.act("pause")
+    assert (paused.phase_to, paused.compact_fraction) == (PAUSED, 0.5)
+    for _ in range(4):
+        assert script.interval().action == "hold"
+    assert ledger.load_state(script.store, POLICY) == script.state
+    resumed = script.act("resume")
+    assert (resumed.phase_to, resumed.compact_fraction) == ("canary", 0.5)
+    script.act("pause")
+    assert script.interval(good(state_rollback_failures=Measurement(1.0, 1))).action == "rollback"
+
+
+def test_promote_skips_the_gates_and_operator_errors_are_clear(script):
+    assert script.act("promote", note="skip baseline").phase_to == "shadow"
+    with pytest.raises(TransitionError, match="resume: only from fallback or paused"):
+        command(POLICY, script.state, "resume", "alice", script.now)
+    with pytest.raises(TransitionError, match="operator"):
+        command(POLICY, script.state, "abort", "", script.now)
+    with pytest.raises(TransitionError, match="action='jump'"):
+        command(POLICY, script.state, "jump", "alice", script.now)
+    script.act("abort")
+    with pytest.raises(TransitionError, match="already in fallback"):
+        command(POLICY, script.state, "abort", "alice", script.now)
+    with pytest.raises(TransitionError, match="resume first"):
+        command(POLICY, script.state, "promote", "alice", script.now)
+    script.act("resume")
+    script.climb_to("adaptive")
+    with pytest.raises(TransitionError, match="top of the ladder"):
+        command(POLICY, script.state, "promote", "alice", script.now)
+
+
+def test_a_stage_the_policy_file_lost_is_reported(script):
+    script.climb_to("canary", 0.5)
+    narrower = parse_rollout_policy({**POLICY.to_dict(), "canary_steps": [0.1]})
+    with pytest.raises(LookupError, match="canary at compact_fraction 0.5"):
+        ledger.load_state(script.store, narrower)
+    decision = fall_back(narrower, script.state, script.now, "stage not in the policy file")
+    assert (decision.phase_to, decision.revision) == (FALLBACK, script.state.revision + 1)
+    assert stage_of(narrower, FALLBACK, 0.0, "canary") is None
