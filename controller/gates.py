@@ -2,7 +2,8 @@
 
 A verdict is ``pass``, ``fail`` or ``inconclusive``: inconclusive when the value
 is missing, when it rests on fewer than ``min_samples`` samples, or when the data
-is stale. Equality with the threshold passes. ``dry_run`` gates get verdicts like
+is stale — except that a critical gate's failure stands even on stale data.
+Equality with the threshold passes. ``dry_run`` gates get verdicts like
 any other but never decide; ``interval_outcome`` folds the deciding verdicts of
 one evaluation interval into the one outcome the state machine acts on.
 """
@@ -53,15 +54,18 @@ def judge(gate: Gate, measurement: Measurement | None, stale: str | None = None)
         return Verdict(gate.name, gate.metric, outcome, m.value, gate.threshold, gate.direction, m.samples,
                        gate.min_samples, gate.critical, gate.dry_run, note)
 
-    if stale is not None:
-        return verdict(INCONCLUSIVE, stale)
     if m.value is None:
-        return verdict(INCONCLUSIVE, "no data")
+        return verdict(INCONCLUSIVE, stale or "no data")
     if m.samples < gate.min_samples:
         return verdict(INCONCLUSIVE, f"{m.samples} samples < min_samples {gate.min_samples}")
+    failed = f"{m.value:.6g} not {_symbol(gate.direction)} {gate.threshold:g}"
+    if not gate.passes(m.value) and gate.critical:
+        return verdict(FAIL, failed)  # evidence of a correctness bug counts whatever the age of the steps
+    if stale is not None:
+        return verdict(INCONCLUSIVE, stale)
     if gate.passes(m.value):
         return verdict(PASS, f"{m.value:.6g} {_symbol(gate.direction)} {gate.threshold:g}")
-    return verdict(FAIL, f"{m.value:.6g} not {_symbol(gate.direction)} {gate.threshold:g}")
+    return verdict(FAIL, failed)
 
 
 def _symbol(direction: str) -> str:

@@ -87,6 +87,8 @@ def test_stale_data_is_inconclusive(script):
     decision = script.interval(stale="newest step is 900 s old")
     assert decision.outcome == "inconclusive"
     assert all(r["outcome"] == "inconclusive" for r in decision.reasons[1:])
+    # A critical failure is evidence however old the steps are.
+    assert script.interval(good(consistency_mismatches=Measurement(1.0, 1)), stale="old").action == "rollback"
 
 
 def test_rolls_back_when_failures_exceed_the_limit_and_records_why(script):

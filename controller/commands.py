@@ -1,0 +1,173 @@
+"""Controller commands: ``sparkgate serve | status | promote | abort | pause | resume | report``.
+
+``serve`` owns the DuckDB file (the one writer, DESIGN §4) and evaluates on a
+background thread every ``evaluation_interval_s``. The operator commands talk to
+a running service over HTTP; the token comes from ``--token`` or
+``SPARKGATE_TOKEN``. ``report`` opens a DuckDB file nobody else has open (or asks
+a running controller with ``--controller``).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import threading
+
+import click
+import httpx
+import uvicorn
+
+from collectors.ingest import Ingestor
+from collectors.metrics import Metrics
+from collectors.store import Store
+from policies.rollout import DEFAULT_PATH, load_rollout_policy
+
+from .actuators import SGLangActuator
+from .metrics import evaluate
+from .queries import SLICE_COLUMNS, Slice, Window, slice_values
+from .service import check_bind, create_app
+from .supervisor import Controller, Versions
+
+DEFAULT_PORT = 8470
+DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+log = logging.getLogger(__name__)
+
+controller_option = click.option("--controller", "url", default=DEFAULT_URL, show_default=True,
+                                 envvar="SPARKGATE_CONTROLLER", help="Controller base URL.")
+token_option = click.option("--token", envvar="SPARKGATE_TOKEN", default=None,
+                            help="Operator bearer token [env SPARKGATE_TOKEN].")
+
+
+def evaluate_forever(controller: Controller, stop: threading.Event, snapshot_dir: str | None = None) -> None:
+    """Tick every evaluation interval until ``stop``; a failed tick is logged and retried next interval."""
+    while not stop.wait(controller.policy.evaluation_interval_s):
+        try:
+            controller.tick()
+            if snapshot_dir:
+                controller.store.snapshot(snapshot_dir)
+        except Exception:  # noqa: BLE001 - the service must outlive one bad evaluation
+            log.exception("evaluation failed")
+
+
+@click.command()
+@click.option("--db", required=True, type=click.Path(dir_okay=False), help="DuckDB file (created if missing).")
+@click.option("--policy", "policy_path", default=str(DEFAULT_PATH), show_default=True,
+              type=click.Path(exists=True, dir_okay=False), help="Rollout policy YAML.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=DEFAULT_PORT, show_default=True)
+@token_option
+@click.option("--sglang", "sglang_urls", multiple=True, help="SGLang server to push fallback to (repeatable).")
+@click.option("--prometheus", default=None, help="Prometheus base URL for gates with promql.")
+@click.option("--snapshot-dir", type=click.Path(file_okay=False), help="Publish Parquet snapshots after each tick.")
+@click.option("--cost-table-version", default=None, help="Announced to replicas in the policy.")
+@click.option("--sts-version", default=None, help="Announced to replicas in the policy.")
+def serve(db, policy_path, host, port, token, sglang_urls, prometheus, snapshot_dir, cost_table_version,
+          sts_version):
+    """Run the controller: policy and ingest API, gates, rollout, /metrics."""
+    try:
+        check_bind(host, token)
+        policy = load_rollout_policy(policy_path)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    metrics = Metrics()
+    with Store(db) as store:
+        actuators = [SGLangActuator(sglang_urls)] if sglang_urls else []
+        controller = Controller(store, policy, metrics=metrics, actuators=actuators, prometheus_url=prometheus,
+                                versions=Versions(cost_table_version, sts_version))
+        app = create_app(controller, Ingestor(store, metrics), token)
+        stop = threading.Event()
+        loop = threading.Thread(target=evaluate_forever, args=(controller, stop, snapshot_dir),
+                                name="sparkgate-evaluate", daemon=True)
+        loop.start()
+        click.echo(json.dumps({"listening": f"http://{host}:{port}", "db": db, **controller.policy_payload()}),
+                   err=True)
+        try:
+            uvicorn.run(app, host=host, port=port, log_level="warning")
+        finally:
+            stop.set()
+            loop.join()
+
+
+def _call(method: str, url: str, path: str, token: str | None = None, **kwargs) -> dict | list:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = httpx.request(method, f"{url.rstrip('/')}{path}", headers=headers, timeout=30.0, **kwargs)
+    except httpx.HTTPError as exc:
+        raise click.ClickException(f"{url}: {exc}") from None
+    if response.status_code >= 400:
+        try:
+            detail = response.json().get("detail", response.text)
+        except ValueError:
+            detail = response.text
+        raise click.ClickException(f"{response.status_code}: {detail}")
+    return response.json()
+
+
+@click.command()
+@controller_option
+@click.option("--decisions", default=5, show_default=True, help="Also show this many recent decisions.")
+def status(url, decisions):
+    """Show the phase, revision, stage counters, last gate verdicts and recent decisions."""
+    body = _call("GET", url, "/v1/status")
+    body["recent_decisions"] = _call("GET", url, "/v1/decisions", params={"limit": decisions}) if decisions else []
+    click.echo(json.dumps(body, indent=2))
+
+
+def _operator_command(action: str, help_text: str) -> click.Command:
+    @click.command(action, help=help_text)
+    @controller_option
+    @token_option
+    @click.option("--operator", required=True, help="Who acts (recorded with the decision).")
+    @click.option("--note", default="", help="Why (recorded with the decision).")
+    def command(url, token, operator, note):
+        click.echo(json.dumps(_call("POST", url, f"/v1/rollout/{action}", token,
+                                    json={"operator": operator, "note": note})))
+
+    return command
+
+
+promote = _operator_command("promote", "Advance one rung of the ladder now, without waiting for gates.")
+abort = _operator_command("abort", "Roll back to fallback now.")
+pause = _operator_command("pause", "Hold the current stage: no automatic advance (critical gates still roll back).")
+resume = _operator_command("resume", "Leave fallback (to the first serving stage) or paused (to its stage).")
+
+
+def _since(value: str | None) -> float | None:
+    """Unix seconds, an ISO date/time (UTC unless it says otherwise), or a duration like 30m / 2h / 1d ago."""
+    if value is None:
+        return None
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        if value[-1:] in units and value[:-1].replace(".", "", 1).isdigit():
+            return dt.datetime.now(dt.timezone.utc).timestamp() - float(value[:-1]) * units[value[-1]]
+        if value.replace(".", "", 1).isdigit():
+            return float(value)
+        parsed = dt.datetime.fromisoformat(value)
+        return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)).timestamp()
+    except ValueError:
+        raise click.BadParameter(f"--since={value!r}: expected unix seconds, an ISO time, or e.g. 30m") from None
+
+
+@click.command()
+@click.option("--db", type=click.Path(exists=True, dir_okay=False), help="DuckDB file (not open elsewhere).")
+@click.option("--controller", "url", default=None, help="Ask a running controller instead of opening --db.")
+@click.option("--since", default=None, help="Window start: unix seconds, ISO time, or a duration (30m, 2h, 1d).")
+@click.option("--by", type=click.Choice(sorted(SLICE_COLUMNS)), default=None, help="Also report each slice.")
+@click.option("--phase", default="canary", show_default=True, help="Phase whose gate inputs to show.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object (the default prints it indented).")
+def report(db, url, since, by, phase, as_json):
+    """Metrics over a window: per-depth ECE with counts, utilization, miss rate, latency, throughput."""
+    if (db is None) == (url is None):
+        raise click.UsageError("give exactly one of --db or --controller")
+    window = Window(_since(since))
+    if url is not None:
+        if by:
+            raise click.UsageError("--by needs --db")
+        body = _call("GET", url, "/v1/report", params={"since": window.since} if window.since else None)
+    else:
+        with Store(db) as store:
+            body = evaluate(store, window).report(phase)
+            if by:
+                body["slices"] = {str(v): evaluate(store, window, Slice(**{SLICE_COLUMNS[by]: v})).report(phase)
+                                  for v in slice_values(store, by, window)}
+    click.echo(json.dumps(body) if as_json else json.dumps(body, indent=2))

@@ -1,0 +1,51 @@
+"""The controller's Prometheus series, beside the collectors' ingest series in the same registry.
+
+``sparkgate_rollout_phase`` (one-hot) and the calibration/utilization gauges are
+the collectors' (``Metrics.set_phase`` / ``Metrics.publish``); this adds the
+revision, the compact fraction, each gate's value and verdict, and decisions.
+"""
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+from collectors.metrics import Metrics
+
+from .gates import FAIL, INCONCLUSIVE, PASS, Verdict
+from .metrics import Evaluation
+from .rollout import Decision, RolloutState
+
+VERDICT_CODES = {PASS: 1.0, FAIL: 0.0, INCONCLUSIVE: -1.0}
+
+
+class ControllerMetrics:
+    """Gauges and counters the controller updates after each decision."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+        r = metrics.registry
+        self.revision = Gauge("sparkgate_rollout_revision", "Revision of the served rollout policy.", registry=r)
+        self.fraction = Gauge("sparkgate_rollout_compact_fraction", "Fraction of traffic served compact.",
+                              registry=r)
+        self.gate_value = Gauge("sparkgate_gate_value", "Last measured value of each gate.", ("gate",), registry=r)
+        self.gate_samples = Gauge("sparkgate_gate_samples", "Samples behind each gate's value.", ("gate",),
+                                  registry=r)
+        self.gate_verdict = Gauge("sparkgate_gate_verdict", "Last verdict: 1 pass, 0 fail, -1 inconclusive.",
+                                  ("gate",), registry=r)
+        self.decisions = Counter("sparkgate_rollout_decisions_total", "Rollout decisions taken.", ("action",),
+                                 registry=r)
+
+    def state(self, state: RolloutState) -> None:
+        self.metrics.set_phase(state.phase)
+        self.revision.set(state.revision)
+        self.fraction.set(state.compact_fraction)
+
+    def decision(self, decision: Decision) -> None:
+        self.decisions.labels(decision.action).inc()
+
+    def evaluation(self, evaluation: Evaluation, verdicts: list[Verdict]) -> None:
+        self.metrics.publish(evaluation.aggregate)
+        for v in verdicts:
+            if v.value is not None:
+                self.gate_value.labels(v.gate).set(v.value)
+            self.gate_samples.labels(v.gate).set(v.samples)
+            self.gate_verdict.labels(v.gate).set(VERDICT_CODES[v.outcome])

@@ -1,0 +1,176 @@
+"""The controller's HTTP API (DESIGN §6, §7); FastAPI publishes its OpenAPI spec at ``/openapi.json``.
+
+| route | what |
+|---|---|
+| ``GET /v1/policy`` | the policy replicas follow |
+| ``POST /v1/records`` | step records (NDJSON or Arrow IPC), the collectors' ingest endpoint |
+| ``POST /v1/consistency`` | replicas' greedy-replay and state checks |
+| ``GET /v1/requests/{request_id}/committed`` | a request's stored committed tokens, in step order |
+| ``GET /v1/status``, ``GET /v1/decisions``, ``GET /v1/report`` | state, ledger, metrics |
+| ``POST /v1/rollout/{promote,abort,pause,resume}`` | operator actions (bearer token) |
+| ``GET /metrics``, ``GET /healthz`` | Prometheus exposition, liveness |
+
+Operator routes answer 401 without a bearer token and 403 with a wrong one when
+a token is configured. Without a token the service must listen on loopback only
+(``check_bind`` refuses anything else), so only local users can act.
+"""
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from typing import Literal
+
+from fastapi import Depends, FastAPI, HTTPException, Path, Query
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Field
+
+from collectors.ingest import Ingestor
+from collectors.ingest_api import ARROW_TYPES, NDJSON_TYPES, ingest_router
+
+from . import ledger
+from .metrics import CHECK_KINDS, evaluate
+from .queries import Slice, Window
+from .rollout import OPERATOR_ACTIONS, TransitionError
+from .supervisor import Controller
+
+
+class Policy(BaseModel):
+    revision: int
+    phase: str
+    compact_fraction: float
+    observe_fraction: float
+    fallback_window: int
+    gamma: int
+    cost_table_version: str | None
+    sts_version: str | None
+
+
+class Check(BaseModel):
+    request_id: str = Field(min_length=1, max_length=512)
+    kind: Literal[CHECK_KINDS] = "greedy_replay"  # type: ignore[valid-type]
+    tokens: int = Field(ge=0, description="Tokens compared.")
+    mismatch_at: int | None = Field(None, ge=0, description="First differing position; null when identical.")
+    expected: int | None = None
+    got: int | None = None
+
+
+class ConsistencyReport(BaseModel):
+    replica_id: str = Field(min_length=1, max_length=512)
+    checks: list[Check] = Field(max_length=10_000)
+
+
+class Action(BaseModel):
+    operator: str = Field(min_length=1, max_length=200, description="Who acts; recorded with the decision.")
+    note: str = Field("", max_length=2000)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Refuse to listen beyond loopback without a token (anyone who can connect could roll out)."""
+    if not token and not is_loopback(host):
+        raise ValueError(f"host={host!r}: listening beyond loopback needs a bearer token (--token)")
+
+
+def _authorizer(token: str | None):
+    bearer = HTTPBearer(auto_error=False, description="The controller's operator token.")
+
+    def authorize(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        if token is None:
+            return
+        if credentials is None:
+            raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
+        if not hmac.compare_digest(credentials.credentials.encode(), token.encode()):
+            raise HTTPException(403, "wrong bearer token")
+
+    return authorize
+
+
+def _ingest_body_spec() -> dict:
+    content = {t: {"schema": {"type": "string"}} for t in NDJSON_TYPES}
+    content.update({t: {"schema": {"type": "string", "format": "binary"}} for t in ARROW_TYPES})
+    return {"requestBody": {"required": True, "content": content,
+                            "description": "One step record per line (NDJSON), or an Arrow IPC stream."}}
+
+
+def create_app(controller: Controller, ingestor: Ingestor, token: str | None = None) -> FastAPI:
+    """The service over ``controller`` (whose store ``ingestor`` writes to)."""
+    app = FastAPI(title="sparkgate controller", version="1", description=__doc__)
+    authorize = _authorizer(token)
+    store = controller.store
+    ingest = ingest_router(ingestor)
+    app.include_router(ingest)
+    endpoint = next(r.endpoint for r in ingest.routes if getattr(r, "path", "") == "/v1/ingest")
+    app.add_api_route("/v1/records", endpoint, methods=["POST"], summary="Ingest step records",
+                      openapi_extra=_ingest_body_spec())
+
+    @app.get("/healthz")
+    def healthz() -> dict:
+        return {"ok": True, "revision": controller.state.revision}
+
+    @app.get("/v1/policy", response_model=Policy)
+    def policy() -> dict:
+        return controller.policy_payload()
+
+    @app.get("/v1/status")
+    def status() -> dict:
+        return controller.status()
+
+    @app.get("/v1/decisions")
+    def decisions(limit: int = Query(100, ge=1, le=10_000),
+                  since: float | None = Query(None, allow_inf_nan=False),
+                  changes_only: bool = False) -> list[dict]:
+        return [d.to_dict() for d in ledger.decisions(store, limit, since, changes_only)]
+
+    @app.get("/v1/report")
+    async def report(since: float | None = Query(None, allow_inf_nan=False),
+                     until: float | None = Query(None, allow_inf_nan=False)) -> dict:
+        try:
+            window = Window(since, until)
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
+        evaluation = await run_in_threadpool(evaluate, store, window, Slice(), controller.resamples)
+        return evaluation.report(controller.state.phase)
+
+    @app.post("/v1/consistency")
+    def consistency(body: ConsistencyReport) -> dict:
+        now = controller.clock()
+        store.record_consistency([{"received_at": now, "replica_id": body.replica_id, **c.model_dump()}
+                                  for c in body.checks])
+        return {"recorded": len(body.checks), "mismatches": sum(c.mismatch_at is not None for c in body.checks)}
+
+    @app.get("/v1/requests/{request_id}/committed")
+    def committed(request_id: str = Path(max_length=512), replica_id: str | None = None) -> dict:
+        rows = store.query(
+            "SELECT replica_id, mode::VARCHAR AS mode, temperature, committed_tokens FROM requests "
+            "WHERE request_id = ? AND (? IS NULL OR replica_id = ?) ORDER BY replica_id, step_id",
+            [request_id, replica_id, replica_id]).to_pylist()
+        if not rows:
+            raise HTTPException(404, f"request_id={request_id!r}: no stored rows")
+        return {"request_id": request_id, "replicas": sorted({r["replica_id"] for r in rows}),
+                "modes": sorted({r["mode"] for r in rows}), "temperatures": sorted({r["temperature"] for r in rows}),
+                "tokens": [t for r in rows for t in r["committed_tokens"]]}
+
+    @app.post("/v1/rollout/{action}", dependencies=[Depends(authorize)])
+    def act(body: Action, action: Literal[OPERATOR_ACTIONS]) -> dict:  # type: ignore[valid-type]
+        try:
+            return controller.act(action, body.operator, body.note).to_dict()
+        except TransitionError as exc:
+            raise HTTPException(409, str(exc)) from None
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        exporter = controller.exporter
+        body = exporter.metrics.exposition() if exporter is not None else b""
+        return Response(body, media_type="text/plain; version=0.0.4")
+
+    return app

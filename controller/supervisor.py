@@ -1,0 +1,170 @@
+"""The controller proper: evaluate, judge, decide, persist, then act.
+
+``Controller.tick`` runs one evaluation interval: metrics over the window since
+the stage began (at most ``lookback_s``), a verdict per gate of the phase, one
+decision from the state machine, written to the ledger *before* the new state is
+adopted and the actuators are told. Operator actions (``act``) take the same
+path. A new controller over an existing store resumes from its ledger.
+
+Thread safety: the evaluation (the slow part) runs without the lock; the decision
+is taken under it, and dropped if an operator changed the policy meanwhile (its
+window no longer describes the stage in force).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from collectors.metrics import Metrics
+from collectors.store import Store
+from policies.rollout import RolloutPolicy
+
+from . import ledger, promql, rollout
+from .exporter import ControllerMetrics
+from .gates import Verdict, judge_all, judge_baseline
+from .metrics import Evaluation, Measurement, evaluate
+from .queries import Slice, Window
+from .rollout import Decision, RolloutState
+
+log = logging.getLogger(__name__)
+
+# Gates look back this many evaluation intervals (bounded by the stage's start).
+LOOKBACK_INTERVALS = 5
+
+Actuator = Callable[[dict], None]
+
+
+@dataclass(frozen=True)
+class Versions:
+    """Versions the policy payload announces to replicas."""
+
+    cost_table_version: str | None = None
+    sts_version: str | None = None
+
+
+class Controller:
+    """Rollout state over a store; ``tick`` and ``act`` are the only ways it changes."""
+
+    def __init__(self, store: Store, policy: RolloutPolicy, *, metrics: Metrics | None = None,
+                 actuators: Sequence[Actuator] = (), prometheus_url: str | None = None,
+                 versions: Versions = Versions(), lookback_s: float | None = None, resamples: int = 200,
+                 clock: Callable[[], float] = time.time):
+        self.store, self.policy, self.versions, self.clock = store, policy, versions, clock
+        self.actuators, self.prometheus_url, self.resamples = list(actuators), prometheus_url, resamples
+        self.lookback_s = policy.evaluation_interval_s * LOOKBACK_INTERVALS if lookback_s is None else lookback_s
+        self.exporter = ControllerMetrics(metrics) if metrics is not None else None
+        self.last_verdicts: list[Verdict] = []
+        self.last_evaluation: Evaluation | None = None
+        self._lock = threading.Lock()
+        self.state = self._resume()
+        if self.exporter is not None:
+            self.exporter.state(self.state)
+
+    def _resume(self) -> RolloutState:
+        try:
+            state = ledger.load_state(self.store, self.policy)
+        except LookupError as exc:
+            last = ledger.decisions(self.store, limit=1, changes_only=True)[0]
+            orphan = RolloutState(last.revision, last.phase_to, None, last.compact_fraction, last.decided_at)
+            return self._commit(orphan, rollout.fall_back(self.policy, orphan, self.clock(),
+                                                          "stage not in the policy file", note=str(exc)))
+        if state is None:
+            return self._commit(None, rollout.start(self.policy, self.clock()))
+        return state
+
+    def _commit(self, state: RolloutState | None, decision: Decision) -> RolloutState:
+        """Persist ``decision`` first, then adopt it (the caller holds the lock, or is the constructor)."""
+        ledger.record(self.store, decision)
+        new = rollout.apply(state, decision)
+        self.state = new
+        if self.exporter is not None:
+            self.exporter.decision(decision)
+            self.exporter.state(new)
+        return new
+
+    # -- policy served to replicas --------------------------------------------
+    def policy_payload(self) -> dict:
+        """``GET /v1/policy`` (DESIGN §6)."""
+        state = self.state
+        return {"revision": state.revision, "phase": state.phase, "compact_fraction": state.compact_fraction,
+                "observe_fraction": self.policy.observe_fraction, "fallback_window": self.policy.fallback_window_value,
+                "gamma": self.policy.gamma, "cost_table_version": self.versions.cost_table_version,
+                "sts_version": self.versions.sts_version}
+
+    def _actuate(self) -> None:
+        payload = self.policy_payload()
+        for actuator in self.actuators:
+            try:
+                actuator(payload)
+            except Exception:  # noqa: BLE001 - one unreachable fleet must not stop the others or the controller
+                log.exception("actuator %r failed at revision %s", actuator, payload["revision"])
+
+    # -- one interval ------------------------------------------------------------
+    def window(self, state: RolloutState, now: float) -> Window:
+        return Window(since=max(state.entered_at, now - self.lookback_s))
+
+    def judge(self, state: RolloutState, evaluation: Evaluation, now: float) -> list[Verdict]:
+        """Verdicts of the gates of the stage's phase (paused: the paused stage's; fallback: every gate,
+        for the record). In baseline the one check is whether the reference is large enough."""
+        stale = self._stale(evaluation, now)
+        phase = self.policy.stages()[state.stage].phase if state.stage is not None else state.phase
+        if phase == "baseline":
+            steps = sum(evaluation.baseline.column("steps").to_pylist()) if evaluation.baseline is not None else 0
+            return [judge_baseline(self.policy, steps, stale)]
+        gates = self.policy.gates_for(phase) if state.stage is not None else self.policy.gates
+        measured = evaluation.measurements(phase)
+        measured.update({g.name: self._promql(g.promql) for g in gates if g.promql})
+        return judge_all(gates, measured, stale)
+
+    def _stale(self, evaluation: Evaluation, now: float) -> str | None:
+        if evaluation.as_of is None:
+            return "no steps in the window"
+        age = now - evaluation.as_of
+        return f"newest step is {age:.0f} s old (stale_after_s {self.policy.stale_after_s:g})" \
+            if age > self.policy.stale_after_s else None
+
+    def _promql(self, query: str) -> Measurement:
+        if self.prometheus_url is None:
+            return Measurement(None, 0)
+        try:
+            return promql.query(self.prometheus_url, query)
+        except promql.PromQLError:
+            log.exception("gate query failed")
+            return Measurement(None, 0)
+
+    def tick(self) -> Decision | None:
+        """One evaluation interval; returns the decision taken (None if an operator acted meanwhile)."""
+        state, now = self.state, self.clock()
+        evaluation = evaluate(self.store, self.window(state, now), Slice(), self.resamples)
+        verdicts = self.judge(state, evaluation, now)
+        with self._lock:
+            if self.state.revision != state.revision:
+                return None
+            decision = rollout.decide(self.policy, state, verdicts, now)
+            self._commit(state, decision)
+            self.last_verdicts, self.last_evaluation = verdicts, evaluation
+        if self.exporter is not None:
+            self.exporter.evaluation(evaluation, verdicts)
+        self._actuate()
+        return decision
+
+    def act(self, action: str, operator: str, note: str = "") -> Decision:
+        """An operator action (raises ``rollout.TransitionError`` when the phase does not allow it)."""
+        with self._lock:
+            decision = rollout.command(self.policy, self.state, action, operator, self.clock(), note)
+            self._commit(self.state, decision)
+        self._actuate()
+        return decision
+
+    def status(self) -> dict:
+        """``GET /v1/status``: the policy in force, counters of the stage, and the last verdicts."""
+        state = self.state
+        return {"policy": self.policy_payload(), "stage": state.stage, "entered_at": state.entered_at,
+                "passes": state.passes, "needed_passes": self.policy.consecutive_passes,
+                "failures": state.failures, "failure_limit": self.policy.failure_limit,
+                "last_conclusive_at": state.last_conclusive_at,
+                "ladder": [{"phase": s.phase, "compact_fraction": s.compact_fraction} for s in self.policy.stages()],
+                "gates": [v.to_dict() for v in self.last_verdicts]}

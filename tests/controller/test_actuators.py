@@ -1,0 +1,109 @@
+"""The SGLang push actuator and PromQL gates against loopback stand-in servers."""
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from controller.actuators import FORCE_KEY, ActuatorError, SGLangActuator, budget_fractions
+from controller.promql import PromQLError, query
+
+
+@contextlib.contextmanager
+def stand_in(answer):
+    """A server on 127.0.0.1 recording JSON POST bodies and GET queries; ``answer(path, body)`` -> (status, obj)."""
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def _reply(self, status, obj):
+            data = json.dumps(obj).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self):  # noqa: N802 - http.server's naming
+            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            seen.append((self.path, body))
+            self._reply(*answer(self.path, body))
+
+        def do_GET(self):  # noqa: N802
+            seen.append((self.path, None))
+            self._reply(*answer(self.path, None))
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def sglang_ok(path, body):
+    return 200, [{"updated": True, "server_args": body["server_args"]}] * 2  # two DP ranks
+
+
+def payload(phase, fraction, fallback_window=7, gamma=7):
+    return {"phase": phase, "compact_fraction": fraction, "fallback_window": fallback_window, "gamma": gamma}
+
+
+def test_compact_fraction_is_spread_over_servers_in_a_stable_order():
+    urls = ["http://c", "http://a", "http://b", "http://d"]
+    assert budget_fractions(urls, payload("shadow", 0.0)) == {u: 1.0 for u in sorted(urls)}
+    assert budget_fractions(urls, payload("canary", 0.25)) == {
+        "http://a": None, "http://b": 1.0, "http://c": 1.0, "http://d": 1.0}
+    assert budget_fractions(urls, payload("canary", 0.3)) == {
+        "http://a": None, "http://b": None, "http://c": 1.0, "http://d": 1.0}
+    assert set(budget_fractions(urls, payload("adaptive", 1.0)).values()) == {None}
+    assert set(budget_fractions(urls, payload("fallback", 0.0, fallback_window=2)).values()) == {2 / 7}
+
+
+def test_fallback_forces_the_full_window_and_canary_restores_the_scheduler():
+    with stand_in(sglang_ok) as (a, seen_a), stand_in(sglang_ok) as (b, seen_b):
+        actuator = SGLangActuator([a, b])
+        assert actuator(payload("fallback", 0.0)) == {a: 1.0, b: 1.0}
+        assert seen_a[-1] == ("/set_internal_state", {"server_args": {FORCE_KEY: 1.0}})
+        actuator(payload("canary", 0.5))
+        first, second = sorted([a, b])
+        pushed = {a: seen_a[-1][1], b: seen_b[-1][1]}
+        assert pushed[first] == {"server_args": {FORCE_KEY: None}}
+        assert pushed[second] == {"server_args": {FORCE_KEY: 1.0}}
+
+
+def test_a_refusing_or_missing_server_is_reported_after_the_others_were_pushed():
+    def refuse(path, body):
+        return 200, [{"updated": True}, {"updated": False}]
+
+    with stand_in(refuse) as (bad, _), stand_in(sglang_ok) as (good, seen):
+        with pytest.raises(ActuatorError, match=f"{bad}: not updated") as err:
+            SGLangActuator([bad, good, "http://127.0.0.1:9"])(payload("fallback", 0.0))
+        assert "http://127.0.0.1:9" in str(err.value) and "2 server(s)" in str(err.value)
+        assert seen[-1][1] == {"server_args": {FORCE_KEY: 1.0}}
+    with pytest.raises(ValueError, match="urls"):
+        SGLangActuator([])
+
+
+def test_promql_takes_the_worst_sample_of_a_vector():
+    def prometheus(path, body):
+        if "up" in path:
+            return 200, {"status": "success", "data": {"resultType": "vector", "result": [
+                {"metric": {"i": "a"}, "value": [0, "0.5"]}, {"metric": {"i": "b"}, "value": [0, "1.5"]}]}}
+        if "scalar" in path:
+            return 200, {"status": "success", "data": {"resultType": "scalar", "result": [0, "3"]}}
+        return 400, {"status": "error", "errorType": "bad_data", "error": "parse error"}
+
+    with stand_in(prometheus) as (url, seen):
+        m = query(url, "up")
+        assert (m.value, m.samples) == (1.5, 2)
+        assert query(url, "scalar(1)").value == 3.0
+        with pytest.raises(PromQLError, match="bad_data: parse error"):
+            query(url, "rate(")
+        assert seen[0][0].startswith("/api/v1/query?query=up")

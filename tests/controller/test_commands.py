@@ -1,0 +1,81 @@
+"""The controller's commands through click, against a DuckDB file and a live loopback service."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from collectors.ingest import Ingestor
+from collectors.ingest_api import serve_in_thread
+from collectors.metrics import Metrics
+from collectors.store import Store
+from controller.cli import main
+from controller.service import create_app
+from controller.supervisor import Controller
+from policies.rollout import load_rollout_policy
+from tests.controller.conftest import T0, ingest_synthetic
+
+TOKEN = "cli-token"
+
+
+def run(*args, env=None):
+    return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+
+
+@pytest.fixture
+def db(tmp_path):
+    path = tmp_path / "report.duckdb"
+    with Store(path) as store:
+        ingest_synthetic(store, 20, T0, phase="baseline")
+        ingest_synthetic(store, 20, T0 + 100, phase="canary", first_step=20)
+    return str(path)
+
+
+def test_report_prints_per_depth_ece_utilization_misses_latency_and_throughput(db):
+    result = run("report", "--db", db, "--json")
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.output)
+    assert set(body["calibration"]["survival"]) == {str(d) for d in range(1, 8)}
+    assert all(v["samples"] > 0 and v["ece"] >= 0 for v in body["calibration"]["survival"].values())
+    assert body["utilization"]["upper_bound"]["samples"] > 0
+    assert body["tiers"]["miss_rate"] == 0.0 and body["throughput"]["steps"] == 40
+    assert body["latency"]["32-63"]["steps"] == 40 and body["gates"]["p99_step_ratio"]["samples"] == 40
+
+
+def test_report_window_and_slices(db):
+    body = json.loads(run("report", "--db", db, "--since", str(T0 + 50), "--by", "replica", "--json").output)
+    assert body["throughput"]["steps"] == 20 and body["window"]["since"] == T0 + 50
+    assert list(body["slices"]) == ["r0"]
+    iso = json.loads(run("report", "--db", db, "--since", "2025-06-15T15:08:00", "--json").output)
+    assert iso["window"]["since"] == 1750000080.0
+    bad = CliRunner().invoke(main, ["report", "--db", db, "--since", "yesterday"])
+    assert bad.exit_code == 2 and "--since='yesterday'" in bad.output
+    both = CliRunner().invoke(main, ["report", "--db", db, "--controller", "http://127.0.0.1:1"])
+    assert both.exit_code == 2 and "exactly one of --db or --controller" in both.output
+
+
+def test_serve_refuses_a_public_bind_without_a_token(tmp_path):
+    result = CliRunner().invoke(main, ["serve", "--db", str(tmp_path / "x.duckdb"), "--host", "0.0.0.0"], env={
+        "SPARKGATE_TOKEN": ""})
+    assert result.exit_code == 2 and "needs a bearer token" in result.output
+
+
+def test_status_and_operator_commands_talk_to_a_running_controller(tmp_path):
+    with Store(tmp_path / "live.duckdb") as store:
+        controller = Controller(store, load_rollout_policy(), metrics=Metrics(), clock=lambda: T0)
+        app = create_app(controller, Ingestor(store), token=TOKEN)
+        with serve_in_thread(app) as url:
+            env = {"SPARKGATE_CONTROLLER": url, "SPARKGATE_TOKEN": TOKEN}
+            status = json.loads(run("status", env=env).output)
+            assert status["policy"]["phase"] == "baseline" and status["recent_decisions"][0]["action"] == "start"
+            promoted = json.loads(run("promote", "--operator", "ops", "--note", "go", env=env).output)
+            assert (promoted["phase_to"], promoted["operator"]) == ("shadow", "ops")
+            denied = CliRunner().invoke(main, ["abort", "--operator", "ops"], env={**env, "SPARKGATE_TOKEN": "no"})
+            assert denied.exit_code == 1 and "403" in denied.output
+            assert json.loads(run("abort", "--operator", "ops", env=env).output)["phase_to"] == "fallback"
+            refused = CliRunner().invoke(main, ["abort", "--operator", "ops"], env=env)
+            assert refused.exit_code == 1 and "409: abort: already in fallback" in refused.output
+            assert json.loads(run("resume", "--operator", "ops", env=env).output)["phase_to"] == "shadow"
+            remote = json.loads(run("report", "--controller", url, "--json").output)
+            assert "calibration" in remote

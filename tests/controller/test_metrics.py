@@ -1,0 +1,128 @@
+"""Store metrics over real DuckDB files: agreement with the collectors' aggregate, slices, baseline ratios."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from collectors.aggregate import Aggregate
+from collectors.labels import explode
+from collectors.synth import synthetic_wire
+from collectors.wire import flatten, from_dicts
+from controller.metrics import evaluate
+from controller.queries import Slice, Window, slice_values
+from tests.controller.conftest import T0, ingest_synthetic, with_columns
+
+
+def test_store_metrics_equal_the_collectors_aggregate_of_the_same_records(store):
+    wire = pa.concat_tables([ingest_synthetic(store, 30, T0, replica="a"),
+                             ingest_synthetic(store, 20, T0, replica="b", first_step=100)])
+    flat = flatten(wire)
+    reference = Aggregate.from_tables(flat.requests, explode(flat), 7)
+    mine = evaluate(store).aggregate
+    for kind in ("survival", "conditional"):
+        np.testing.assert_array_equal(getattr(mine, kind).count, getattr(reference, kind).count)
+        for depth, value in getattr(reference, kind).ece().items():
+            assert getattr(mine, kind).ece()[depth] == pytest.approx(value, abs=1e-12)
+    for hist in ("accept_hist", "full_hist", "suggest_hist"):
+        np.testing.assert_array_equal(getattr(mine, hist), getattr(reference, hist))
+    assert mine.upper_bound_utilization() == pytest.approx(reference.upper_bound_utilization())
+    assert mine.shadow_utilization() == pytest.approx(reference.shadow_utilization())
+
+
+def test_report_keeps_the_censored_compact_view_apart(store):
+    ingest_synthetic(store, 40, T0)
+    report = evaluate(store).report("canary")
+    json.dumps(report)  # plain JSON
+    censored = store.query("SELECT depth, count(*) AS n FROM depth_labels WHERE status = 'censored' "
+                           "GROUP BY depth").to_pylist()
+    view = report["calibration"]["compact_censored"]["survival"]
+    assert {r["depth"]: r["n"] for r in censored} == {int(d): v["censored"] for d, v in view.items() if v["censored"]}
+    uncensored = store.query("SELECT count(*) AS n FROM requests WHERE mode != 'compact'").column("n")[0].as_py()
+    for depth, figures in report["calibration"]["survival"].items():
+        assert figures["samples"] == uncensored  # every depth of a full block is observed
+        lo, hi = figures["ece_interval"]
+        assert 0 <= lo <= hi and {"ece", "ece_equal_mass", "brier", "auroc", "mean_p", "rate"} <= figures.keys()
+    compact = report["acceptance"]["compact"]
+    assert compact["mean_committed"] == pytest.approx(compact["mean_accepted"] + 1)
+    assert report["gates"]["survival_ece"]["samples"] == uncensored
+
+
+def _retask(wire: pa.Table, task: str, temperature: float) -> list[dict]:
+    objs = wire.to_pylist()
+    for obj in objs:
+        for row in obj["requests"]:
+            row.update(task=task, temperature=temperature)
+    return objs
+
+
+def test_slices_by_task_temperature_load_and_replica(store):
+    store.ingest(from_dicts(_retask(synthetic_wire(1, 32, 7, "a", ts=T0), "code", 0.7)), "t")
+    ingest_synthetic(store, 5, T0, replica="b", first_step=10, batch=8)
+    by_task = {v: evaluate(store, slice_=Slice(task=v)) for v in slice_values(store, "task", Window())}
+    assert set(by_task) == {"code", "synthetic"}
+    assert by_task["code"].aggregate.accept_hist.sum() == 32
+    assert by_task["code"].steps is None  # steps mix tasks: no step figures under a task slice
+    assert evaluate(store, slice_=Slice(temperature=0.7)).aggregate.accept_hist.sum() == 32
+    assert slice_values(store, "load", Window()) == [3, 5]  # batches of 8 and 32
+    small = evaluate(store, slice_=Slice(load_bucket=3))
+    assert small.aggregate.accept_hist.sum() == 40 and small.report()["latency"].keys() == {"8-15"}
+    assert evaluate(store, slice_=Slice(replica_id="a")).report()["tiers"]["steps"] == 1
+
+
+def test_window_bounds_select_rows_by_time(store):
+    ingest_synthetic(store, 10, T0)
+    ingest_synthetic(store, 10, T0 + 100, first_step=10)
+    assert evaluate(store, Window(since=T0 + 50)).report()["tiers"]["steps"] == 10
+    assert evaluate(store, Window(until=T0 + 50)).report()["tiers"]["steps"] == 10
+    with pytest.raises(ValueError, match="window.since"):
+        Window(since=T0 + 1, until=T0)
+    with pytest.raises(ValueError, match="window.until"):
+        Window(until=float("nan"))
+
+
+def test_tier_misses_padding_latency_and_baseline_ratios(store):
+    base = ingest_synthetic(store, 50, T0, phase="baseline")
+    slow = with_columns(base, phase="canary", ts=T0 + 10, step_id=1000)
+    slow = slow.set_column(slow.schema.get_field_index("step_ms"), "step_ms", pa.compute.multiply(
+        slow.column("step_ms"), 2.0))
+    slow = slow.set_column(slow.schema.get_field_index("step_id"), "step_id", pa.array(np.arange(1000, 1050)))
+    store.ingest(from_dicts(slow.to_pylist()), "t")
+    ingest_synthetic(store, 2, T0 + 20, phase="canary", first_step=2000, graph_hit=False,
+                     miss_reason="over_max_tier")
+    evaluation = evaluate(store, Window(since=T0 + 5))
+    report = evaluation.report("canary")
+    assert report["tiers"]["steps"] == 52 and report["tiers"]["misses"] == {"over_max_tier": 2}
+    assert report["tiers"]["miss_rate"] == pytest.approx(2 / 52)
+    assert report["tiers"]["padding_ratio"] == 0.0  # synthetic steps fill their tier exactly
+    gates = evaluation.measurements("canary")
+    assert gates["tier_miss_rate"].value == pytest.approx(2 / 52)
+    base_p99 = float(np.quantile(base.column("step_ms").to_numpy(), 0.99))
+    assert report["baseline"]["latency"]["32-63"]["p99_ms"] == pytest.approx(base_p99)
+    # Same committed tokens in twice the time, and the two miss steps only move the ratios a little.
+    assert gates["p99_step_ratio"].value == pytest.approx(2.0, rel=0.1)
+    assert gates["tokens_per_s_ratio"].value == pytest.approx(0.5, rel=0.1)
+    assert gates["p99_step_ratio"].samples == 52
+
+
+def test_consistency_checks_are_counted_per_kind(store):
+    store.record_consistency([
+        {"received_at": T0, "replica_id": "a", "request_id": "x", "kind": "greedy_replay", "tokens": 5},
+        {"received_at": T0, "replica_id": "a", "request_id": "y", "kind": "greedy_replay", "tokens": 5,
+         "mismatch_at": 3, "expected": 1, "got": 2},
+        {"received_at": T0, "replica_id": "b", "request_id": "z", "kind": "state_rollback", "tokens": 9}])
+    gates = evaluate(store).measurements("canary")
+    assert (gates["consistency_mismatches"].value, gates["consistency_mismatches"].samples) == (1.0, 2)
+    assert (gates["state_rollback_failures"].value, gates["state_rollback_failures"].samples) == (0.0, 1)
+    only_b = evaluate(store, slice_=Slice(replica_id="b")).measurements("canary")
+    assert only_b["consistency_mismatches"].samples == 0
+
+
+def test_an_empty_store_measures_nothing(store):
+    gates = evaluate(store).measurements("shadow")
+    assert gates["survival_ece"].value is None and gates["upper_bound_utilization"].value is None
+    assert gates["consistency_mismatches"].value == 0.0 and gates["consistency_mismatches"].samples == 0
+    assert evaluate(store).as_of is None
+    json.dumps(evaluate(store).report("shadow"))

@@ -1,0 +1,127 @@
+"""The controller service over real HTTP on 127.0.0.1 with a real DuckDB file."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from collectors.ingest import Ingestor
+from collectors.ingest_api import serve_in_thread
+from collectors.metrics import Metrics
+from collectors.synth import synthetic_wire
+from controller.service import check_bind, create_app
+from controller.supervisor import Controller
+from policies.rollout import parse_rollout_policy
+from tests.controller.conftest import T0, with_columns
+
+TOKEN = "s3cret-token"
+POLICY = parse_rollout_policy({"gates": [
+    {"metric": "survival_ece", "threshold": 0.5, "direction": "at_most"},
+    {"metric": "consistency_mismatches", "threshold": 0, "direction": "at_most", "critical": True}]})
+
+
+class Clock:
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def service(store):
+    clock = Clock(T0 + 30)
+    pushed = []
+    controller = Controller(store, POLICY, metrics=Metrics(), actuators=[pushed.append], clock=clock, resamples=20)
+    app = create_app(controller, Ingestor(store, controller.exporter.metrics), token=TOKEN)
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        yield http, controller, clock, pushed
+
+
+def ndjson(steps: int, first_step: int = 0, ts: float = T0 + 31, phase: str = "baseline") -> bytes:
+    wire = with_columns(synthetic_wire(steps, 8, 7, "r0", first_step=first_step, seed=first_step, ts=ts), phase=phase)
+    return b"".join(json.dumps(r).encode() + b"\n" for r in wire.to_pylist())
+
+
+def operator(action: str, token: str | None = TOKEN, who: str = "alice") -> dict:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return {"url": f"/v1/rollout/{action}", "headers": headers, "json": {"operator": who, "note": "test"}}
+
+
+def test_policy_records_status_and_decisions(service):
+    http, controller, clock, _ = service
+    assert http.get("/healthz").json() == {"ok": True, "revision": 1}
+    policy = http.get("/v1/policy").json()
+    assert policy == {"revision": 1, "phase": "baseline", "compact_fraction": 0.0, "observe_fraction": 0.05,
+                      "fallback_window": 7, "gamma": 7, "cost_table_version": None, "sts_version": None}
+    response = http.post("/v1/records", content=ndjson(5), headers={"content-type": "application/x-ndjson"})
+    assert response.status_code == 200 and response.json()["steps"] == 5
+    bad = http.post("/v1/records", content=b'{"replica_id": 3}\n', headers={"content-type": "application/x-ndjson"})
+    assert bad.status_code == 422 and bad.json()["quarantined"] == 1
+    controller.tick()
+    status = http.get("/v1/status").json()
+    assert status["gates"][0]["gate"] == "baseline_reference" and status["passes"] == 1
+    decisions = http.get("/v1/decisions", params={"limit": 10}).json()
+    assert [d["action"] for d in decisions] == ["start", "hold"]
+    report = http.get("/v1/report").json()
+    assert report["tiers"]["steps"] == 5 and "survival" in report["calibration"]
+    assert http.get("/v1/report", params={"since": T0 + 1, "until": T0}).status_code == 422
+
+
+def test_operator_routes_need_the_bearer_token(service):
+    http, controller, _, pushed = service
+    assert http.post(**operator("promote", token=None)).status_code == 401
+    assert http.post(**operator("promote", token="wrong")).status_code == 403
+    assert controller.state.revision == 1
+    promoted = http.post(**operator("promote"))
+    assert promoted.status_code == 200 and promoted.json()["phase_to"] == "shadow"
+    assert promoted.json()["operator"] == "alice"
+    assert pushed[-1]["phase"] == "shadow" and pushed[-1]["revision"] == 2
+    conflict = http.post(**operator("resume"))
+    assert conflict.status_code == 409 and "only from fallback or paused" in conflict.json()["detail"]
+    assert http.post(**operator("jump")).status_code == 422
+    assert http.post("/v1/rollout/abort", headers=operator("abort")["headers"], json={"operator": ""}).status_code == 422
+
+
+def test_a_consistency_mismatch_rolls_back_at_the_next_evaluation(service):
+    http, controller, clock, pushed = service
+    for _ in range(3):
+        http.post(**operator("promote"))
+    assert controller.state.phase == "canary"
+    # Steps from before the canary began: the window holds none, yet the critical failure stands.
+    http.post("/v1/records", content=ndjson(50, ts=T0), headers={"content-type": "application/x-ndjson"})
+    tokens = http.get("/v1/requests/req-3/committed").json()
+    assert tokens["modes"] and len(tokens["tokens"]) >= 1
+    assert http.get("/v1/requests/nope/committed").status_code == 404
+    report = {"replica_id": "r0", "checks": [
+        {"request_id": "req-3", "tokens": len(tokens["tokens"]), "mismatch_at": 2, "expected": 5, "got": 6}]}
+    assert http.post("/v1/consistency", json=report).json() == {"recorded": 1, "mismatches": 1}
+    clock.now += 60
+    decision = controller.tick()
+    assert (decision.action, decision.outcome, decision.phase_to) == ("rollback", "critical", "fallback")
+    assert pushed[-1]["phase"] == "fallback"
+    metrics = http.get("/metrics").text
+    assert 'sparkgate_rollout_phase{phase="fallback"} 1.0' in metrics
+    assert 'sparkgate_gate_verdict{gate="consistency_mismatches"} 0.0' in metrics
+    assert "sparkgate_ingested_steps_total 50.0" in metrics
+
+
+def test_openapi_spec_is_published(service):
+    http, *_ = service
+    spec = http.get("/openapi.json").json()
+    assert {"/v1/policy", "/v1/records", "/v1/status", "/v1/decisions", "/v1/consistency", "/metrics", "/healthz",
+            "/v1/rollout/{action}"} <= spec["paths"].keys()
+    assert "application/x-ndjson" in spec["paths"]["/v1/records"]["post"]["requestBody"]["content"]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost"])
+def test_loopback_binds_need_no_token(host):
+    check_bind(host, None)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "example.org"])
+def test_non_loopback_binds_are_refused_without_a_token(host):
+    with pytest.raises(ValueError, match="needs a bearer token"):
+        check_bind(host, None)
+    check_bind(host, TOKEN)
