@@ -21,6 +21,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "collect": ("collectors.cli:collect", "Poll SGLang DSpark records / vLLM spec-decode metrics."),
     "profile": ("verify_runtime.profiler:profile", "Measure step time here and fit a cost table (JSON + PNG)."),
     "prune": ("collectors.cli:prune", "Delete stored events older than a retention window."),
+    "serve": ("controller.commands:serve", "Run the controller: policy/ingest API, gates, rollout, /metrics."),
+    "replica": ("verify_runtime.replica:replica", "Run a runtime replica that follows a controller's policy."),
+    "status": ("controller.commands:status", "Show the rollout phase, gate verdicts and recent decisions."),
+    "promote": ("controller.commands:promote", "Advance the rollout one rung now (operator)."),
+    "abort": ("controller.commands:abort", "Roll back to fallback now (operator)."),
+    "pause": ("controller.commands:pause", "Hold the rollout at its stage (operator)."),
+    "resume": ("controller.commands:resume", "Leave fallback or paused (operator)."),
+    "report": ("controller.commands:report", "Metrics over a window: ECE per depth, utilization, misses, latency."),
 }
 
 # Benchmarks: `sparkgate bench NAME`.
@@ -29,6 +37,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "ingest": ("collectors.bench:bench_ingest", "Batch vs row-wise ingestion, plus HTTP, in rows/s."),
     "e2e": ("verify_runtime.bench_e2e:bench_e2e", "Engine tokens/s: static vs fixed short window vs cost-aware."),
     "scheduler": ("policies.bench:bench_scheduler", "Window-policy time per step vs static verify time."),
+    "controller": ("controller.bench:bench_controller", "Full gate evaluation over stored labels; fleet aggregate merge."),
 }
 
 

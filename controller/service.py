@@ -6,6 +6,7 @@
 | ``POST /v1/records`` | step records (NDJSON or Arrow IPC), the collectors' ingest endpoint |
 | ``POST /v1/consistency`` | replicas' greedy-replay and state checks |
 | ``GET /v1/requests/{request_id}/committed`` | a request's stored committed tokens, in step order |
+| ``GET /v1/replicas/{replica_id}`` | the step id a (restarted) replica continues from |
 | ``GET /v1/status``, ``GET /v1/decisions``, ``GET /v1/report`` | state, ledger, metrics |
 | ``POST /v1/rollout/{promote,abort,pause,resume}`` | operator actions (bearer token) |
 | ``GET /metrics``, ``GET /healthz`` | Prometheus exposition, liveness |
@@ -159,6 +160,11 @@ def create_app(controller: Controller, ingestor: Ingestor, token: str | None = N
         return {"request_id": request_id, "replicas": sorted({r["replica_id"] for r in rows}),
                 "modes": sorted({r["mode"] for r in rows}), "temperatures": sorted({r["temperature"] for r in rows}),
                 "tokens": [t for r in rows for t in r["committed_tokens"]]}
+
+    @app.get("/v1/replicas/{replica_id}")
+    def replica(replica_id: str = Path(max_length=512)) -> dict:
+        last = store.query("SELECT max(step_id) AS m FROM steps WHERE replica_id = ?", [replica_id]).column("m")
+        return {"replica_id": replica_id, "next_step_id": 0 if last[0].as_py() is None else last[0].as_py() + 1}
 
     @app.post("/v1/rollout/{action}", dependencies=[Depends(authorize)])
     def act(body: Action, action: Literal[OPERATOR_ACTIONS]) -> dict:  # type: ignore[valid-type]

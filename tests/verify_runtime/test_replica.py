@@ -1,0 +1,139 @@
+"""A runtime replica following a real controller service on 127.0.0.1 (tiny models, real DuckDB file)."""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from collectors.ingest import Ingestor
+from collectors.ingest_api import serve_in_thread
+from collectors.metrics import Metrics
+from collectors.store import Store
+from controller.service import create_app
+from controller.supervisor import Controller
+from policies.rollout import parse_rollout_policy
+from policies.window import FixedWindow
+from verify_runtime.consistency import GreedyReplay, compare, unit_hash, wanted
+from verify_runtime.drafters import ModelDrafter
+from verify_runtime.engine import Engine, EngineConfig, Request
+from verify_runtime.reference import greedy_decode
+from verify_runtime.replica import ControllerClient, Replica, mode_for
+
+from .conftest import tiny_model
+
+GAMMA = 4
+POLICY = parse_rollout_policy({"gamma": GAMMA, "canary_steps": [0.5], "observe_fraction": 0.2, "gates": [
+    {"metric": "consistency_mismatches", "threshold": 0, "direction": "at_most", "critical": True}]})
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # Tiny matrices: a second intra-op thread only adds contention on a shared machine.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def payload(phase, fraction=0.0, observe=0.2, fallback_window=GAMMA):
+    return {"revision": 1, "phase": phase, "compact_fraction": fraction, "observe_fraction": observe,
+            "fallback_window": fallback_window, "gamma": GAMMA}
+
+
+def test_mode_follows_a_stable_hash_against_the_fractions():
+    ids = [f"req-{i}" for i in range(4000)]
+    assert {mode_for(i, payload("baseline")) for i in ids} == {"static"}
+    assert {mode_for(i, payload("shadow")) for i in ids} == {"shadow"}
+    assert {mode_for(i, payload("fallback")) for i in ids} == {"static"}
+    assert {mode_for(i, payload("fallback", fallback_window=1)) for i in ids} == {"compact"}
+    canary = Counter(mode_for(i, payload("canary", 0.25)) for i in ids)
+    assert canary["shadow"] / len(ids) == pytest.approx(0.75, abs=0.03)
+    assert canary["cap_accept"] / (canary["compact"] + canary["cap_accept"]) == pytest.approx(0.2, abs=0.05)
+    # Growing the fraction only moves requests into the compact arm, never out of it.
+    wider = {i: mode_for(i, payload("canary", 0.5)) for i in ids}
+    assert all(wider[i] != "shadow" for i in ids if mode_for(i, payload("canary", 0.25)) != "shadow")
+    assert unit_hash("req-1", "arm") == unit_hash("req-1", "arm") != unit_hash("req-1", "observe")
+
+
+def test_compare_reports_the_first_differing_token():
+    assert compare("r", [1, 2, 3], [1, 2, 3, 4]).to_dict() == {
+        "request_id": "r", "kind": "greedy_replay", "tokens": 3, "mismatch_at": None, "expected": None, "got": None}
+    check = compare("r", [1, 2, 3], [1, 5, 6])
+    assert (check.mismatch_at, check.expected, check.got) == (1, 2, 5)
+
+
+def test_static_replay_is_the_greedy_continuation():
+    target = tiny_model()
+    replay = GreedyReplay(target, ModelDrafter(target, noise=1.5), GAMMA)
+    prompt = [3, 1, 4, 1, 5]
+    assert replay.replay(prompt, 12) == greedy_decode(target, prompt, 12)
+    assert wanted(Request("x", prompt, 4, temperature=0.0), "compact", 1.0)
+    assert not wanted(Request("x", prompt, 4, temperature=0.7), "compact", 1.0)
+    assert not wanted(Request("x", prompt, 4), "shadow", 1.0)
+
+
+@pytest.fixture
+def controller(tmp_path):
+    with Store(tmp_path / "fleet.duckdb") as store:
+        controller = Controller(store, POLICY, metrics=Metrics(), resamples=20)
+        with serve_in_thread(create_app(controller, Ingestor(store))) as url:
+            yield controller, url
+
+
+def requests(prefix: str, n: int) -> list[Request]:
+    return [Request(f"{prefix}-{i}", [(7 * i + k) % 32 for k in range(6)], 10, task="test") for i in range(n)]
+
+
+def make_replica(url: str, replay_model=None, replica_id: str = "rep-a") -> Replica:
+    target = tiny_model()
+    drafter = ModelDrafter(target, noise=1.5)
+    engine = Engine(target, drafter, EngineConfig(gamma=GAMMA, max_batch=4, replica_id=replica_id))
+    replay = GreedyReplay(replay_model or target, ModelDrafter(replay_model or target, noise=1.5), GAMMA)
+    return Replica(engine, ControllerClient(url), FixedWindow(2), replay=replay, consistency_fraction=1.0,
+                   poll_s=0.0, flush_steps=4)
+
+
+def test_replica_follows_the_policy_and_its_records_are_stored(controller):
+    ctl, url = controller
+    replica = make_replica(url)
+    baseline = replica.serve(requests("b", 6))
+    assert baseline["phase"] == "baseline" and baseline["finished"] == 6 and baseline["posted"] == baseline["steps"]
+    rows = ctl.store.query("SELECT DISTINCT phase, policy_revision FROM steps").to_pylist()
+    assert rows == [{"phase": "baseline", "policy_revision": 1}]
+    assert set(ctl.store.query("SELECT DISTINCT mode::VARCHAR AS m FROM requests").column("m").to_pylist()) == {
+        "static"}
+    for _ in range(2):
+        ctl.act("promote", "ops")
+    canary = replica.serve(requests("c", 24))
+    assert canary["phase"] == "canary" and canary["revision"] == 3
+    modes = ctl.store.query("SELECT mode::VARCHAR AS m, count(*) AS n FROM requests WHERE step_id >= ? "
+                            "GROUP BY 1", [baseline["steps"]]).to_pylist()
+    assert {r["m"] for r in modes} >= {"compact", "shadow"}
+    assert canary["checks"] > 0 and canary["mismatches"] == 0
+    checks = ctl.store.query("SELECT count(*) AS n, count(mismatch_at) AS bad FROM consistency_checks").to_pylist()
+    assert checks == [{"n": canary["checks"], "bad": 0}]
+    assert ControllerClient(url).next_step_id("rep-a") == canary["steps"]  # counters span both runs
+
+
+def test_a_replay_mismatch_rolls_the_fleet_back_to_static(controller):
+    ctl, url = controller
+    for _ in range(2):
+        ctl.act("promote", "ops")
+    broken = make_replica(url, replay_model=tiny_model(seed=1))  # stands in for a compact/static divergence
+    served = broken.serve(requests("m", 12))
+    assert served["mismatches"] > 0
+    decision = ctl.tick()
+    assert (decision.action, decision.outcome, decision.phase_to) == ("rollback", "critical", "fallback")
+    after = broken.serve(requests("f", 4))
+    assert after["phase"] == "fallback"
+    modes = ctl.store.query("SELECT DISTINCT mode::VARCHAR AS m FROM requests WHERE request_id LIKE 'f-%'")
+    assert modes.column("m").to_pylist() == ["static"]
+
+
+def test_a_gamma_the_replica_does_not_run_is_refused(controller):
+    _, url = controller
+    replica = make_replica(url)
+    with pytest.raises(RuntimeError, match="policy gamma=4 but this replica runs gamma=3"):
+        replica.engine.config.gamma = 3
+        replica.poll(force=True)

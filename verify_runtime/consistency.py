@@ -1,0 +1,81 @@
+"""The greedy consistency check (DESIGN §3 invariant 1, §6 critical gate).
+
+A sampled greedy request that ran ``compact`` is replayed from its prompt in
+``static`` with the same model and drafter, and the replay is compared token by
+token with the committed tokens the store holds for it. Any difference means
+compact verification changed the output — a correctness bug that the
+controller treats as a critical gate failure, however rare.
+
+Sampling is a stable hash of the request id, so every replica picks the same
+requests and a re-run picks them again.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from policies.window import FixedWindow
+
+from .drafters import Drafter
+from .engine import Engine, EngineConfig, Request
+from .model import Transformer
+
+KIND = "greedy_replay"
+
+
+def unit_hash(key: str, salt: str) -> float:
+    """A uniform number in [0, 1) fixed by ``key`` and ``salt`` (same value in every process)."""
+    digest = hashlib.blake2b(f"{salt}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0 ** 64
+
+
+@dataclass(frozen=True)
+class Check:
+    """One comparison, in the controller's ``POST /v1/consistency`` shape."""
+
+    request_id: str
+    tokens: int
+    mismatch_at: int | None = None
+    expected: int | None = None
+    got: int | None = None
+    kind: str = KIND
+
+    def to_dict(self) -> dict:
+        return {"request_id": self.request_id, "kind": self.kind, "tokens": self.tokens,
+                "mismatch_at": self.mismatch_at, "expected": self.expected, "got": self.got}
+
+
+def compare(request_id: str, expected: list[int], got: list[int]) -> Check:
+    """``expected`` (the static replay) against ``got`` (what was committed), over their common length."""
+    n = min(len(expected), len(got))
+    for i in range(n):
+        if expected[i] != got[i]:
+            return Check(request_id, n, i, expected[i], got[i])
+    return Check(request_id, n)
+
+
+class GreedyReplay:
+    """Replays prompts greedily in static mode on its own single-slot engine."""
+
+    def __init__(self, model: Transformer, drafter: Drafter, gamma: int):
+        self.model, self.drafter, self.gamma = model, drafter, gamma
+
+    def replay(self, prompt: list[int], tokens: int) -> list[int]:
+        """The static greedy continuation of ``prompt``, ``tokens`` long (shorter if the cache is smaller)."""
+        engine = Engine(self.model, self.drafter, EngineConfig(gamma=self.gamma, max_batch=1,
+                                                               replica_id="consistency"),
+                        policy=FixedWindow(self.gamma))
+        room = engine.cache.max_len - len(prompt) - self.gamma - 1
+        n = min(tokens, room)
+        if n < 1:
+            return []
+        engine.submit(Request("replay", list(prompt), n, temperature=0.0, mode="static", stop_at_eos=False))
+        return engine.run()["replay"]
+
+    def check(self, request_id: str, prompt: list[int], committed: list[int]) -> Check:
+        return compare(request_id, self.replay(prompt, len(committed)), committed)
+
+
+def wanted(request: Request, mode: str, fraction: float) -> bool:
+    """Whether a finished request is in the checked sample: greedy, served compact, hash below ``fraction``."""
+    return request.temperature <= 0 and mode == "compact" and unit_hash(request.request_id, "consistency") < fraction

@@ -1,0 +1,269 @@
+"""``sparkgate replica``: a runtime replica that follows a controller (DESIGN §6, §7).
+
+The replica polls ``GET /v1/policy`` and, when the revision changes, sets the
+engine's phase, revision, window policy and per-request mode. A request's arm is
+a stable hash of its id against the fractions, so it keeps its arm for its whole
+life (until the phase itself changes). Step records are posted to
+``POST /v1/records`` in batches; sampled greedy compact requests are replayed in
+static once their records are stored, and the comparisons posted to
+``POST /v1/consistency``.
+
+When the controller cannot be reached the replica keeps serving under the last
+policy it received and keeps (a bounded number of) unsent records for the next
+attempt.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import socket
+import time
+from typing import Callable, Iterable, Iterator
+
+import click
+import httpx
+
+from collectors.schema import StepRecord
+from policies.window import FixedWindow, WindowPolicy
+
+from .consistency import GreedyReplay, unit_hash, wanted
+from .engine import Engine, Request
+
+log = logging.getLogger(__name__)
+MAX_PENDING_RECORDS = 10_000
+
+
+def mode_for(request_id: str, policy: dict) -> str:
+    """The verify mode of a request under a policy payload.
+
+    baseline: static. fallback: static, or compact with the fallback window when it
+    is shorter than γ. Otherwise the request is in the compact arm when its hash is
+    below ``compact_fraction``; within that arm ``observe_fraction`` of requests run
+    cap_accept (full verification, so gates keep uncensored labels); the rest of
+    the traffic runs shadow (full verification with the suggestion logged).
+    """
+    phase = policy["phase"]
+    if phase == "baseline":
+        return "static"
+    if phase == "fallback":
+        return "static" if policy["fallback_window"] >= policy["gamma"] else "compact"
+    if unit_hash(request_id, "arm") >= policy["compact_fraction"]:
+        return "shadow"
+    return "cap_accept" if unit_hash(request_id, "observe") < policy["observe_fraction"] else "compact"
+
+
+class ControllerClient:
+    """The few controller routes a replica uses."""
+
+    def __init__(self, url: str, timeout_s: float = 30.0):
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(base_url=self.url, timeout=timeout_s)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _json(self, response: httpx.Response):
+        response.raise_for_status()
+        return response.json()
+
+    def policy(self) -> dict:
+        return self._json(self.http.get("/v1/policy"))
+
+    def next_step_id(self, replica_id: str) -> int:
+        return self._json(self.http.get(f"/v1/replicas/{replica_id}"))["next_step_id"]
+
+    def post_records(self, records: list[StepRecord]) -> dict:
+        """Post records as NDJSON. A 422 (some records quarantined, the rest stored) is not retried."""
+        body = "".join(json.dumps(r.to_dict()) + "\n" for r in records)
+        response = self.http.post("/v1/records", content=body, headers={"content-type": "application/x-ndjson"})
+        if response.status_code == 422:
+            log.warning("controller quarantined records: %s", response.text[:500])
+            return response.json()
+        return self._json(response)
+
+    def committed(self, request_id: str, replica_id: str) -> list[int] | None:
+        response = self.http.get(f"/v1/requests/{request_id}/committed", params={"replica_id": replica_id})
+        return None if response.status_code == 404 else self._json(response)["tokens"]
+
+    def post_checks(self, replica_id: str, checks: list[dict]) -> dict:
+        return self._json(self.http.post("/v1/consistency", json={"replica_id": replica_id, "checks": checks}))
+
+
+class Replica:
+    """An engine driven by a controller's policy. ``scheduler`` chooses windows outside fallback."""
+
+    def __init__(self, engine: Engine, client: ControllerClient, scheduler: WindowPolicy, *,
+                 replay: GreedyReplay | None = None, consistency_fraction: float = 0.05, poll_s: float = 1.0,
+                 flush_steps: int = 16, clock: Callable[[], float] = time.monotonic):
+        self.engine, self.client, self.scheduler, self.replay = engine, client, scheduler, replay
+        self.consistency_fraction, self.poll_s, self.flush_steps, self.clock = \
+            consistency_fraction, poll_s, flush_steps, clock
+        self.payload: dict | None = None
+        self.pending: list[StepRecord] = []
+        self.compact_ids: set[str] = set()
+        self.to_check: list[Request] = []
+        self.stats = {"steps": 0, "finished": 0, "posted": 0, "dropped": 0, "checks": 0, "mismatches": 0}
+        self._last_poll = float("-inf")
+        engine.sink = self._keep
+
+    def _keep(self, record: StepRecord) -> None:
+        self.pending.append(record)
+        self.compact_ids.update(r.request_id for r in record.requests if r.mode == "compact")
+
+    # -- policy ----------------------------------------------------------------
+    def follow(self, payload: dict) -> None:
+        """Serve under ``payload`` from the next step on."""
+        config = self.engine.config
+        if payload["gamma"] != config.gamma:
+            raise RuntimeError(f"policy gamma={payload['gamma']} but this replica runs gamma={config.gamma}; "
+                               "restart it with the policy's gamma")
+        config.phase, config.policy_revision = payload["phase"], payload["revision"]
+        self.engine.policy = FixedWindow(payload["fallback_window"]) if payload["phase"] == "fallback" \
+            else self.scheduler
+        self.engine.mode_for = lambda request: mode_for(request.request_id, payload)
+        self.payload = payload
+
+    def poll(self, force: bool = False) -> None:
+        if not force and self.clock() - self._last_poll < self.poll_s:
+            return
+        self._last_poll = self.clock()
+        try:
+            payload = self.client.policy()
+        except httpx.HTTPError as exc:
+            if self.payload is None:
+                raise
+            log.warning("policy poll failed (%s); keeping revision %s", exc, self.payload["revision"])
+            return
+        if self.payload is None or payload["revision"] != self.payload["revision"]:
+            self.follow(payload)
+
+    # -- records and checks ----------------------------------------------------
+    def flush(self) -> None:
+        """Post pending records, then check the sampled requests whose records are now stored."""
+        if self.pending:
+            try:
+                self.client.post_records(self.pending)
+                self.stats["posted"] += len(self.pending)
+                self.pending = []
+            except httpx.HTTPError as exc:
+                log.warning("posting %d records failed (%s); will retry", len(self.pending), exc)
+                overflow = len(self.pending) - MAX_PENDING_RECORDS
+                if overflow > 0:
+                    self.stats["dropped"] += overflow
+                    del self.pending[:overflow]
+                return
+        self._check()
+
+    def _check(self) -> None:
+        if not self.to_check or self.replay is None:
+            return
+        replica_id = self.engine.config.replica_id
+        checks = []
+        for request in self.to_check:
+            committed = self.client.committed(request.request_id, replica_id)
+            if committed:
+                checks.append(self.replay.check(request.request_id, request.prompt, committed).to_dict())
+        self.to_check = []
+        if checks:
+            self.client.post_checks(replica_id, checks)
+            self.stats["checks"] += len(checks)
+            self.stats["mismatches"] += sum(c["mismatch_at"] is not None for c in checks)
+
+    def _finished(self) -> None:
+        for request_id, request in list(self.engine.finished.items()):
+            mode = "compact" if request_id in self.compact_ids else "other"
+            if self.replay is not None and wanted(request, mode, self.consistency_fraction):
+                self.to_check.append(request)
+            self.compact_ids.discard(request_id)
+            del self.engine.finished[request_id]  # a long-running replica must not keep every request
+            self.stats["finished"] += 1
+
+    # -- the loop ----------------------------------------------------------------
+    def serve(self, requests: Iterable[Request], max_steps: int | None = None) -> dict:
+        """Serve ``requests`` (possibly endless) until they are done or ``max_steps``; returns counters."""
+        source: Iterator[Request] = iter(requests)
+        self.poll(force=True)
+        while max_steps is None or self.stats["steps"] < max_steps:
+            while len(self.engine.queue) < self.engine.config.max_batch:
+                request = next(source, None)
+                if request is None:
+                    break
+                self.engine.submit(request)
+            if not (self.engine.queue or self.engine.active):
+                break
+            self.poll()
+            self.engine.step()
+            self.stats["steps"] += 1
+            self._finished()
+            if len(self.pending) >= self.flush_steps:
+                self.flush()
+        self.flush()
+        return {**self.stats, "revision": self.payload["revision"], "phase": self.payload["phase"]}
+
+
+def workload_requests(replica_id: str, count: int, max_new_tokens: int, temperature: float,
+                      seed: int) -> Iterator[Request]:
+    """Requests over the mixed workload (``count`` 0: endless), ids unique per replica."""
+    from .workload import mixed_workload
+
+    prompts = mixed_workload(256, seed)
+    numbers = itertools.count() if count == 0 else range(count)
+    for i in numbers:
+        prompt = prompts[i % len(prompts)]
+        yield Request(f"{replica_id}-{i}", prompt.tokens, max_new_tokens, temperature, seed + i, task=prompt.task)
+
+
+@click.command()
+@click.option("--controller", "url", default="http://127.0.0.1:8470", show_default=True,
+              envvar="SPARKGATE_CONTROLLER", help="Controller base URL.")
+@click.option("--replica-id", default=None, help="Replica name [default: replica-HOST-PID].")
+@click.option("--requests", "count", default=0, show_default=True, help="Requests to serve (0: until interrupted).")
+@click.option("--max-new-tokens", default=48, show_default=True)
+@click.option("--max-batch", default=16, show_default=True)
+@click.option("--temperature", default=0.0, show_default=True, help="0 is greedy (consistency checks need it).")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--window", default=None, type=int, help="Serve compact with this fixed window instead of the "
+              "cost-aware scheduler.")
+@click.option("--cost-table", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Cost table for the scheduler [default: shipped or profiled here].")
+@click.option("--consistency-fraction", default=0.05, show_default=True,
+              help="Fraction of greedy compact requests replayed in static.")
+@click.option("--poll-s", default=1.0, show_default=True, help="Seconds between policy polls.")
+@click.option("--threads", default=1, show_default=True,
+              help="Torch threads; replicas usually share a machine, and extra threads only contend.")
+def replica(url, replica_id, count, max_new_tokens, max_batch, temperature, seed, window, cost_table,
+            consistency_fraction, poll_s, threads):
+    """Serve the mixed workload with the runtime, following the controller's policy; prints counters as JSON."""
+    import torch
+
+    from policies.window import CostAwareScheduler
+
+    from .defaults import default_calibration, default_cost_table, default_drafter, default_target
+    from .engine import EngineConfig
+
+    torch.set_num_threads(threads)
+    replica_id = replica_id or f"replica-{socket.gethostname()}-{os.getpid()}"
+    client = ControllerClient(url)
+    try:
+        gamma = client.policy()["gamma"]
+        target = default_target()
+        drafter = default_drafter(target)
+        scheduler = FixedWindow(window) if window is not None else \
+            CostAwareScheduler(default_cost_table(target, cost_table)[0])
+        engine = Engine(target, drafter, EngineConfig(gamma=gamma, max_batch=max_batch, replica_id=replica_id),
+                        calibrate=default_calibration())
+        engine.step_id = client.next_step_id(replica_id)
+        node = Replica(engine, client, scheduler, replay=GreedyReplay(target, drafter, gamma),
+                       consistency_fraction=consistency_fraction, poll_s=poll_s)
+        try:
+            summary = node.serve(workload_requests(replica_id, count, max_new_tokens, temperature, seed))
+        except KeyboardInterrupt:
+            node.flush()
+            summary = node.stats
+    except httpx.HTTPError as exc:
+        raise click.ClickException(f"controller {url}: {exc}") from None
+    finally:
+        client.close()
+    click.echo(json.dumps({"replica_id": replica_id, **summary}))
