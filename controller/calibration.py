@@ -34,7 +34,12 @@ GATED = np.isin(np.arange(len(MODES)), [MODES.index(m) for m in UNCENSORED_MODES
 
 def fine_bin(p: np.ndarray) -> np.ndarray:
     """Fine bin of each probability; p = 1 lands in the last bin, like the equal-width bins."""
-    return np.minimum((p * FINE_BINS).astype(np.int64), FINE_BINS - 1)
+    return np.minimum((p * FINE_BINS).astype(np.int32), FINE_BINS - 1)
+
+
+def _histogram(key: np.ndarray, size: int, weights: np.ndarray | None = None) -> np.ndarray:
+    """``bincount`` over keys shifted by one: key 0 collects the rows left out, and is dropped."""
+    return np.bincount(key, weights, minlength=size + 1)[1:]
 
 
 @dataclass
@@ -51,32 +56,57 @@ class KindStats:
 
     @classmethod
     def from_rows(cls, mode: np.ndarray, depth: np.ndarray, p: np.ndarray, y: np.ndarray, group: np.ndarray,
-                  depths: int) -> "KindStats":
-        """From one row per label: mode code, depth (1..depths), prediction, outcome (0/1), request group."""
+                  depths: int, keep: np.ndarray | None = None) -> "KindStats":
+        """From one row per label: mode code, depth (1..depths), prediction, outcome (0/1), request group;
+        only rows where ``keep`` holds count. Rows are never copied out (a mask would copy every column):
+        left-out rows get key 0, which the histograms drop."""
         width = depths + 1
+        shape, gshape = (len(MODES), width, FINE_BINS, 2), (REQUEST_GROUPS, width, N_BINS, 2)
+        size, gsize = int(np.prod(shape)), int(np.prod(gshape))
         fine = fine_bin(p)
-        y = y.astype(np.int64)
-        key = ((mode.astype(np.int64) * width + depth) * FINE_BINS + fine) * 2 + y
-        shape = (len(MODES), width, FINE_BINS, 2)
-        size = int(np.prod(shape))
+        # In-place arithmetic: at ten million rows, allocating (and page-faulting) a fresh array per
+        # operation costs more than the arithmetic itself.
+        key = mode.astype(np.int32)
+        key *= width
+        key += depth
+        key *= FINE_BINS
+        key += fine
+        key *= 2
+        key += y
+        key += 1
+        gkey = group.astype(np.int32)
+        gkey *= width
+        gkey += depth
+        gkey *= N_BINS
+        fine //= FINE_PER_BIN
+        gkey += fine
+        gkey *= 2
+        gkey += y
+        gkey += 1
         gated = GATED[mode]
-        gkey = ((group[gated].astype(np.int64) * width + depth[gated]) * N_BINS
-                + fine[gated] // FINE_PER_BIN) * 2 + y[gated]
-        gshape = (REQUEST_GROUPS, width, N_BINS, 2)
-        gsize = int(np.prod(gshape))
-        gcount = np.bincount(gkey, minlength=gsize).reshape(gshape)
+        if keep is not None:
+            key *= keep
+            gated &= keep
+        gkey *= gated
+        gcount = _histogram(gkey, gsize).reshape(gshape)
         return cls(
-            np.bincount(key, minlength=size).reshape(shape),
-            np.bincount(key, p, minlength=size).reshape(shape),
-            np.bincount(key, p * p, minlength=size).reshape(shape),
+            _histogram(key, size).reshape(shape),
+            _histogram(key, size, p).reshape(shape),
+            _histogram(key, size, p * p).reshape(shape),
             gcount.sum(axis=-1),
-            np.bincount(gkey, p[gated], minlength=gsize).reshape(gshape).sum(axis=-1),
+            _histogram(gkey, gsize, p).reshape(gshape).sum(axis=-1),
             gcount[..., 1],
         )
 
     @property
     def depths(self) -> int:
         return self.fine_count.shape[1] - 1
+
+    def __add__(self, other: "KindStats") -> "KindStats":
+        """Statistics of both row sets (same depths), e.g. two chunks of one window."""
+        if other.depths != self.depths:
+            raise ValueError(f"depths={other.depths}: cannot add stats over {self.depths} depths")
+        return KindStats(*(getattr(self, f) + getattr(other, f) for f in self.__dataclass_fields__))
 
     def calibration_stats(self) -> CalibrationStats:
         """The collectors' equal-width statistics (per mode, depth, bin), summed from the fine bins."""
@@ -157,7 +187,9 @@ def bootstrap_ece(stats: KindStats, resamples: int = 200, level: float = 0.95,
         return {}
     flat = [a[occupied].reshape(k, -1).astype(np.float64)
             for a in (stats.grouped_count, stats.grouped_sum_p, stats.grouped_sum_y)]
-    weights = np.random.default_rng(seed).multinomial(k, np.full(k, 1.0 / k), size=resamples).astype(np.float64)
+    # Each resample draws k of the k occupied groups with replacement; weights count the draws.
+    draws = np.random.default_rng(seed).integers(0, k, size=(resamples, k)) + np.arange(resamples)[:, None] * k
+    weights = np.bincount(draws.ravel(), minlength=resamples * k).reshape(resamples, k).astype(np.float64)
     shape = (resamples, stats.depths + 1, N_BINS)
     present = np.flatnonzero(stats.grouped_count.sum(axis=(0, 2))[1:]) + 1
     ece = grouped_ece(*((weights @ a).reshape(shape) for a in flat))[:, present]

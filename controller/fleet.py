@@ -14,6 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from collectors.aggregate import Aggregate, CalibrationStats
+from collectors.schema import MODES
 
 from .metrics import acceptance
 
@@ -27,22 +28,23 @@ def merge_aggregates(aggregates: Sequence[Aggregate]) -> Aggregate:
     width = max(a.depths for a in aggregates) + 1
 
     def stats(kind: str) -> CalibrationStats:
-        return CalibrationStats(*(_pad_depths([getattr(getattr(a, kind), f.name) for a in aggregates], width)
-                                  for f in fields(CalibrationStats)))
+        arrays = [[getattr(getattr(a, kind), f.name) for a in aggregates] for f in fields(CalibrationStats)]
+        return CalibrationStats(*(_summed(a, (a[0].shape[0], width, a[0].shape[2])) for a in arrays))
 
     return Aggregate(stats("survival"), stats("conditional"),
-                     *(_pad_hist([getattr(a, h) for a in aggregates], width) for h in _HISTOGRAMS))
+                     *(_summed([getattr(a, h) for a in aggregates], (len(MODES), width, width)) for h in _HISTOGRAMS))
 
 
-def _pad_depths(arrays: list[np.ndarray], width: int) -> np.ndarray:
-    """[modes, depths+1, bins] arrays padded on the depth axis, summed."""
-    return np.sum(np.stack([np.pad(a, ((0, 0), (0, width - a.shape[1]), (0, 0))) for a in arrays]), axis=0)
-
-
-def _pad_hist(arrays: list[np.ndarray], width: int) -> np.ndarray:
-    """[modes, depths+1, depths+1] histograms padded on both depth axes, summed."""
-    return np.sum(np.stack([np.pad(a, ((0, 0), (0, width - a.shape[1]), (0, width - a.shape[2])))
-                            for a in arrays]), axis=0)
+def _summed(arrays: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+    """The sum of ``arrays``, each zero-padded at the end of every axis to ``shape``. Arrays of one shape
+    (usually all of them: a fleet runs one γ) are summed in one stacked reduction."""
+    by_shape: dict[tuple[int, ...], list[np.ndarray]] = {}
+    for a in arrays:
+        by_shape.setdefault(a.shape, []).append(a)
+    total = np.zeros(shape, np.result_type(*arrays))
+    for part_shape, parts in by_shape.items():
+        total[tuple(slice(0, n) for n in part_shape)] += np.stack(parts).sum(axis=0)
+    return total
 
 
 def fleet_report(aggregate: Aggregate) -> dict:

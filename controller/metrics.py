@@ -30,6 +30,7 @@ from .calibration import KindStats, bootstrap_ece
 from .queries import Slice, Window
 
 BOOTSTRAP_RESAMPLES = 200
+CHUNK_ROWS = 1 << 20
 INTERVAL_LEVEL = 0.95
 CHECK_KINDS = ("greedy_replay", "state_rollback")
 
@@ -198,18 +199,21 @@ def step_report(buckets: pa.Table, misses: dict[str, int]) -> dict:
 
 
 def _kinds(cols: queries.LabelColumns, depths: int) -> tuple[KindStats, KindStats, dict[int, int]]:
-    """(survival over observed labels, conditional over labels at risk, compact censored count per depth)."""
-    accepted = cols.status == ACCEPTED
-    observed = cols.status != CENSORED
-    at_risk = accepted | (cols.status == REJECTED)
-
-    def kind(keep: np.ndarray, p: np.ndarray) -> KindStats:
-        return KindStats.from_rows(cols.mode[keep], cols.depth[keep], p[keep], accepted[keep], cols.group[keep],
-                                   depths)
-
-    censored = np.bincount(cols.depth[~observed], minlength=depths + 1)
-    return (kind(observed, cols.survival), kind(at_risk, cols.confidence),
-            {d: int(censored[d]) for d in range(1, depths + 1) if censored[d]})
+    """(survival over observed labels, conditional over labels at risk, compact censored count per depth),
+    a chunk of rows at a time: the temporaries of a chunk are reused from the heap, where those of the
+    whole window would be fresh pages every time."""
+    survival = conditional = None
+    censored = np.zeros(depths + 1)
+    for start in range(0, max(len(cols), 1), CHUNK_ROWS):
+        chunk = cols.rows(start, start + CHUNK_ROWS)
+        accepted = chunk.status == ACCEPTED
+        observed = chunk.status != CENSORED
+        at_risk = accepted | (chunk.status == REJECTED)
+        s = KindStats.from_rows(chunk.mode, chunk.depth, chunk.survival, accepted, chunk.group, depths, observed)
+        c = KindStats.from_rows(chunk.mode, chunk.depth, chunk.confidence, accepted, chunk.group, depths, at_risk)
+        survival, conditional = (s, c) if survival is None else (survival + s, conditional + c)
+        censored += np.bincount(chunk.depth, ~observed, minlength=depths + 1)
+    return survival, conditional, {d: int(censored[d]) for d in range(1, depths + 1) if censored[d]}
 
 
 def evaluate(store: Store, window: Window = Window(), slice_: Slice = Slice(),

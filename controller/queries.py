@@ -116,12 +116,19 @@ class LabelColumns:
     def depths(self) -> int:
         return int(self.depth.max()) if len(self.depth) else 0
 
+    def __len__(self) -> int:
+        return len(self.depth)
+
+    def rows(self, start: int, stop: int) -> "LabelColumns":
+        """Rows ``start:stop`` (views, no copy)."""
+        return LabelColumns(*(getattr(self, f)[start:stop] for f in self.__dataclass_fields__))
+
 
 def label_columns(store: Store, window: Window, slice_: Slice) -> LabelColumns:
     where, params = _where("depth_labels", window, slice_, "l")
     table = store.query(
-        "SELECT enum_code(l.mode)::TINYINT AS mode, l.depth::INTEGER AS depth, enum_code(l.status)::TINYINT AS status,"
-        f" l.survival, l.confidence, (hash(l.request_id) % {REQUEST_GROUPS})::INTEGER AS grp"
+        "SELECT enum_code(l.mode)::TINYINT AS mode, l.depth, enum_code(l.status)::TINYINT AS status,"
+        f" l.survival, l.confidence, (hash(l.request_id) % {REQUEST_GROUPS})::SMALLINT AS grp"
         f" FROM depth_labels l WHERE {where}", params)
     return LabelColumns(*(table.column(c).to_numpy() for c in
                           ("mode", "depth", "status", "survival", "confidence", "grp")))

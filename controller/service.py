@@ -36,6 +36,9 @@ from .queries import Slice, Window
 from .rollout import OPERATOR_ACTIONS, TransitionError
 from .supervisor import Controller
 
+# Stored as BIGINT: anything beyond is a client error, not a database failure.
+TOKEN_LIMIT = 2 ** 62
+
 
 class Policy(BaseModel):
     revision: int
@@ -51,15 +54,16 @@ class Policy(BaseModel):
 class Check(BaseModel):
     request_id: str = Field(min_length=1, max_length=512)
     kind: Literal[CHECK_KINDS] = "greedy_replay"  # type: ignore[valid-type]
-    tokens: int = Field(ge=0, description="Tokens compared.")
-    mismatch_at: int | None = Field(None, ge=0, description="First differing position; null when identical.")
-    expected: int | None = None
-    got: int | None = None
+    tokens: int = Field(ge=0, le=TOKEN_LIMIT, description="Tokens compared.")
+    mismatch_at: int | None = Field(None, ge=0, le=TOKEN_LIMIT,
+                                    description="First differing position; null when identical.")
+    expected: int | None = Field(None, ge=-TOKEN_LIMIT, le=TOKEN_LIMIT)
+    got: int | None = Field(None, ge=-TOKEN_LIMIT, le=TOKEN_LIMIT)
 
 
 class ConsistencyReport(BaseModel):
     replica_id: str = Field(min_length=1, max_length=512)
-    checks: list[Check] = Field(max_length=10_000)
+    checks: list[Check] = Field(min_length=1, max_length=10_000)
 
 
 class Action(BaseModel):
