@@ -57,7 +57,6 @@ class Controller:
         self.lookback_s = policy.evaluation_interval_s * LOOKBACK_INTERVALS if lookback_s is None else lookback_s
         self.exporter = ControllerMetrics(metrics) if metrics is not None else None
         self.last_verdicts: list[Verdict] = []
-        self.last_evaluation: Evaluation | None = None
         self._lock = threading.Lock()
         self.state = self._resume()
         if self.exporter is not None:
@@ -145,7 +144,7 @@ class Controller:
                 return None
             decision = rollout.decide(self.policy, state, verdicts, now)
             self._commit(state, decision)
-            self.last_verdicts, self.last_evaluation = verdicts, evaluation
+            self.last_verdicts = verdicts
         if self.exporter is not None:
             self.exporter.evaluation(evaluation, verdicts)
         self._actuate()

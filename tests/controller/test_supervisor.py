@@ -1,0 +1,105 @@
+"""The controller over a real DuckDB file: restarts, policy-file changes, staleness, failing actuators, the loop."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from collectors.store import Store
+from controller import ledger
+from controller.commands import evaluate_forever
+from controller.supervisor import Controller
+from policies.rollout import parse_rollout_policy
+from tests.controller.conftest import T0, ingest_synthetic
+
+POLICY = parse_rollout_policy({"canary_steps": [0.1, 0.5], "stale_after_s": 120, "gates": [
+    {"metric": "survival_ece", "threshold": 0.5, "direction": "at_most", "min_samples": 10},
+    {"metric": "tier_miss_rate", "threshold": 0.1, "direction": "at_most", "name": "prom_misses",
+     "promql": "max(rate(sparkgate_tier_misses_total[5m]))"}]})
+
+
+def controller(store, policy=POLICY, now=T0, **kw) -> Controller:
+    return Controller(store, policy, clock=lambda: now, resamples=10, **kw)
+
+
+def test_a_restarted_controller_serves_the_same_policy(tmp_path):
+    path = tmp_path / "restart.duckdb"
+    with Store(path) as store:
+        first = controller(store)
+        for _ in range(3):
+            first.act("promote", "ops")
+        payload, state = first.policy_payload(), first.state
+    assert (payload["phase"], payload["compact_fraction"], payload["revision"]) == ("canary", 0.5, 4)
+    with Store(path) as store:
+        second = controller(store, now=T0 + 600)
+        assert second.policy_payload() == payload and second.state == state
+        assert [d.action for d in ledger.decisions(store)] == ["start"] + ["promote"] * 3
+
+
+def test_a_stage_missing_from_a_new_policy_file_falls_back_with_the_reason(tmp_path):
+    path = tmp_path / "policy-change.duckdb"
+    with Store(path) as store:
+        old = controller(store)
+        for _ in range(3):
+            old.act("promote", "ops")
+    narrower = parse_rollout_policy({**POLICY.to_dict(), "canary_steps": [0.2]})
+    with Store(path) as store:
+        new = controller(store, narrower)
+        assert new.state.phase == "fallback" and new.state.revision == 5
+        last = ledger.decisions(store, limit=1)[0]
+        assert last.reasons[0]["rule"] == "stage not in the policy file"
+        assert "canary at compact_fraction 0.5" in last.reasons[0]["note"]
+
+
+def test_stale_steps_and_missing_prometheus_make_gates_inconclusive(store):
+    ingest_synthetic(store, 20, T0 + 1, phase="shadow")
+    ctl = controller(store, now=T0 + 400)
+    ctl.act("promote", "ops")
+    ingest_synthetic(store, 20, T0 + 401, phase="shadow", first_step=100)
+    ctl.clock = lambda: T0 + 700  # 300 s after the newest step, past stale_after_s
+    decision = ctl.tick()
+    verdicts = {r["gate"]: r for r in decision.reasons[1:]}
+    assert decision.outcome == "inconclusive"
+    assert verdicts["survival_ece"]["note"].startswith("newest step is 299 s old")
+    ctl.clock = lambda: T0 + 460
+    fresh = {r["gate"]: r for r in ctl.tick().reasons[1:]}
+    assert fresh["survival_ece"]["outcome"] == "pass" and fresh["survival_ece"]["samples"] >= 10
+    assert fresh["prom_misses"]["note"] == "no data"  # no --prometheus configured
+
+
+def test_a_failing_actuator_does_not_stop_the_controller(store):
+    calls = []
+
+    def broken(payload):
+        calls.append(payload["revision"])
+        raise RuntimeError("fleet unreachable")
+
+    ctl = controller(store, actuators=[broken, lambda payload: calls.append(("ok", payload["phase"]))])
+    decision = ctl.act("abort", "ops")
+    assert decision.phase_to == "fallback" and calls == [2, ("ok", "fallback")]
+    assert ledger.load_state(store, POLICY).phase == "fallback"
+
+
+def test_the_evaluation_loop_ticks_until_stopped(store):
+    fast = parse_rollout_policy({"evaluation_interval_s": 0.01, "progress_deadline_s": 60})
+    ctl = Controller(store, fast, resamples=10)
+    stop = threading.Event()
+    loop = threading.Thread(target=evaluate_forever, args=(ctl, stop))
+    loop.start()
+    try:
+        for _ in range(10_000):
+            if len(ledger.decisions(store)) >= 3:
+                break
+            stop.wait(0.01)
+    finally:
+        stop.set()
+        loop.join()
+    assert [d.action for d in ledger.decisions(store)][:3] == ["start", "hold", "hold"]
+
+
+@pytest.mark.parametrize("action", ["resume", "jump"])
+def test_operator_actions_that_do_not_apply_leave_no_decision(store, action):
+    ctl = controller(store)
+    with pytest.raises(ValueError):
+        ctl.act(action, "ops")
+    assert [d.action for d in ledger.decisions(store)] == ["start"]
