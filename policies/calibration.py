@@ -42,10 +42,11 @@ def bin_index(p: torch.Tensor) -> torch.Tensor:
 def batched_ece(pred: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
     """ECE of each row of ``pred [G, N]`` against labels ``y [N]``: ``[G]`` (NaN when N = 0).
 
-    ``weight [G, N]`` counts each row that many times (a bootstrap resample).
+    ``weight [G, N]`` counts each row that many times (a bootstrap resample); ``pred``
+    may then be ``[1, N]``.
     """
-    pred, y = pred.double(), y.double().expand_as(pred)
-    w = torch.ones_like(pred) if weight is None else weight.double().expand_as(pred)
+    w = torch.ones_like(pred, dtype=torch.float64) if weight is None else weight.double()
+    pred, y, w = torch.broadcast_tensors(pred.double(), y.double(), w)
     index = bin_index(pred)
     gap = torch.zeros(pred.shape[0], N_BINS, dtype=torch.float64, device=pred.device)
     gap.scatter_add_(1, index, (pred - y) * w)

@@ -3,9 +3,10 @@
 One pass of a small transformer (``DrafterArgs.n_layers``, 1–2 layers) turns the
 target's final hidden states of the last ``window`` committed positions, the
 pending token and γ block-position embeddings into γ position representations
-``h_1..h_γ`` at once. Only the γ + 1 block rows are queries; the context rows
-enter each layer as keys and values only, so the context costs one K/V
-projection per layer instead of a full transformer row.
+``h_1..h_γ`` at once. Only the γ block rows are queries; the context rows (the
+projected hidden states and the pending token's embedding) enter each layer as
+keys and values only, so the context costs one K/V projection per layer instead
+of a full transformer row.
 
 The sequential head restores in-block dependence cheaply: depth k's logits get
 a low-rank Markov transition bias from the token drafted at depth k − 1,
@@ -37,9 +38,9 @@ class DrafterArgs:
     n_layers: int = 1
     n_heads: int = 8
     n_kv_heads: int = 4
-    ffn_hidden: int = 512
+    ffn_hidden: int = 384
     vocab_size: int = BYTE_VOCAB
-    window: int = 16  # target hidden states read per request (the engine's ``hidden_window``)
+    window: int = 8  # target hidden states read per request (the engine's ``hidden_window``)
     max_gamma: int = 8
     markov_rank: int = 48
     sequential: bool = True  # False: pure parallel drafting (the ablation)
@@ -131,17 +132,18 @@ class DSparkNet(nn.Module):
         if hidden.shape[1:] != (self.args.window, self.args.target_dim):
             raise ValueError(f"hidden has shape {tuple(hidden.shape)}, expected [N, {self.args.window}, "
                              f"{self.args.target_dim}]")
-        window = self.args.window
-        x = torch.cat([self.tok_embeddings(pending)[:, None], self.block_pos[:gamma].expand(len(pending), -1, -1)], 1)
-        context = self.fuse(hidden.to(x.dtype))
+        window, n = self.args.window, len(pending)
+        # The pending token joins the context: its K/V is all the block needs from it.
+        context = torch.cat([self.fuse(hidden.to(self.block_pos.dtype)), self.tok_embeddings(pending)[:, None]], 1)
+        x = self.block_pos[:gamma].expand(n, -1, -1)
         # Relative positions: context rows 0..W-1, the pending token W, depth k at W + k.
-        rope_c = (self.rope_cos[:window], self.rope_sin[:window])
-        rope_q = (self.rope_cos[window:window + gamma + 1], self.rope_sin[window:window + gamma + 1])
+        rope_c = (self.rope_cos[:window + 1], self.rope_sin[:window + 1])
+        rope_q = (self.rope_cos[window + 1:window + 1 + gamma], self.rope_sin[window + 1:window + 1 + gamma])
         real = torch.arange(window, device=x.device) >= window - hidden_len.to(x.device)[:, None]
-        mask = torch.cat([real, real.new_ones(len(pending), gamma + 1)], 1)[:, None, None, :]
+        mask = torch.cat([real, real.new_ones(n, 1 + gamma)], 1)[:, None, None, :]
         for layer in self.layers:
             x = layer(x, context, rope_q, rope_c, mask)
-        return self.norm(x[:, 1:])
+        return self.norm(x)
 
     def transition_gate(self, h: torch.Tensor) -> torch.Tensor:
         """The block-dependent half of the Markov bias, computed once for all depths."""

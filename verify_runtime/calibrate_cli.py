@@ -1,0 +1,73 @@
+"""``sparkgate calibrate``: fit STS temperatures from step records (NDJSON, DESIGN §4).
+
+Only full-block rows (``static``, ``shadow``, ``cap_accept``) are used: their
+``full_accept`` a* gives every depth's label ``y_k = 1[a* >= k]``. Compact rows
+are left out because their labels are censored exactly where confidence was low,
+which would bias the fit.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import torch
+
+from collectors.schema import FULL_BLOCK_MODES, StepRecord
+
+
+def read_labels(paths: list[str | Path]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Raw confidences ``[N, γ]`` and survival labels ``[N, γ]`` of the full-block rows in ``paths``."""
+    confidence, labels, gamma = [], [], None
+    for path in paths:
+        for line_no, line in enumerate(Path(path).read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                record = StepRecord.from_dict(json.loads(line))
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise ValueError(f"{where}: not a step record ({exc})") from exc
+            if gamma is None:
+                gamma = record.gamma
+            if record.gamma != gamma:
+                raise ValueError(f"{where}: gamma={record.gamma}, earlier records have gamma={gamma}")
+            for i, row in enumerate(record.requests):
+                if row.mode not in FULL_BLOCK_MODES:
+                    continue
+                if len(row.confidence) != gamma:
+                    raise ValueError(f"{where}: requests[{i}].confidence has {len(row.confidence)} values, "
+                                     f"gamma={gamma}")
+                if row.full_accept is None or not 0 <= row.full_accept <= gamma:
+                    raise ValueError(f"{where}: requests[{i}].full_accept={row.full_accept!r} is not in [0, {gamma}]")
+                confidence.append(row.confidence)
+                labels.append([float(row.full_accept >= k) for k in range(1, gamma + 1)])
+    if not confidence:
+        raise ValueError(f"no full-block ({', '.join(FULL_BLOCK_MODES)}) request rows in {', '.join(map(str, paths))}")
+    return torch.tensor(confidence, dtype=torch.float64), torch.tensor(labels, dtype=torch.float64)
+
+
+@click.command()
+@click.option("--records", "paths", multiple=True, required=True, type=click.Path(dir_okay=False, exists=True),
+              help="NDJSON step records (repeatable).")
+@click.option("--out", type=click.Path(dir_okay=False), help="Where to write the STS JSON.")
+@click.option("--dataset", default=None, help="Name recorded in the file (default: the record file names).")
+@click.option("--ship", is_flag=True, help="Install as the shipped STS (verify_runtime/assets/sts.json).")
+def calibrate(paths, out, dataset, ship):
+    """Fit per-depth STS temperatures (left to right, survival ECE) and write SGLang's STS JSON."""
+    from policies.calibration import fit_sts
+
+    from .shipped import ship_sts
+
+    if not out and not ship:
+        raise click.UsageError("give --out PATH and/or --ship")
+    try:
+        confidence, labels = read_labels(list(paths))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    sts = fit_sts(confidence, labels, dataset=dataset or ",".join(Path(p).name for p in paths))
+    if out:
+        sts.save(out)
+    if ship:
+        ship_sts(sts)
+    click.echo(json.dumps({**sts.to_dict(), "version": sts.version}))
