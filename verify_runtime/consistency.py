@@ -1,10 +1,14 @@
-"""The greedy consistency check (DESIGN §3 invariant 1, §6 critical gate).
+"""Consistency checks behind the controller's critical gates (DESIGN §3 invariants 1 and 4, §6).
 
-A sampled greedy request that ran ``compact`` is replayed from its prompt in
-``static`` with the same model and drafter, and the replay is compared token by
-token with the committed tokens the store holds for it. Any difference means
-compact verification changed the output — a correctness bug that the
-controller treats as a critical gate failure, however rare.
+- Greedy replay: a sampled greedy request that ran ``compact`` is replayed from
+  its prompt in ``static`` with the same model and drafter, and the replay is
+  compared token by token with the committed tokens the store holds for it.
+- State check: for a live request, the next-token logits read through the KV
+  cache are compared with a dense forward over its committed tokens; after any
+  rollback of rejected drafts the two must agree.
+
+Any difference is a correctness bug that the controller treats as a critical
+gate failure, however rare.
 
 Sampling is a stable hash of the request id, so every replica picks the same
 requests and a re-run picks them again.
@@ -14,13 +18,17 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+import torch
+
 from policies.window import FixedWindow
 
 from .drafters import Drafter
 from .engine import Engine, EngineConfig, Request
-from .model import Transformer
+from .model import Transformer, forward_full
 
-KIND = "greedy_replay"
+KIND, STATE_KIND = "greedy_replay", "state_rollback"
+# Logit gap under which the dense top two tokens are a numerical tie: the cached path may pick either.
+TIE_MARGIN = 1e-3
 
 
 def unit_hash(key: str, salt: str) -> float:
@@ -79,3 +87,24 @@ class GreedyReplay:
 def wanted(request: Request, mode: str, fraction: float) -> bool:
     """Whether a finished request is in the checked sample: greedy, served compact, hash below ``fraction``."""
     return request.temperature <= 0 and mode == "compact" and unit_hash(request.request_id, "consistency") < fraction
+
+
+@torch.inference_mode()
+def state_check(engine: Engine, request: Request) -> Check:
+    """The cache-read next token of an active request against a dense forward over its committed tokens.
+
+    The check re-verifies only the pending token, whose K/V row the next step
+    writes again with the same value, so it leaves the request's state as it was.
+    """
+    device = engine.device
+    tokens = torch.zeros(1, 2, dtype=torch.long, device=device)
+    tokens[0, 0] = request.history[-1]
+    cached = engine.runner.verify(tokens, [1], [request.slot]).logits[0, 0]
+    _, dense = forward_full(engine.model, torch.tensor([request.history], device=device))
+    top = dense[0, -1].topk(2)
+    expected, got = int(top.indices[0]), int(cached.argmax())
+    clear = float(top.values[0] - top.values[1]) > TIE_MARGIN
+    position = len(request.history)
+    if expected != got and clear:
+        return Check(request.request_id, position, position, expected, got, STATE_KIND)
+    return Check(request.request_id, position, kind=STATE_KIND)

@@ -5,8 +5,9 @@ engine's phase, revision, window policy and per-request mode. A request's arm is
 a stable hash of its id against the fractions, so it keeps its arm for its whole
 life (until the phase itself changes). Step records are posted to
 ``POST /v1/records`` in batches; sampled greedy compact requests are replayed in
-static once their records are stored, and the comparisons posted to
-``POST /v1/consistency``.
+static once their records are stored, every ``state_every`` steps one active
+request's cache state is checked against a dense replay, and both kinds of
+comparison are posted to ``POST /v1/consistency``.
 
 When the controller cannot be reached the replica keeps serving under the last
 policy it received and keeps (a bounded number of) unsent records for the next
@@ -28,7 +29,7 @@ import httpx
 from collectors.schema import StepRecord
 from policies.window import FixedWindow, WindowPolicy
 
-from .consistency import GreedyReplay, unit_hash, wanted
+from .consistency import GreedyReplay, state_check, unit_hash, wanted
 from .engine import Engine, Request
 
 log = logging.getLogger(__name__)
@@ -95,15 +96,16 @@ class Replica:
     """An engine driven by a controller's policy. ``scheduler`` chooses windows outside fallback."""
 
     def __init__(self, engine: Engine, client: ControllerClient, scheduler: WindowPolicy, *,
-                 replay: GreedyReplay | None = None, consistency_fraction: float = 0.05, poll_s: float = 1.0,
-                 flush_steps: int = 16, clock: Callable[[], float] = time.monotonic):
+                 replay: GreedyReplay | None = None, consistency_fraction: float = 0.05, state_every: int = 0,
+                 poll_s: float = 1.0, flush_steps: int = 16, clock: Callable[[], float] = time.monotonic):
         self.engine, self.client, self.scheduler, self.replay = engine, client, scheduler, replay
-        self.consistency_fraction, self.poll_s, self.flush_steps, self.clock = \
-            consistency_fraction, poll_s, flush_steps, clock
+        self.consistency_fraction, self.state_every, self.poll_s, self.flush_steps, self.clock = \
+            consistency_fraction, state_every, poll_s, flush_steps, clock
         self.payload: dict | None = None
         self.pending: list[StepRecord] = []
         self.compact_ids: set[str] = set()
         self.to_check: list[Request] = []
+        self.checked: list[dict] = []  # state checks waiting to be posted
         self.stats = {"steps": 0, "finished": 0, "posted": 0, "dropped": 0, "checks": 0, "mismatches": 0}
         self._last_poll = float("-inf")
         engine.sink = self._keep
@@ -157,11 +159,9 @@ class Replica:
         self._check()
 
     def _check(self) -> None:
-        if not self.to_check or self.replay is None:
-            return
         replica_id = self.engine.config.replica_id
-        checks = []
-        for request in self.to_check:
+        checks, self.checked = self.checked, []
+        for request in self.to_check if self.replay is not None else []:
             committed = self.client.committed(request.request_id, replica_id)
             if committed:
                 checks.append(self.replay.check(request.request_id, request.prompt, committed).to_dict())
@@ -170,6 +170,12 @@ class Replica:
             self.client.post_checks(replica_id, checks)
             self.stats["checks"] += len(checks)
             self.stats["mismatches"] += sum(c["mismatch_at"] is not None for c in checks)
+
+    def _check_state(self) -> None:
+        """Every ``state_every`` steps, one active request, in turn."""
+        if self.state_every and self.engine.active and self.stats["steps"] % self.state_every == 0:
+            request = self.engine.active[self.stats["steps"] // self.state_every % len(self.engine.active)]
+            self.checked.append(state_check(self.engine, request).to_dict())
 
     def _finished(self) -> None:
         for request_id, request in list(self.engine.finished.items()):
@@ -196,6 +202,7 @@ class Replica:
             self.poll()
             self.engine.step()
             self.stats["steps"] += 1
+            self._check_state()
             self._finished()
             if len(self.pending) >= self.flush_steps:
                 self.flush()
@@ -230,11 +237,13 @@ def workload_requests(replica_id: str, count: int, max_new_tokens: int, temperat
               help="Cost table for the scheduler [default: shipped or profiled here].")
 @click.option("--consistency-fraction", default=0.05, show_default=True,
               help="Fraction of greedy compact requests replayed in static.")
+@click.option("--state-every", default=50, show_default=True,
+              help="Check one active request's cache state every this many steps (0: never).")
 @click.option("--poll-s", default=1.0, show_default=True, help="Seconds between policy polls.")
 @click.option("--threads", default=1, show_default=True,
               help="Torch threads; replicas usually share a machine, and extra threads only contend.")
 def replica(url, replica_id, count, max_new_tokens, max_batch, temperature, seed, window, cost_table,
-            consistency_fraction, poll_s, threads):
+            consistency_fraction, state_every, poll_s, threads):
     """Serve the mixed workload with the runtime, following the controller's policy; prints counters as JSON."""
     import torch
 
@@ -256,7 +265,7 @@ def replica(url, replica_id, count, max_new_tokens, max_batch, temperature, seed
                         calibrate=default_calibration())
         engine.step_id = client.next_step_id(replica_id)
         node = Replica(engine, client, scheduler, replay=GreedyReplay(target, drafter, gamma),
-                       consistency_fraction=consistency_fraction, poll_s=poll_s)
+                       consistency_fraction=consistency_fraction, state_every=state_every, poll_s=poll_s)
         try:
             summary = node.serve(workload_requests(replica_id, count, max_new_tokens, temperature, seed))
         except KeyboardInterrupt:

@@ -14,7 +14,7 @@ from controller.service import create_app
 from controller.supervisor import Controller
 from policies.rollout import parse_rollout_policy
 from policies.window import FixedWindow
-from verify_runtime.consistency import GreedyReplay, compare, unit_hash, wanted
+from verify_runtime.consistency import GreedyReplay, compare, state_check, unit_hash, wanted
 from verify_runtime.drafters import ModelDrafter
 from verify_runtime.engine import Engine, EngineConfig, Request
 from verify_runtime.reference import greedy_decode
@@ -73,6 +73,25 @@ def test_static_replay_is_the_greedy_continuation():
     assert not wanted(Request("x", prompt, 4), "shadow", 1.0)
 
 
+def test_state_check_finds_a_corrupted_cache():
+    target = tiny_model()
+    engine = Engine(target, ModelDrafter(target, noise=1.5), EngineConfig(gamma=GAMMA, max_batch=2),
+                    policy=FixedWindow(2))
+    for i, mode in enumerate(["compact", "static"]):
+        engine.submit(Request(f"s{i}", [3, 1, 4, 1 + i], 20, mode=mode, stop_at_eos=False))
+    for _ in range(3):
+        engine.step()
+    healthy = [state_check(engine, r) for r in engine.active]
+    assert all(c.mismatch_at is None and c.kind == "state_rollback" for c in healthy)
+    assert engine.run()  # the checks left every request able to finish
+    engine.submit(Request("bad", [3, 1, 4, 1], 20, mode="compact", stop_at_eos=False))
+    engine.step()
+    request = engine.active[0]
+    engine.cache.k[:, request.slot, : engine.cache.lengths[request.slot]] *= -3.0  # a committed row gone wrong
+    bad = state_check(engine, request)
+    assert bad.mismatch_at == len(request.history) and bad.expected != bad.got
+
+
 @pytest.fixture
 def controller(tmp_path):
     with Store(tmp_path / "fleet.duckdb") as store:
@@ -85,13 +104,13 @@ def requests(prefix: str, n: int) -> list[Request]:
     return [Request(f"{prefix}-{i}", [(7 * i + k) % 32 for k in range(6)], 10, task="test") for i in range(n)]
 
 
-def make_replica(url: str, replay_model=None, replica_id: str = "rep-a") -> Replica:
+def make_replica(url: str, replay_model=None, replica_id: str = "rep-a", state_every: int = 3) -> Replica:
     target = tiny_model()
     drafter = ModelDrafter(target, noise=1.5)
     engine = Engine(target, drafter, EngineConfig(gamma=GAMMA, max_batch=4, replica_id=replica_id))
     replay = GreedyReplay(replay_model or target, ModelDrafter(replay_model or target, noise=1.5), GAMMA)
     return Replica(engine, ControllerClient(url), FixedWindow(2), replay=replay, consistency_fraction=1.0,
-                   poll_s=0.0, flush_steps=4)
+                   state_every=state_every, poll_s=0.0, flush_steps=4)
 
 
 def test_replica_follows_the_policy_and_its_records_are_stored(controller):
@@ -111,8 +130,10 @@ def test_replica_follows_the_policy_and_its_records_are_stored(controller):
                             "GROUP BY 1", [baseline["steps"]]).to_pylist()
     assert {r["m"] for r in modes} >= {"compact", "shadow"}
     assert canary["checks"] > 0 and canary["mismatches"] == 0
-    checks = ctl.store.query("SELECT count(*) AS n, count(mismatch_at) AS bad FROM consistency_checks").to_pylist()
-    assert checks == [{"n": canary["checks"], "bad": 0}]
+    checks = ctl.store.query("SELECT kind, count(*) AS n, count(mismatch_at) AS bad FROM consistency_checks "
+                             "GROUP BY kind ORDER BY kind").to_pylist()
+    assert [(c["kind"], c["bad"]) for c in checks] == [("greedy_replay", 0), ("state_rollback", 0)]
+    assert sum(c["n"] for c in checks) == canary["checks"]
     assert ControllerClient(url).next_step_id("rep-a") == canary["steps"]  # counters span both runs
 
 
