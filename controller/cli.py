@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "abort": ("controller.commands:abort", "Roll back to fallback now (operator)."),
     "pause": ("controller.commands:pause", "Hold the rollout at its stage (operator)."),
     "resume": ("controller.commands:resume", "Leave fallback or paused (operator)."),
+    "dashboard": ("dashboards.cli:dashboard", "Operator dashboards (Streamlit): rollout, calibration, acceptance, tiers, fleet."),
     "report": ("controller.commands:report", "Metrics over a window: ECE per depth, utilization, misses, latency."),
 }
 
@@ -38,6 +39,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "e2e": ("verify_runtime.bench_e2e:bench_e2e", "Engine tokens/s: static vs fixed short window vs cost-aware."),
     "scheduler": ("policies.bench:bench_scheduler", "Window-policy time per step vs static verify time."),
     "controller": ("controller.bench:bench_controller", "Full gate evaluation over stored labels; fleet aggregate merge."),
+    "dashboard": ("dashboards.bench:bench_dashboard", "First render of each dashboard page on a synthetic 10M-label store."),
 }
 
 

@@ -1,0 +1,99 @@
+"""``sparkgate bench dashboard``: first render of every page on a synthetic store of ``--labels`` depth labels.
+
+The store is built with ``collectors.synth`` (γ = 7, 32 requests per step, 4
+replicas), a real controller records its start and one evaluation, and a
+Parquet snapshot is published. Each source (``--snapshot-dir`` and a ``--db``
+copy) is then measured in a fresh Python process, the way a new dashboard
+server meets its first visitor: the Rollout page (the landing page) first, then
+each other page once, every page's data caches cold. Times are the app
+script's run on the server (Streamlit's AppTest), which is what delays the
+first paint; the browser's drawing of the charts comes after and is not included.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+
+GAMMA, BATCH, REPLICAS = 7, 32, 4
+PAGES = ("rollout", "calibration", "acceptance", "tiers", "fleet")
+T0 = 1.75e9
+
+
+def build_store(root: Path, labels: int) -> dict:
+    """A DuckDB store and its snapshot with about ``labels`` depth labels; returns what was built."""
+    from collectors.store import Store
+    from collectors.synth import synthetic_wire
+    from collectors.wire import Parsed
+    from controller.supervisor import Controller
+    from policies.rollout import load_rollout_policy
+
+    steps = max(1, labels // (GAMMA * BATCH * REPLICAS))
+    now = [T0]
+    start = time.perf_counter()
+    with Store(root / "events.duckdb") as store:
+        controller = Controller(store, load_rollout_policy(), clock=lambda: now[0])
+        for r in range(REPLICAS):
+            for first in range(0, steps, 2000):
+                wire = synthetic_wire(min(2000, steps - first), BATCH, GAMMA, f"replica-{r}", first_step=first,
+                                      seed=r * 1_000_003 + first, ts=T0 + first * 0.01)
+                store.ingest(Parsed(wire, np.arange(wire.num_rows), [], lambda i: b""), "bench")
+        now[0] = T0 + steps * 0.01 + 1
+        controller.tick()
+        counts = store.counts()
+        store.snapshot(root / "snapshots")
+    return {"depth_labels": counts["depth_labels"], "steps": counts["steps"],
+            "build_s": round(time.perf_counter() - start, 1)}
+
+
+def measure(args: list[str]) -> dict[str, float]:
+    """Seconds of each page's first render in this (fresh) process, landing page first."""
+    from streamlit.testing.v1 import AppTest
+
+    sys.argv = ["app.py", *args]
+    app = AppTest.from_file(str(Path(__file__).with_name("app.py")), default_timeout=600)
+    seconds = {}
+    for page in PAGES:
+        if page != PAGES[0]:
+            app.switch_page(f"pages/{page}.py")
+        start = time.perf_counter()
+        app.run()
+        seconds[page] = round(time.perf_counter() - start, 3)
+        if app.exception:
+            raise RuntimeError(f"{page}: {app.exception[0].message}")
+    return seconds
+
+
+def _measure_fresh(args: list[str]) -> dict[str, float]:
+    out = subprocess.run([sys.executable, "-m", "dashboards.bench", *args], check=True, capture_output=True,
+                         text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@click.command("dashboard")
+@click.option("--labels", default=10_000_000, show_default=True, help="Depth labels in the synthetic store.")
+@click.option("--keep", type=click.Path(file_okay=False), default=None,
+              help="Build (or reuse) the store here instead of a temporary directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def bench_dashboard(labels: int, keep: str | None, as_json: bool) -> None:
+    """First render of each dashboard page, from a Parquet snapshot and from a DuckDB copy."""
+    with tempfile.TemporaryDirectory(prefix="sparkgate-bench-dashboard-") as tmp:
+        root = Path(keep or tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        built = {"reused": True} if (root / "snapshots" / "CURRENT").exists() else build_store(root, labels)
+        result = {"store": built,
+                  "snapshot_s": _measure_fresh(["--snapshot-dir", str(root / "snapshots")]),
+                  "db_copy_s": _measure_fresh(["--db", str(root / "events.duckdb")])}
+    result["landing_first_render_s"] = {k: result[f"{k}_s"]["rollout"] for k in ("snapshot", "db_copy")}
+    result["slowest_page_first_render_s"] = {k: max(result[f"{k}_s"].values()) for k in ("snapshot", "db_copy")}
+    click.echo(json.dumps(result) if as_json else json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure(sys.argv[1:])))

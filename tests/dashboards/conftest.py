@@ -1,0 +1,111 @@
+"""A store with known contents, written by the real controller, for the dashboard tests.
+
+Timeline (T0 = 1.75e9):
+- T0: the controller starts (baseline, revision 1); 100 baseline steps on r0 follow.
+- T0 + 4: a tick passes the baseline check and advances to shadow (revision 2).
+- shadow data: r0 announces STS "sts-a" and runs task "prose"; r1 runs without STS, task "code"; 10 of
+  the 200 shadow steps miss the graph tiers (over_max_tier).
+- T0 + 10: a tick fails ``tier_miss_rate`` (0.05 > 0.02) with failure_limit 0: rollback to fallback
+  (revision 3), recorded with every gate verdict.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from collectors.store import Store
+from collectors.synth import synthetic_wire
+from collectors.wire import Parsed
+from controller.supervisor import Controller
+from policies.rollout import parse_rollout_policy
+
+T0 = 1.75e9
+APP = Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
+POLICY = {
+    "consecutive_passes": 1, "failure_limit": 0, "canary_steps": [0.25],
+    "gates": [
+        {"metric": "survival_ece", "threshold": 0.5, "direction": "at_most", "min_samples": 100},
+        {"metric": "upper_bound_utilization", "threshold": 0.85, "direction": "at_least", "dry_run": True},
+        {"metric": "tier_miss_rate", "threshold": 0.02, "direction": "at_most", "min_samples": 100},
+        {"metric": "consistency_mismatches", "threshold": 0, "direction": "at_most", "critical": True},
+    ]}
+MISSES, SHADOW_STEPS = 10, 200
+
+
+class Clock:
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _set_step(wire: pa.Table, name: str, values) -> pa.Table:
+    field = wire.schema.field(name)
+    return wire.set_column(wire.schema.get_field_index(name), field, pa.array(values, field.type))
+
+
+def _set_task(wire: pa.Table, task: str) -> pa.Table:
+    lists = wire.column("requests").combine_chunks()
+    rows = lists.values
+    columns = [pa.array([task] * len(rows)) if f.name == "task" else rows.field(i) for i, f in enumerate(rows.type)]
+    rebuilt = pa.ListArray.from_arrays(lists.offsets, pa.StructArray.from_arrays(columns, fields=list(rows.type)))
+    return wire.set_column(wire.schema.get_field_index("requests"), "requests", rebuilt)
+
+
+def steps(count: int, replica: str, first_step: int, ts: float, phase: str, task: str,
+          sts: str | None = None, misses: int = 0) -> pa.Table:
+    wire = synthetic_wire(count, 16, 7, replica, first_step=first_step, seed=first_step + len(replica), ts=ts)
+    wire = _set_step(wire, "phase", [phase] * count)
+    wire = _set_step(wire, "sts_version", [sts] * count)
+    wire = _set_step(wire, "cost_table_version", ["ct-1"] * count)
+    hit = np.arange(count) >= misses
+    wire = _set_step(wire, "graph_hit", hit)
+    wire = _set_step(wire, "miss_reason", [None if h else "over_max_tier" for h in hit])
+    return _set_task(wire, task)
+
+
+def ingest(store: Store, wire: pa.Table) -> None:
+    assert store.ingest(Parsed(wire, np.arange(wire.num_rows), [], lambda i: b""), "test").quarantined == 0
+
+
+@dataclass
+class Fixture:
+    db: Path
+    snapshot_dir: Path
+    policy_path: Path
+    wires: list[pa.Table]  # every ingested step record, for independent reference figures
+
+
+def build(root: Path) -> Fixture:
+    import yaml
+
+    policy_path = root / "policy.yaml"
+    policy_path.write_text(yaml.safe_dump(POLICY))
+    policy = parse_rollout_policy(POLICY)
+    clock = Clock(T0)
+    wires = []
+    with Store(root / "events.duckdb") as store:
+        controller = Controller(store, policy, clock=clock, resamples=50)
+        wires.append(steps(100, "r0", 0, T0 + 1, "baseline", "prose"))
+        ingest(store, wires[-1])
+        clock.now = T0 + 4
+        controller.tick()
+        wires.append(steps(SHADOW_STEPS // 2, "r0", 100, T0 + 5, "shadow", "prose", sts="sts-a", misses=MISSES))
+        wires.append(steps(SHADOW_STEPS // 2, "r1", 0, T0 + 5, "shadow", "code"))
+        for wire in wires[1:]:
+            ingest(store, wire)
+        clock.now = T0 + 10
+        decision = controller.tick()
+        assert decision.phase_to == "fallback", decision
+        store.snapshot(root / "snapshots")
+    return Fixture(root / "events.duckdb", root / "snapshots", policy_path, wires)
+
+
+@pytest.fixture(scope="session")
+def fixture_store(tmp_path_factory) -> Fixture:
+    return build(tmp_path_factory.mktemp("dashboards"))
