@@ -10,14 +10,13 @@ from dashboards import context
 
 st.set_page_config(page_title="sparkgate", layout="wide")
 PAGES = [
-    st.Page("pages/rollout.py", title="Rollout", default=True),
-    st.Page("pages/calibration.py", title="Calibration"),
-    st.Page("pages/acceptance.py", title="Acceptance"),
-    st.Page("pages/tiers.py", title="Tiers and cost"),
-    st.Page("pages/fleet.py", title="Fleet"),
+    st.Page("views/rollout.py", title="Rollout", default=True),
+    st.Page("views/calibration.py", title="Calibration"),
+    st.Page("views/acceptance.py", title="Acceptance"),
+    st.Page("views/tiers.py", title="Tiers and cost"),
+    st.Page("views/fleet.py", title="Fleet"),
 ]
-# The sidebar's own widgets come first, so they are not redrawn below the page list on every page.
-ready = context.build(sys.argv[1:]) is not None
+# Pages live in views/, not pages/: Streamlit would also run a pages/ folder as its own multipage app.
 navigation = st.navigation(PAGES)
-if ready:
+if context.build(sys.argv[1:]) is not None:
     navigation.run()

@@ -61,7 +61,7 @@ def measure(args: list[str]) -> dict[str, float]:
     seconds = {}
     for page in PAGES:
         if page != PAGES[0]:
-            app.switch_page(f"pages/{page}.py")
+            app.switch_page(f"views/{page}.py")
         start = time.perf_counter()
         app.run()
         seconds[page] = round(time.perf_counter() - start, 3)

@@ -45,10 +45,10 @@ def reliability(frame: pd.DataFrame, title: str) -> alt.Chart:
         tooltip=["lo", "hi", "count", alt.Tooltip("mean_p", format=".4f"), alt.Tooltip("freq_y", format=".4f"),
                  alt.Tooltip("freq_lo", format=".4f"), alt.Tooltip("freq_hi", format=".4f")])
     bars = base.mark_rule().encode(x="mean_p:Q", y="freq_lo:Q", y2="freq_hi:Q")
-    top = alt.layer(diagonal, bars, points).properties(height=300, title=title)
+    top = alt.layer(diagonal, bars, points).properties(height=300, width=420, title=title)
     counts = base.mark_bar().encode(x=alt.X("lo:Q", scale=scale, title="bin"), x2="hi:Q",
                                     y=alt.Y("count:Q", title="labels"), tooltip=["lo", "hi", "count"])
-    return alt.vconcat(top, counts.properties(height=90))
+    return alt.vconcat(top, counts.properties(height=90, width=420))
 
 
 def lines(frame: pd.DataFrame, y: str, color: str, title: str, threshold: float | None = None,
@@ -75,26 +75,23 @@ def timeline(segments: pd.DataFrame, changes: pd.DataFrame) -> alt.Chart:
     return alt.layer(bands, points).properties(height=220)
 
 
-def bars(frame: pd.DataFrame, x: str, y: str, title: str, color: str | None = None,
-         column: str | None = None) -> alt.Chart:
-    """Bars of ``y`` per ``x`` (ordinal), optionally coloured and split into columns."""
+def bars(frame: pd.DataFrame, x: str, y: str, title: str, color: str | None = None) -> alt.Chart:
+    """Bars of ``y`` per ``x`` (ordinal); with ``color``, one bar per colour side by side."""
     encoding = {"x": alt.X(f"{x}:O"), "y": alt.Y(f"{y}:Q"), "tooltip": list(frame.columns)}
     if color:
-        encoding["color"] = alt.Color(f"{color}:N")
-    chart = alt.Chart(frame).mark_bar().encode(**encoding)
-    if column:
-        return chart.properties(height=200, width=180).facet(column=alt.Column(f"{column}:N", title=None),
-                                                             title=title)
-    return chart.properties(height=260, title=title)
+        encoding.update(color=alt.Color(f"{color}:N"), xOffset=alt.XOffset(f"{color}:N"))
+    return alt.Chart(frame).mark_bar().encode(**encoding).properties(height=260, title=title)
 
 
-def curves(frame: pd.DataFrame) -> alt.Chart:
-    """Predicted vs observed per depth (``kind`` c_k / S_k, ``task``, ``source`` predicted / observed)."""
+def curves(frame: pd.DataFrame, title: str) -> alt.Chart:
+    """Predicted vs observed per depth (``task``, ``source`` predicted / observed) for one kind."""
     return alt.Chart(frame).mark_line(point=True).encode(
         x=alt.X("depth:O"), y=alt.Y("value:Q", scale=alt.Scale(domain=[0, 1]), title="probability"),
-        color=alt.Color("task:N"), strokeDash=alt.StrokeDash("source:N"),
-        tooltip=["kind", "task", "depth", "source", alt.Tooltip("value", format=".4f"), "samples"],
-    ).properties(height=260, width=380).facet(column=alt.Column("kind:N", title=None))
+        color=alt.Color("task:N"),
+        strokeDash=alt.StrokeDash("source:N", scale=alt.Scale(domain=["predicted", "observed"],
+                                                              range=[[1, 0], [5, 3]])),
+        tooltip=["task", "depth", "source", alt.Tooltip("value", format=".4f"), "samples"],
+    ).properties(height=260, title=title)
 
 
 def step_cost(frame: pd.DataFrame) -> alt.Chart:

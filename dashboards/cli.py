@@ -16,6 +16,7 @@ def streamlit_command(app_args: list[str], host: str = "127.0.0.1", port: int = 
     """The ``streamlit run`` command line: headless, no usage statistics, bound to ``host``."""
     return [sys.executable, "-m", "streamlit", "run", str(APP), "--server.address", host,
             "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
+            "--client.toolbarMode", "viewer",
             "--", *app_args]
 
 

@@ -96,7 +96,13 @@ def calibration_stats(part: pd.DataFrame) -> CalibrationStats:
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def sts_versions(_source, token: str, since: float | None, until: float | None) -> pd.DataFrame:
-    """Survival ECE per depth for each STS version the steps announced (null: no STS)."""
+    """Survival ECE per depth for each STS version the steps announced (null: no STS). With one
+    version there is nothing to compare: one row per depth is returned without touching the labels."""
+    where, params = time_where(since, until)
+    announced = _source.query(f"SELECT DISTINCT coalesce(sts_version, '(none)') AS v FROM steps WHERE {where}",
+                              params).column("v").to_pylist()
+    if len(announced) < 2:
+        return pd.DataFrame({"sts_version": announced, "depth": None, "ece": None, "samples": None})
     where, params = time_where(since, until, "l.")
     frame = _source.query(f"""
         SELECT coalesce(s.sts_version, '(none)') AS version, {_stats_sql("l.")}

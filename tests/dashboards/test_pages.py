@@ -32,7 +32,7 @@ def run_app(monkeypatch, *args: str, page: str | None = None, window: str | None
         app.session_state["sparkgate.window"] = window  # the choice the sidebar radio keeps across pages
     app.run()
     if page is not None:
-        app.switch_page(f"pages/{page}.py").run()
+        app.switch_page(f"views/{page}.py").run()
     assert not app.exception, app.exception[0].message
     return app
 

@@ -31,8 +31,7 @@ def render() -> None:
     cols[0].metric("Replicas", len(frame))
     cols[1].metric("Silent replicas", int(stale.sum()),
                    help=f"no step for more than stale_after_s = {ctx.policy.stale_after_s:g} s")
-    cols[2].metric("Steps per second (fleet)", f"{frame['steps_per_s'].sum():.1f}",
-                   help=f"each replica over its last {steps.RATE_WINDOW_S:g} s of data")
+    cols[2].metric("Steps per second (fleet)", f"{frame['steps_per_s'].sum():.1f}")
     mixed = [v for v in VERSIONS if frame[v].nunique(dropna=False) > 1]
     if mixed:
         st.warning(f"Replicas disagree on {', '.join(mixed)}: figures mix versions.")
@@ -46,6 +45,8 @@ def render() -> None:
         "request_rows_per_s": st.column_config.NumberColumn("request rows/s", format="%.1f")})
     st.altair_chart(charts.bars(frame, "replica_id", "steps_per_s", "steps per second per replica"),
                     width="stretch")
+    st.caption(f"Rates are measured over each replica's last {steps.RATE_WINDOW_S:g} s of data; versions and "
+               "phase are those of its newest step; quarantined counts its rejected records.")
 
 
 render()

@@ -14,10 +14,10 @@ KINDS = {"conditional": "c_k (conditional, rows at risk)", "survival": "S_k (pre
 
 def curve_rows(report: dict, task: str) -> list[dict]:
     rows = []
-    for kind, title in KINDS.items():
+    for kind in KINDS:
         for depth, figures in report["calibration"][kind].items():
             for source, column in (("predicted", "mean_p"), ("observed", "rate")):
-                rows.append({"kind": title, "task": task, "depth": int(depth), "source": source,
+                rows.append({"kind": kind, "task": task, "depth": int(depth), "source": source,
                              "value": figures[column], "samples": figures["samples"]})
     return rows
 
@@ -34,7 +34,8 @@ def curves(ctx, report: dict) -> None:
     if frame.empty:
         st.info("No uncensored labels in this window.")
         return
-    st.altair_chart(charts.curves(frame), width="content")
+    for column, (kind, title) in zip(st.columns(2), KINDS.items()):
+        column.altair_chart(charts.curves(frame[frame["kind"] == kind], title), width="stretch")
     st.caption("Solid: predicted (mean c_k or S_k); dashed: observed acceptance. A gap is miscalibration.")
 
 
@@ -85,8 +86,8 @@ def windows(figures: dict) -> None:
     if frame.empty:
         st.info("No request rows in this window.")
         return
-    st.altair_chart(charts.bars(frame, "window", "share", "share of requests per window length",
-                                column="mode"), width="content")
+    st.altair_chart(charts.bars(frame, "window", "share", "share of requests per window length", color="mode"),
+                    width="stretch")
     st.dataframe(frame.pivot(index="mode", columns="window", values="requests").fillna(0).astype(int),
                  width="stretch")
 

@@ -49,7 +49,7 @@ def reliability(figures: dict) -> None:
         return
     depth = st.selectbox("Depth k", depths)
     frame = charts.reliability_frame(bins_by_depth[depth])
-    left, right = st.columns([3, 2])
+    left, right = st.columns(2)
     left.altair_chart(charts.reliability(frame, f"depth {depth}: {view.split(':')[0].lower()}"), width="stretch")
     right.dataframe(frame, hide_index=True, width="stretch",
                     column_config={c: st.column_config.NumberColumn(format="%.4f")
@@ -84,8 +84,10 @@ def over_time(ctx) -> None:
 def before_after_sts(ctx) -> None:
     st.subheader("Before vs after STS")
     frame = series.sts_versions(ctx.source, ctx.token, ctx.since, ctx.until)
-    if frame.empty:
-        st.info("No uncensored labels in this window.")
+    if frame["depth"].isna().all():
+        versions = ", ".join(frame["sts_version"]) or "none"
+        st.info(f"Every step in this window announced the same STS version ({versions}): the comparison "
+                "appears once a new STS version rolls out (`sparkgate calibrate`, then `serve --sts-version`).")
         return
     st.caption("Survival ECE per depth for each STS version the replicas announced; (none) is uncalibrated.")
     st.dataframe(frame.pivot(index="sts_version", columns="depth", values="ece").rename(columns=lambda d: f"k={d}"),
