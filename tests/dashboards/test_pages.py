@@ -6,6 +6,7 @@ records, never from the dashboard's own queries.
 """
 from __future__ import annotations
 
+import shutil
 import sys
 
 import numpy as np
@@ -170,8 +171,10 @@ def test_window_choice_changes_the_figures(monkeypatch, fixture_store):
 
 
 def test_db_copy_reads_while_the_writer_holds_the_file(monkeypatch, fixture_store, tmp_path):
-    with Store(fixture_store.db) as writer:
-        app = run_app(monkeypatch, "--db", str(fixture_store.db), "--policy", str(fixture_store.policy_path))
+    db = tmp_path / "events.duckdb"
+    shutil.copy(fixture_store.db, db)  # the writer below commits: keep the shared fixture as it is
+    with Store(db) as writer:
+        app = run_app(monkeypatch, "--db", str(db), "--policy", str(fixture_store.policy_path))
         assert metrics(app)["Phase"] == "fallback"
         # The writer kept its lock and can still commit.
         writer.record_decision(4, "fallback", "shadow", "resume", [{"rule": "operator resume"}], operator="test")
@@ -195,3 +198,58 @@ def test_series_sum_to_the_window_evaluation(fixture_store):
     misses = tiers[tiers["series"] == "miss rate (all reasons)"]
     assert (misses["value"] * misses["samples"]).sum() == pytest.approx(MISSES)
     assert np.isclose(misses["samples"].sum(), SHADOW_STEPS)
+
+
+def test_no_data_yet_says_what_to_run(monkeypatch, tmp_path):
+    app = run_app(monkeypatch, "--snapshot-dir", str(tmp_path / "none"))
+    assert "No snapshot has been published" in app.info[0].value and "--snapshot-dir" in app.info[0].value
+    app = run_app(monkeypatch, "--db", str(tmp_path / "missing.duckdb"))
+    assert "does not exist yet" in app.info[0].value and "sparkgate serve" in app.info[0].value
+    with Store(tmp_path / "empty.duckdb") as store:
+        store.snapshot(tmp_path / "snapshots")
+    args = ("--snapshot-dir", str(tmp_path / "snapshots"))
+    assert "No rollout decisions yet" in run_app(monkeypatch, *args).info[0].value
+    for page in ("calibration", "acceptance", "tiers", "fleet"):
+        assert "No step records yet" in run_app(monkeypatch, *args, page=page).info[0].value
+
+
+def test_controller_api_source(monkeypatch, fixture_store, tmp_path):
+    from collectors.ingest import Ingestor
+    from collectors.ingest_api import serve_in_thread
+    from controller.service import create_app
+    from controller.supervisor import Controller
+    from policies.rollout import load_rollout_policy
+
+    shutil.copy(fixture_store.db, tmp_path / "events.duckdb")
+    with Store(tmp_path / "events.duckdb") as store:
+        controller = Controller(store, load_rollout_policy(fixture_store.policy_path), resamples=50)
+        with serve_in_thread(create_app(controller, Ingestor(store))) as url:
+            args = ("--controller", url, "--policy", str(fixture_store.policy_path))
+            app = run_app(monkeypatch, *args)
+            assert metrics(app)["Phase"] == "fallback" and metrics(app)["Revision"] == "3"
+            gates = app.dataframe[0].value.set_index("gate")
+            assert gates.loc["tier_miss_rate", "value"] == pytest.approx(MISSES / SHADOW_STEPS)
+            assert f"--controller {url}" in app.code[0].value
+            app = run_app(monkeypatch, *args, page="calibration", window="All data")
+            reference = evaluate(store).report()["calibration"]["survival"]
+            table = app.dataframe[0].value.set_index("depth")
+            assert table.loc[1, "ece"] == pytest.approx(reference["1"]["ece"], abs=1e-12)
+            assert any("needs the stored rows" in i.value for i in app.info)
+
+
+def test_dashboard_command_runs_streamlit_headless_on_loopback(monkeypatch, fixture_store):
+    from click.testing import CliRunner
+
+    from controller.cli import main
+
+    started = []
+    monkeypatch.setattr("os.execv", lambda path, argv: started.append(argv))
+    result = CliRunner().invoke(main, ["dashboard", "--db", str(fixture_store.db), "--port", "8600"])
+    assert result.exit_code == 0, result.output
+    argv = started[0]
+    assert argv[argv.index("--server.address") + 1] == "127.0.0.1"
+    assert argv[argv.index("--server.headless") + 1] == "true"
+    assert argv[argv.index("--browser.gatherUsageStats") + 1] == "false"
+    assert argv[argv.index("--") + 1:][:2] == ["--db", str(fixture_store.db)]
+    missing = CliRunner().invoke(main, ["dashboard"])
+    assert missing.exit_code == 2 and "exactly one of" in missing.output
