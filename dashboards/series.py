@@ -26,13 +26,14 @@ from controller.metrics import acceptance, step_report
 from controller.queries import Slice, Window
 
 BUCKETS = 24
+MODE_CODES = {mode: i for i, mode in enumerate(MODES)}
 _NICE_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
 
 
 def _stats_sql(alias: str = "") -> str:
     """Select list of the per-(mode, depth, bin) sums behind ``CalibrationStats`` for survival labels."""
     p, y = f"{alias}survival", f"({alias}status = 'accepted')"
-    return (f"enum_code({alias}mode)::INTEGER AS m, {alias}depth::INTEGER AS d, "
+    return (f"{alias}mode::VARCHAR AS mode, {alias}depth::INTEGER AS d, "
             f"(least(floor({p} * {FINE_BINS}), {FINE_BINS - 1})::BIGINT // {FINE_PER_BIN})::INTEGER AS bin, "
             f"count(*) AS n, sum({p}) AS sum_p, count(*) FILTER (WHERE {y}) AS sum_y, "
             f"sum(power({p} - {y}::DOUBLE, 2)) AS sum_sq")
@@ -74,7 +75,8 @@ def calibration(_source, token: str, since: float | None, until: float | None, o
     """Survival ECE and samples per (bucket, depth) over the gated (uncensored) modes."""
     frame = _bucketed(_source, f"""
         SELECT {{bucket}} AS b, {_stats_sql()}
-        FROM depth_labels WHERE {{where}} AND status != 'censored' GROUP BY ALL""", since, until, origin, width)
+        FROM {_source.plain("depth_labels")} WHERE {{where}} AND status != 'censored' GROUP BY ALL""",
+                      since, until, origin, width)
     rows = []
     for b, part in frame.groupby("b"):
         stats = calibration_stats(part)
@@ -85,9 +87,9 @@ def calibration(_source, token: str, since: float | None, until: float | None, o
 
 
 def calibration_stats(part: pd.DataFrame) -> CalibrationStats:
-    """``CalibrationStats`` from rows of (m, d, bin, n, sum_p, sum_y, sum_sq)."""
+    """``CalibrationStats`` from rows of (mode, d, bin, n, sum_p, sum_y, sum_sq)."""
     stats = CalibrationStats.empty(int(part["d"].max()))
-    index = (part["m"].to_numpy(), part["d"].to_numpy(), part["bin"].to_numpy())
+    index = (part["mode"].map(MODE_CODES).to_numpy(), part["d"].to_numpy(), part["bin"].to_numpy())
     for name, column in (("count", "n"), ("sum_p", "sum_p"), ("sum_y", "sum_y"), ("sum_sq", "sum_sq")):
         array = getattr(stats, name)
         np.add.at(array, index, part[column].to_numpy().astype(array.dtype))
@@ -106,7 +108,7 @@ def sts_versions(_source, token: str, since: float | None, until: float | None) 
     where, params = time_where(since, until, "l.")
     frame = _source.query(f"""
         SELECT coalesce(s.sts_version, '(none)') AS version, {_stats_sql("l.")}
-        FROM depth_labels l JOIN steps s USING (replica_id, step_id)
+        FROM {_source.plain("depth_labels")} l JOIN steps s USING (replica_id, step_id)
         WHERE {where} AND l.status != 'censored' GROUP BY ALL""", params).to_pandas()
     rows = []
     for version, part in frame.groupby("version"):
@@ -129,8 +131,8 @@ def acceptance_series(_source, token: str, since: float | None, until: float | N
     """Per bucket: mean accepted and committed length per mode, upper-bound and shadow utilization
     (the bucketed form of ``controller.queries.request_histograms``, judged by ``Aggregate``)."""
     parts = {name: _bucketed(_source, f"""
-        SELECT {{bucket}} AS b, enum_code(mode)::INTEGER AS m, {x}::INTEGER AS x, {y}::INTEGER AS y, count(*) AS n
-        FROM requests WHERE {{where}} AND {condition} GROUP BY ALL""", since, until, origin, width)
+        SELECT {{bucket}} AS b, mode::VARCHAR AS mode, {x}::INTEGER AS x, {y}::INTEGER AS y, count(*) AS n
+        FROM {_source.plain("requests")} WHERE {{where}} AND {condition} GROUP BY ALL""", since, until, origin, width)
              for name, (x, y, condition) in _HISTOGRAMS.items()}
     width_hist = 1 + max([int(max(p["x"].max(), p["y"].max())) for p in parts.values() if len(p)] + [0])
     rows = []
@@ -139,7 +141,8 @@ def acceptance_series(_source, token: str, since: float | None, until: float | N
         for name, part in parts.items():
             hist = np.zeros((len(MODES), width_hist, width_hist), np.int64)
             part = part[part["b"] == b]
-            hist[part["m"].to_numpy(), part["x"].to_numpy(), part["y"].to_numpy()] = part["n"].to_numpy()
+            modes = part["mode"].map(MODE_CODES).to_numpy()
+            hist[modes, part["x"].to_numpy(), part["y"].to_numpy()] = part["n"].to_numpy()
             hists[name] = hist
         empty = CalibrationStats.empty(width_hist - 1)
         aggregate = Aggregate(empty, empty, **hists)

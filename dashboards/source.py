@@ -55,9 +55,16 @@ class StoreReader:
 
     kind = "store"
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, token: str, label: str, keep: object = None):
+    def __init__(self, con: duckdb.DuckDBPyConnection, token: str, label: str, keep: object = None,
+                 plain: dict[str, str] | None = None):
         self._con, self.token, self.label = con, token, label
         self._keep = keep  # e.g. the temporary directory holding a private copy
+        self._plain = plain or {}
+
+    def plain(self, table: str) -> str:
+        """The table with its enum columns as plain strings: cheaper to scan than the enum-typed view
+        of a snapshot, for queries that do not need ``enum_code``."""
+        return self._plain.get(table, table)
 
     def query(self, sql: str, params: list | None = None) -> pa.Table:
         # A cursor per call: one DuckDB connection must not run two queries at once,
@@ -97,7 +104,8 @@ def open_snapshot_reader(directory: str | os.PathLike) -> StoreReader:
     con.execute(f"CREATE OR REPLACE VIEW decisions AS SELECT * EXCLUDE (file_row_number), file_row_number AS rowid "
                 f"FROM read_parquet({decisions}, file_row_number = true)")
     # Tokens key caches shared by every source the server ever opened: make them unique per path.
-    return StoreReader(con, f"{Path(directory).resolve()}#{token}", f"snapshot {directory} ({token})")
+    return StoreReader(con, f"{Path(directory).resolve()}#{token}", f"snapshot {directory} ({token})",
+                       plain={table: f"{table}_parquet" for table in _ENUM_COLUMNS})
 
 
 def db_token(path: str | os.PathLike) -> str:

@@ -67,7 +67,8 @@ def fleet(_source, token: str) -> pd.DataFrame:
     return _source.query(f"""
         WITH last AS (SELECT replica_id, max(ts) AS last_seen FROM steps GROUP BY replica_id),
         recent AS (
-            SELECT s.replica_id, count(*) AS steps, sum(s.batch_size) AS requests FROM steps s JOIN last USING (replica_id)
+            SELECT s.replica_id, count(*) AS steps, sum(s.batch_size) AS requests
+            FROM steps s JOIN last USING (replica_id)
             WHERE s.ts > last.last_seen - {RATE_WINDOW_S!r} GROUP BY s.replica_id),
         rejected AS (SELECT replica_id, count(*) AS quarantined FROM quarantine GROUP BY replica_id)
         SELECT s.replica_id, arg_max(s.model_version, s.ts) AS model_version,
