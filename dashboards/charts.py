@@ -45,10 +45,10 @@ def reliability(frame: pd.DataFrame, title: str) -> alt.Chart:
         tooltip=["lo", "hi", "count", alt.Tooltip("mean_p", format=".4f"), alt.Tooltip("freq_y", format=".4f"),
                  alt.Tooltip("freq_lo", format=".4f"), alt.Tooltip("freq_hi", format=".4f")])
     bars = base.mark_rule().encode(x="mean_p:Q", y="freq_lo:Q", y2="freq_hi:Q")
-    top = alt.layer(diagonal, bars, points).properties(height=300, width=420, title=title)
+    top = alt.layer(diagonal, bars, points).properties(height=300, width=340, title=title)
     counts = base.mark_bar().encode(x=alt.X("lo:Q", scale=scale, title="bin"), x2="hi:Q",
                                     y=alt.Y("count:Q", title="labels"), tooltip=["lo", "hi", "count"])
-    return alt.vconcat(top, counts.properties(height=90, width=420))
+    return alt.vconcat(top, counts.properties(height=90, width=340))
 
 
 def lines(frame: pd.DataFrame, y: str, color: str, title: str, threshold: float | None = None,

@@ -85,8 +85,8 @@ def before_after_sts(ctx) -> None:
     st.subheader("Before vs after STS")
     frame = series.sts_versions(ctx.source, ctx.token, ctx.since, ctx.until)
     if frame["depth"].isna().all():
-        versions = ", ".join(frame["sts_version"]) or "none"
-        st.info(f"Every step in this window announced the same STS version ({versions}): the comparison "
+        version = frame["sts_version"].iloc[0] if len(frame) else "(none)"
+        st.info(f"Every step in this window announced the same STS version, {version}: the comparison "
                 "appears once a new STS version rolls out (`sparkgate calibrate`, then `serve --sts-version`).")
         return
     st.caption("Survival ECE per depth for each STS version the replicas announced; (none) is uncalibrated.")
