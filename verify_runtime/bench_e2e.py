@@ -85,7 +85,7 @@ def bench_e2e(batches, gamma, short_window, waves, max_new_tokens, cost_table_pa
     table, table_source = default_cost_table(target, cost_table_path)
     batch_sizes = tuple(int(b) for b in batches.split(","))
     results = run_e2e(target, drafter, table, batch_sizes, gamma, short_window, waves, max_new_tokens,
-                      calibrate=default_calibration())
+                      calibrate=default_calibration(drafter))
     summary = {"gamma": gamma, "short_window": short_window, "drafter": drafter.version,
                "cost_table": table_source, "threads": torch.get_num_threads(), "batches": results}
     if not as_json:

@@ -10,33 +10,45 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable
-
 import torch
 
 from policies.cost_model import CostTable, CostTableError, load_cost_table, save_cost_table
 from policies.cost_profile import hardware_fingerprint
 
+from policies.calibration import STS
+
+from .block_drafter import BlockDrafter, load_drafter
 from .drafters import Drafter, NGramDrafter
 from .model import ModelArgs, Transformer, model_version
+from .shipped import ASSETS, FILES, load_shipped_target, read_manifest
 
-ASSETS = Path(__file__).parent / "assets"
 SHIPPED_COST_TABLE = ASSETS / "cost_table_cpu.json"
 CACHE_DIR = Path(os.environ.get("SPARKGATE_CACHE", Path.home() / ".cache" / "sparkgate"))
 
 
 def default_target(seed: int = 0) -> Transformer:
+    """The shipped target, or (before one is trained) a seeded random one of the default size."""
+    if (ASSETS / FILES["target"]).exists():
+        return load_shipped_target()
     torch.manual_seed(seed)
     return Transformer(ModelArgs()).eval()
 
 
 def default_drafter(target: Transformer) -> Drafter:
+    """The shipped block drafter when ``target`` is the model it was trained against, else n-gram."""
+    manifest = read_manifest()
+    shipped_target = manifest.get("target", {}).get("version")
+    if (ASSETS / FILES["drafter"]).exists() and shipped_target == model_version(target):
+        return BlockDrafter(load_drafter(ASSETS / FILES["drafter"], map_location=target.output.weight.device)[0])
     return NGramDrafter(target.args.vocab_size)
 
 
-def default_calibration() -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """None: survivals are the running product of raw confidences."""
-    return None
+def default_calibration(drafter: Drafter | None = None) -> STS | None:
+    """The shipped STS file for the shipped drafter (None: raw running products)."""
+    path = ASSETS / FILES["sts"]
+    if drafter is not None and not isinstance(drafter, BlockDrafter):
+        return None
+    return STS.load(path) if path.exists() else None
 
 
 def default_cost_table(target: Transformer, path: str | Path | None = None, *,

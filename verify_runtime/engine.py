@@ -83,6 +83,7 @@ class Engine:
         self.sink = sink
         # Without STS the survival is the plain running product of raw confidences.
         self.calibrate = calibrate or (lambda conf: conf.cumprod(-1))
+        self.config.sts_version = self.config.sts_version or getattr(calibrate, "version", None)
         self.mode_for = mode_for or (lambda r: r.mode or self.config.default_mode)
         self.passes = passes
         self.queue: collections.deque[Request] = collections.deque()

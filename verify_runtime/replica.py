@@ -262,7 +262,7 @@ def replica(url, replica_id, count, max_new_tokens, max_batch, temperature, seed
         scheduler = FixedWindow(window) if window is not None else \
             CostAwareScheduler(default_cost_table(target, cost_table)[0])
         engine = Engine(target, drafter, EngineConfig(gamma=gamma, max_batch=max_batch, replica_id=replica_id),
-                        calibrate=default_calibration())
+                        calibrate=default_calibration(drafter))
         engine.step_id = client.next_step_id(replica_id)
         node = Replica(engine, client, scheduler, replay=GreedyReplay(target, drafter, gamma),
                        consistency_fraction=consistency_fraction, state_every=state_every, poll_s=poll_s)
