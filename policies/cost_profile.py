@@ -99,9 +99,9 @@ def fit_additive_table(samples: Sequence[StepSample], *, bs_probes: Sequence[int
     solution = torch.linalg.lstsq(design, secs.unsqueeze(1), driver="gelsd").solution.squeeze(1)
     alpha = solution[1:1 + len(bs_grid)]
     theta = solution[1 + len(bs_grid):]
-    # Noisy samples can push the unconstrained split below zero; no step costs
-    # less than nothing, so clamp (predictions move by at most that amount).
-    bias = (solution[0] + alpha.min() + theta.min()).clamp(min=0.0)
+    # bias is the fit's cheapest prediction. Noisy samples can push it to zero or
+    # below; no step is that cheap, so floor it at half the fastest measured step.
+    bias = (solution[0] + alpha.min() + theta.min()).clamp(min=0.5 * float(secs.min()))
     return AdditiveCostTable(bias_seconds=float(bias), bs_probes=bs_grid,
                              alpha_seconds=tuple((alpha - alpha.min()).tolist()), m_probes=m_grid,
                              theta_seconds=tuple((theta - theta.min()).tolist()), meta=meta)
