@@ -14,7 +14,7 @@ import click
 # adds its own commands here.
 COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("controller.cli:bench", "Benchmarks that print JSON ratios against a baseline."),
-    "demo": ("verify_runtime.cli:demo", "Run the main job with embedded defaults."),
+    "demo": ("controller.demo:demo", "The main job: a local fleet walks the rollout, takes a fault, falls back."),
     "generate": ("verify_runtime.cli:generate", "Generate text with the runtime in one verify mode."),
     "ingest": ("collectors.cli:ingest", "Ingest NDJSON files of step records into a DuckDB store."),
     "export": ("collectors.cli:export", "Export stored events as Parquet partitioned by date and replica."),

@@ -1,25 +1,16 @@
-"""Runtime commands: ``sparkgate generate`` and (until the rollout demo lands) ``sparkgate demo``."""
+"""Runtime command: ``sparkgate generate`` (one verify mode, one prompt)."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 import click
-import torch
 
 from policies.window import FixedWindow
 
 from .defaults import default_drafter, default_target
 from .engine import Engine, EngineConfig, Request
 from .modes import MODES
-
-# A small mixed workload: repetitive code, prose, and a prompt with little to copy.
-DEMO_PROMPTS = {
-    "code": "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
-    "prose": "The quick brown fox jumps over the lazy dog. The quick brown fox",
-    "hard": "zq7#Kp!x2@vL",
-}
 
 
 def encode(text: str) -> list[int]:
@@ -70,35 +61,3 @@ def generate(prompt, max_new_tokens, mode, gamma, window, temperature, seed):
     records, seconds = run_requests(engine, [Request("cli", encode(prompt), max_new_tokens, temperature, seed, mode)])
     click.echo(decode(engine.finished["cli"].output))
     click.echo(json.dumps(mode_summary(records, seconds)), err=True)
-
-
-@click.command()
-@click.option("--max-new-tokens", default=48, show_default=True)
-@click.option("--gamma", default=7, show_default=True)
-@click.option("--window", default=3, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def demo(max_new_tokens, gamma, window, as_json):
-    """Run the same mixed batch in every verify mode and compare what each verified and committed."""
-    target = default_target(0)
-    summary = {}
-    for mode in MODES:
-        engine = Engine(target, default_drafter(target), EngineConfig(gamma=gamma, max_batch=8),
-                        policy=FixedWindow(window))
-        requests = [Request(f"{task}-{i}", encode(text), max_new_tokens, mode=mode, task=task)
-                    for i in range(2) for task, text in DEMO_PROMPTS.items()]
-        with click.progressbar(length=1, label=f"{mode:<10}", file=sys.stderr) as bar:
-            records, seconds = run_requests(engine, requests)
-            bar.update(1)
-        summary[mode] = mode_summary(records, seconds)
-        outputs = {rid: r.output for rid, r in engine.finished.items()}
-        summary[mode]["outputs_digest"] = hash(tuple(tuple(outputs[k]) for k in sorted(outputs)))
-    digests = {s.pop("outputs_digest") for s in summary.values()}
-    result = {"gamma": gamma, "window": window, "modes": summary, "identical_outputs": len(digests) == 1}
-    if as_json:
-        click.echo(json.dumps(result))
-        return
-    click.echo(f"{'mode':<11}{'steps':>6}{'rows':>7}{'window':>8}{'accepted':>10}{'tok/s':>9}")
-    for mode, s in summary.items():
-        click.echo(f"{mode:<11}{s['steps']:>6}{s['verify_rows']:>7}{s['mean_window']:>8}"
-                   f"{s['mean_accepted']:>10}{s['committed_tokens_per_s']:>9}")
-    click.echo(f"greedy outputs identical across modes: {result['identical_outputs']}")

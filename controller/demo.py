@@ -1,0 +1,260 @@
+"""``sparkgate demo``: a local fleet walks the whole rollout, takes a fault, and falls back by itself.
+
+The demo starts the controller service (``sparkgate serve``: policy and ingest
+API, gates, the DuckDB file) and three replica processes running the real
+runtime on the default models (``controller.demo_member``) under a mixed
+workload whose arrival rate swings over time. It watches the controller walk
+``baseline -> shadow -> canary (5% -> 25% -> 50%) -> compact`` on evidence
+alone, printing a live phase line and the gate table of every decision. Once
+compact has passed an interval it fires the fault on ``replica-c`` and waits
+for the automatic fallback. Then it stops the fleet, reads the figures back
+from the DuckDB file, exports Parquet for the dashboard, and prints the
+summary (``--json``: one JSON object on stdout; progress stays on stderr).
+
+Exit status 0 when the run went as the scenario says (fallback after the fault,
+or compact held with ``--fault none``), 1 otherwise; the summary says why.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import httpx
+import yaml
+
+from collectors.store import Store
+from policies.rollout import RolloutPolicy, load_rollout_policy
+
+from .demo_fleet import Fleet, FleetError, free_port
+from .demo_summary import describe_verdict, failing, gate_table, render, stage_label, summarize
+from .rollout import CHANGES_POLICY
+
+DEMO_POLICY = Path(__file__).resolve().parent.parent / "policies" / "demo_rollout.yaml"
+MARKER = ".sparkgate-demo"
+# (replica id, mean arrivals per second). replica-c takes the fault, and the most traffic,
+# as the busiest replica of a fleet tends to be the one whose drift matters.
+REPLICAS = (("replica-a", 6.0), ("replica-b", 6.0), ("replica-c", 9.0))
+FAULTY = "replica-c"
+FAULT_TEXT = {"drift": "{r} now samples new requests at temperature {t} (it was greedy)",
+              "cost-table": "{r} now schedules with a cost table fitted on other hardware (forced)"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Timing of one run. Intervals are the policy's; everything else counts in intervals."""
+
+    interval_s: float
+    period_s: float  # load cycle of each replica
+    fault_after_passes: int = 1  # passing compact intervals before the fault fires
+    fault_timeout_intervals: int = 25  # waiting this long for the fallback means the gates missed it
+    linger_intervals: int = 2  # traffic kept flowing after the last transition, so it shows in the figures
+    deadline_s: float = 480.0  # the whole run, so a wedged machine never leaves the demo hanging
+
+
+def demo_policy(path: Path | None, quick: bool) -> RolloutPolicy:
+    """The policy to run: ``path`` as written, or the demo policy (``quick``: shorter intervals, fewer passes)."""
+    if path is not None:
+        return load_rollout_policy(path)
+    policy = load_rollout_policy(DEMO_POLICY)
+    return dataclasses.replace(policy, evaluation_interval_s=2.0, consecutive_passes=2) if quick else policy
+
+
+def prepare_out(out: Path) -> None:
+    """Empty ``out`` for this run; refuse a non-empty directory an earlier demo did not make."""
+    if out.exists() and any(out.iterdir()) and not (out / MARKER).exists():
+        raise click.UsageError(f"--out {out}: not empty and not made by sparkgate demo; pick another directory")
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    (out / MARKER).write_text("made by sparkgate demo; emptied by the next run\n")
+
+
+class Watch:
+    """Follows the controller: prints each decision's gate table and a live phase line on stderr."""
+
+    def __init__(self, url: str, policy: RolloutPolicy, t0: float, deadline_s: float):
+        self.url, self.policy, self.t0, self.deadline_s = url, policy, t0, deadline_s
+        self.http = httpx.Client(base_url=url, timeout=10.0)
+        self.tty = sys.stderr.isatty()
+        self.seen: set[tuple] = set()
+        self.since: float | None = None
+        self.last_line_at = 0.0
+        self.status: dict = {}
+        self.stage = ""  # label of the stage in force, from the decisions seen
+
+    def close(self) -> None:
+        self.http.close()
+
+    def say(self, text: str) -> None:
+        click.echo(("\r\x1b[K" if self.tty else "") + text, err=True)
+
+    def poll(self) -> dict:
+        """Fetch the status and the decisions since the last poll; print what happened."""
+        self.status = self.http.get("/v1/status").raise_for_status().json()
+        params = {"limit": 1000, **({"since": self.since} if self.since is not None else {})}
+        for d in self.http.get("/v1/decisions", params=params).raise_for_status().json():
+            key = (d["decided_at"], d["revision"], d["action"], d["outcome"])
+            if key not in self.seen:
+                self.seen.add(key)
+                self.since = d["decided_at"]
+                self._decision(d)
+        self._line()
+        return self.status
+
+    def _decision(self, d: dict) -> None:
+        at = f"{d['decided_at'] - self.t0:6.1f}s"
+        rule, verdicts = d["reasons"][0], d["reasons"][1:]
+        to = stage_label(d["phase_to"], d["compact_fraction"])
+        if d["action"] in CHANGES_POLICY:
+            came = f"{self.stage} -> " if self.stage else ""
+            self.stage = to
+            self.say(f"{at}  {d['action'].upper():<8} {came}{to} (revision {d['revision']}): {rule['rule']}")
+            if verdicts:
+                self.say(gate_table(verdicts))
+        elif d["outcome"] == "fail":
+            limit = f"{rule.get('failures', '?')} of {self.policy.failure_limit + 1} allowed before fallback"
+            self.say(f"{at}  interval failed in {to} ({limit}): "
+                     + "; ".join(describe_verdict(v) for v in failing(d["reasons"])))
+
+    def _line(self) -> None:
+        s, now = self.status, time.time()
+        if not self.tty and now - self.last_line_at < 10:
+            return
+        self.last_line_at = now
+        policy = s["policy"]
+        gates = {g["gate"]: g for g in s["gates"]}
+        figures = "  ".join(f"{name} {gates[key]['value']:.3f}" for name, key in
+                            (("ECE", "survival_ece"), ("util", "upper_bound_utilization"))
+                            if key in gates and gates[key]["value"] is not None)
+        last = " ".join(sorted({g["outcome"] for g in s["gates"]})) or "-"
+        line = (f"[{now - self.t0:5.0f}s/{self.deadline_s:.0f}s] {stage_label(policy['phase'], policy['compact_fraction'])}"
+                f"  rev {policy['revision']}  passes {s['passes']}/{s['needed_passes']}"
+                f"  failures {s['failures']}/{s['failure_limit']}  last interval: {last}  {figures}"
+                f"  steps {self._steps():,}")
+        if self.tty:
+            click.echo("\r\x1b[K" + line, err=True, nl=False)
+        else:
+            click.echo(line, err=True)
+
+    def _steps(self) -> int:
+        text = self.http.get("/metrics").text
+        match = re.search(r"^sparkgate_ingested_steps_total (\S+)$", text, re.M)
+        return int(float(match.group(1))) if match else 0
+
+
+def _scenario(fleet: Fleet, watch: Watch, plan: Plan, fault: str, drift_temperature: float) -> tuple[float | None, str, bool]:
+    """Drive the run to its end; returns (when the fault fired, outcome text, whether it went as designed)."""
+    fault_at = None
+    compact_stage = len(watch.policy.stages()) - 1
+    settled_at = None  # when the scenario reached its final state; lingers after that
+    outcome, ok = "", False
+    while True:
+        time.sleep(0.5)
+        fleet.check()
+        status = watch.poll()
+        now, phase = time.time(), status["policy"]["phase"]
+        if now - watch.t0 > plan.deadline_s:
+            return fault_at, f"stopped at the {plan.deadline_s:.0f} s deadline in {phase}", False
+        if settled_at is None:
+            if phase == "fallback":
+                settled_at = now
+                ok = fault_at is not None
+                outcome = "fell back automatically after the fault" if ok else "fell back before the fault"
+            elif status["stage"] == compact_stage and status["passes"] >= plan.fault_after_passes:
+                if fault == "none" and status["passes"] >= watch.policy.consecutive_passes:
+                    settled_at, outcome, ok = now, "compact held with no fault", True
+                elif fault != "none" and fault_at is None:
+                    fleet.signal(FAULTY, signal.SIGUSR1)
+                    fault_at = time.time()
+                    watch.say(f"{fault_at - watch.t0:6.1f}s  FAULT    "
+                              + FAULT_TEXT[fault].format(r=FAULTY, t=drift_temperature))
+            if fault_at is not None and settled_at is None and \
+                    now - fault_at > plan.fault_timeout_intervals * plan.interval_s:
+                return fault_at, f"the gates did not catch the {fault} fault", False
+        elif now - settled_at >= plan.linger_intervals * plan.interval_s:
+            return fault_at, outcome, ok
+
+
+def run_demo(out: Path, fault: str, quick: bool, policy_path: Path | None, drift_temperature: float) -> dict:
+    """One demo run; returns the JSON summary (``ok`` says whether it went as the scenario says)."""
+    started = time.time()
+    prepare_out(out)
+    policy = demo_policy(policy_path, quick)
+    policy_file = out / "rollout.yaml"
+    policy_file.write_text(yaml.safe_dump(policy.to_dict(), sort_keys=False))
+    plan = Plan(policy.evaluation_interval_s, period_s=20.0 if quick else 30.0,
+                deadline_s=240.0 if quick else 480.0)
+    db = out / "demo.duckdb"
+    fault_at, outcome, ok = None, "interrupted", False
+    with Fleet(out / "logs") as fleet:
+        click.echo(f"sparkgate demo: controller + {len(REPLICAS)} replicas on 127.0.0.1, fault: {fault}; "
+                   f"logs in {out / 'logs'}", err=True)
+        url = fleet.controller(db, policy_file, free_port())
+        watch = Watch(url, policy, started, plan.deadline_s)
+        try:
+            for i, (replica_id, rate) in enumerate(REPLICAS):
+                fleet.replica(replica_id, url, rate=rate, offset=i / len(REPLICAS), period_s=plan.period_s,
+                              seed=1000 * i, metrics_port=free_port(), out_dir=out,
+                              fault=fault if replica_id == FAULTY else None, drift_temperature=drift_temperature)
+                if i == 0:  # the first replica profiles a cost table if none is cached; the others reuse it
+                    fleet.wait(lambda: watch.http.get(f"/v1/replicas/{replica_id}").json()["next_step_id"] > 0,
+                               180.0, f"{replica_id} to post its first records", replica_id)
+            click.echo(f"watch it live: sparkgate dashboard --db {db} --policy {policy_file}", err=True)
+            fault_at, outcome, ok = _scenario(fleet, watch, plan, fault, drift_temperature)
+        except KeyboardInterrupt:
+            watch.say("interrupted: stopping the fleet")
+        finally:
+            watch.close()
+            ended = time.time()
+            click.echo(("\n" if watch.tty else "") + "stopping the fleet", err=True)
+    with Store(db) as store:
+        summary = summarize(store, started, ended, fault, fault_at)
+        exported = store.export(out / "parquet")
+        store.snapshot(out / "snapshot")
+    summary.update({"ok": ok, "outcome": outcome, "wall_s": round(time.time() - started, 1), "db": str(db),
+                    "parquet": str(out / "parquet"), "snapshot": str(out / "snapshot"), "exported_rows": exported,
+                    "policy": str(policy_file),
+                    "dashboard": f"sparkgate dashboard --db {db} --policy {policy_file}"})
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+@click.command()
+@click.option("--fault", type=click.Choice(["drift", "cost-table", "none"]), default="drift", show_default=True,
+              help="drift: a replica's sampling temperature changes; cost-table: a replica schedules with a "
+                   "cost table from other hardware; none: the rollout ends in compact.")
+@click.option("--quick", is_flag=True, help="Shorter intervals and fewer passes (about a minute; for CI).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object on stdout.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("sparkgate-demo"),
+              show_default=True, help="Directory for the DuckDB file, Parquet, logs (emptied first).")
+@click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="Rollout policy YAML [default: policies/demo_rollout.yaml].")
+@click.option("--drift-temperature", default=1.0, show_default=True, help="Temperature of the drift fault.")
+def demo(fault, quick, as_json, out, policy_path, drift_temperature):
+    """Run a local fleet through the whole rollout, inject a fault, and show the automatic fallback."""
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)  # a terminated demo still stops its fleet
+    try:
+        summary = run_demo(out.resolve(), fault, quick, policy_path, drift_temperature)
+    except FleetError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(summary))
+    else:
+        click.echo(render(summary))
+        click.echo(f"\n{'OK' if summary['ok'] else 'NOT AS PLANNED'}: {summary['outcome']} "
+                   f"({summary['wall_s']:.0f} s)")
+        click.echo(f"DuckDB file: {summary['db']}\nParquet export: {summary['parquet']}\n"
+                   f"Open the dashboards: {summary['dashboard']}")
+    if not summary["ok"]:
+        sys.exit(1)

@@ -1,0 +1,210 @@
+"""What ``sparkgate demo`` reports: the stages it walked, their figures, the decisions, as JSON and text.
+
+Everything is read back from the DuckDB file the controller wrote (after it
+stopped), with the controller's own ledger and ``metrics.evaluate``, so the
+summary shows exactly the figures the gates decided on. A stage is one policy
+revision (a rung of the ladder, or fallback); the fault, which happens inside
+a stage, splits it in two so the figures before and after it stand apart.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from collectors.store import Store
+
+from . import ledger
+from .gates import FAIL
+from .metrics import evaluate
+from .queries import Window
+from .rollout import CHANGES_POLICY, ROLLBACK, Decision
+
+# Bootstrap resamples per stage: the summary shows point figures; the gates had the intervals.
+SUMMARY_RESAMPLES = 20
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A stretch of the run under one served policy, ``[start, end)`` in unix seconds."""
+
+    label: str
+    phase: str
+    compact_fraction: float
+    revision: int
+    start: float
+    end: float
+    entered_by: Decision
+    faulted: bool = False
+
+
+def stage_label(phase: str, fraction: float) -> str:
+    return f"{phase} {fraction:.0%}" if phase == "canary" else phase
+
+
+def stages_of(decisions: list[Decision], end: float, fault_at: float | None = None) -> list[Stage]:
+    """The stages the ledger's policy changes delimit, the last one ending at ``end``; the stage in
+    which ``fault_at`` falls is split there (its second part labelled ``+ fault``)."""
+    changes = [d for d in decisions if d.action in CHANGES_POLICY]
+    out = []
+    for i, d in enumerate(changes):
+        stop = changes[i + 1].decided_at if i + 1 < len(changes) else end
+        label = stage_label(d.phase_to, d.compact_fraction)
+        if fault_at is not None and d.decided_at <= fault_at < stop:
+            out.append(Stage(label, d.phase_to, d.compact_fraction, d.revision, d.decided_at, fault_at, d))
+            out.append(Stage(f"{label} + fault", d.phase_to, d.compact_fraction, d.revision, fault_at, stop, d,
+                             faulted=True))
+        else:
+            out.append(Stage(label, d.phase_to, d.compact_fraction, d.revision, d.decided_at, stop, d,
+                             faulted=fault_at is not None and d.decided_at > fault_at))
+    return out
+
+
+def phases_entered(decisions: list[Decision]) -> list[str]:
+    """Phases in the order first entered (a canary's rungs are one phase)."""
+    seen: list[str] = []
+    for d in decisions:
+        if d.action in CHANGES_POLICY and d.phase_to not in seen:
+            seen.append(d.phase_to)
+    return seen
+
+
+def failing(reasons) -> list[dict]:
+    """The deciding gate verdicts that failed, among a decision's reasons."""
+    return [r for r in reasons if r.get("outcome") == FAIL and not r.get("dry_run")]
+
+
+def describe_verdict(v: dict) -> str:
+    symbol = ">" if v["direction"] == "at_most" else "<"
+    return f"{v['gate']} {v['value']:.3g} {symbol} {v['threshold']:g} ({v['samples']} samples)"
+
+
+def fallback_reason(decisions: list[Decision]) -> str | None:
+    """Why the rollout last rolled back to fallback (rule, then the gates that failed), or None."""
+    rollbacks = [d for d in decisions if d.action == ROLLBACK]
+    if not rollbacks:
+        return None
+    decision = rollbacks[-1]
+    rule = decision.reasons[0]
+    detail = {"failure limit": lambda: f" ({rule['failures']} failed intervals > limit {rule['limit']})",
+              "progress deadline": lambda: f" (inconclusive {rule['inconclusive_s']:.0f} s)"}
+    text = rule["rule"] + detail.get(rule["rule"], lambda: "")()
+    gates = failing(decision.reasons)
+    return text + (": " + "; ".join(describe_verdict(v) for v in gates) if gates else "")
+
+
+def _by_phase(store: Store) -> dict[str, dict]:
+    """Steps, committed tokens and busy seconds per phase the replicas recorded, in order of first use."""
+    rows = store.query("""
+        WITH t AS (SELECT replica_id, step_id, sum(accepted + 1) AS tokens FROM requests GROUP BY ALL)
+        SELECT s.phase, count(*) AS steps, sum(t.tokens)::BIGINT AS tokens, sum(s.step_ms) / 1000 AS busy_s,
+               min(s.ts) AS first
+        FROM steps s JOIN t USING (replica_id, step_id) GROUP BY s.phase ORDER BY first""").to_pylist()
+    return {r["phase"]: {"steps": r["steps"], "committed_tokens": r["tokens"], "busy_s": r["busy_s"],
+                         "tokens_per_s": r["tokens"] / r["busy_s"] if r["busy_s"] else None} for r in rows}
+
+
+def _labels(store: Store) -> dict:
+    rows = store.query("SELECT mode::VARCHAR AS mode, status::VARCHAR AS status, count(*) AS n "
+                       "FROM depth_labels GROUP BY ALL ORDER BY ALL").to_pylist()
+    by_mode: dict[str, dict[str, int]] = {}
+    for r in rows:
+        by_mode.setdefault(r["mode"], {})[r["status"]] = r["n"]
+    censored = sum(r["n"] for r in rows if r["status"] == "censored")
+    return {"observed": sum(r["n"] for r in rows) - censored, "censored": censored,
+            "uncensored_traffic": sum(r["n"] for r in rows if r["mode"] != "compact"), "by_mode": by_mode}
+
+
+def _stage_figures(store: Store, stage: Stage, t0: float) -> dict:
+    report = evaluate(store, Window(stage.start, stage.end), resamples=SUMMARY_RESAMPLES).report()
+    modes = {m: a["requests"] for m, a in report["acceptance"].items()}
+    return {
+        "stage": stage.label, "phase": stage.phase, "compact_fraction": stage.compact_fraction,
+        "revision": stage.revision, "start_s": stage.start - t0, "end_s": stage.end - t0,
+        "fault": stage.faulted, "request_rows": modes,
+        "tokens_per_s": report["throughput"]["tokens_per_s"],
+        "mean_accepted": {m: a["mean_accepted"] for m, a in report["acceptance"].items()},
+        "ece_by_depth": {d: c["ece"] for d, c in report["calibration"]["survival"].items()},
+        "utilization": report["utilization"]["upper_bound"]["value"],
+        "shadow_utilization": report["utilization"]["shadow"]["value"],
+        "miss_rate": report["tiers"]["miss_rate"],
+        "p99_ms": max((b["p99_ms"] for b in report["latency"].values()), default=None),
+    }
+
+
+def _decision_log(decisions: list[Decision], t0: float) -> list[dict]:
+    """Policy changes, and the failed intervals that led to them."""
+    out = []
+    for d in decisions:
+        if d.action in CHANGES_POLICY or d.outcome == FAIL:
+            out.append({"at_s": round(d.decided_at - t0, 1), "action": d.action, "from": d.phase_from,
+                        "to": stage_label(d.phase_to, d.compact_fraction), "revision": d.revision,
+                        "rule": d.reasons[0].get("rule"), "failing": [describe_verdict(v) for v in failing(d.reasons)]})
+    return out
+
+
+def summarize(store: Store, started_at: float, ended_at: float, fault: str, fault_at: float | None) -> dict:
+    """The demo's JSON summary (without the paths, which the caller adds)."""
+    decisions = ledger.decisions(store)
+    by_phase = _by_phase(store)
+    return {
+        "phases": phases_entered(decisions),
+        "fault": fault,
+        "fault_at_s": None if fault_at is None else round(fault_at - started_at, 1),
+        "fallback_reason": fallback_reason(decisions),
+        "tokens_per_s_by_phase": {p: f["tokens_per_s"] for p, f in by_phase.items()},
+        "by_phase": by_phase,
+        "stages": [_stage_figures(store, s, started_at) for s in stages_of(decisions, ended_at, fault_at)],
+        "labels": _labels(store),
+        "decisions": _decision_log(decisions, started_at),
+        "counts": store.counts(),
+    }
+
+
+# -- text --------------------------------------------------------------------------------------------------
+
+def gate_table(verdicts: list[dict], indent: str = "    ") -> str:
+    """The verdicts of one interval as an aligned table."""
+    rows = [("gate", "value", "threshold", "samples", "verdict")]
+    for v in verdicts:
+        value = "-" if v["value"] is None else f"{v['value']:.3f}"
+        bound = f"{'<=' if v['direction'] == 'at_most' else '>='} {v['threshold']:g}"
+        verdict = v["outcome"] + (" (dry run)" if v.get("dry_run") else "") + (" CRITICAL" if v["critical"] and
+                                                                              v["outcome"] == FAIL else "")
+        rows.append((v["gate"], value, bound, f"{v['samples']:,}", verdict))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(indent + "  ".join(c.ljust(w) if i in (0, 4) else c.rjust(w)
+                                        for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows)
+
+
+def _number(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def render(summary: dict) -> str:
+    """The final summary as text: per stage figures, per-depth ECE, decisions, outcome, where the data is."""
+    stages = summary["stages"]
+    lines = ["", "Stages (tokens/s: committed tokens per busy replica-second; ECE: worst depth, uncensored)"]
+    header = f"  {'stage':<20}{'from':>6}{'to':>6}{'tok/s':>8}{'ECE':>7}{'util':>7}{'miss':>7}{'p99 ms':>8}"
+    lines.append(header)
+    for s in stages:
+        worst = max(s["ece_by_depth"].values(), default=None)
+        lines.append(f"  {s['stage']:<20}{s['start_s']:>6.0f}{s['end_s']:>6.0f}{_number(s['tokens_per_s'], '.0f'):>8}"
+                     f"{_number(worst, '.3f'):>7}{_number(s['utilization'] or s['shadow_utilization'], '.2f'):>7}"
+                     f"{_number(s['miss_rate'], '.1%'):>7}{_number(s['p99_ms'], '.1f'):>8}")
+    depths = sorted({d for s in stages for d in s["ece_by_depth"]}, key=int)
+    lines += ["", "Survival ECE per depth (uncensored traffic)",
+              f"  {'stage':<20}" + "".join(f"{'d' + d:>7}" for d in depths)]
+    for s in stages:
+        lines.append(f"  {s['stage']:<20}" + "".join(f"{_number(s['ece_by_depth'].get(d), '.3f'):>7}"
+                                                     for d in depths))
+    lines += ["", "Committed tokens/s by phase: " + ", ".join(
+        f"{p} {_number(v, '.0f')}" for p, v in summary["tokens_per_s_by_phase"].items())]
+    labels = summary["labels"]
+    lines.append(f"Depth labels: {labels['observed']:,} observed, {labels['censored']:,} censored (compact)")
+    lines += ["", "Decisions"]
+    for d in summary["decisions"]:
+        why = d["rule"] + (": " + "; ".join(d["failing"]) if d["failing"] else "")
+        lines.append(f"  {d['at_s']:>6.1f}s  {d['action']:<8} -> {d['to']:<12} {why}")
+    lines += ["", f"Phases: {' -> '.join(summary['phases'])}"]
+    if summary["fallback_reason"]:
+        lines.append(f"Fallback: {summary['fallback_reason']}")
+    return "\n".join(lines)
