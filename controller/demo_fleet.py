@@ -99,7 +99,7 @@ class Fleet:
             argv += ["--prometheus", prometheus]
         self.spawn("controller", argv)
         url = f"http://127.0.0.1:{port}"
-        self.wait(lambda: _answers(f"{url}/healthz"), 90.0, "the controller to answer /healthz", "controller")
+        self.wait(lambda: answers(f"{url}/healthz"), 90.0, "the controller to answer /healthz", "controller")
         return url
 
     def replica(self, replica_id: str, url: str, **options) -> Child:
@@ -159,7 +159,8 @@ class Fleet:
             self.stop("controller")
 
 
-def _answers(url: str) -> bool:
+def answers(url: str) -> bool:
+    """Whether ``url`` answers 200 now."""
     try:
         return httpx.get(url, timeout=2.0).status_code == 200
     except httpx.HTTPError:
