@@ -24,7 +24,9 @@ from collectors.wire import Flat, flatten, from_dicts
 # Bounds the explode: a step yields batch rows x gamma depth labels.
 MAX_GAMMA = 64
 _TIMINGS = ("draft_ms", "schedule_ms", "verify_ms", "accept_ms", "step_ms")
-_NON_NEGATIVE = ("step_id", "verify_rows", "tier_rows", "tier", "host_syncs", "policy_revision")
+_NON_NEGATIVE = ("step_id", "verify_rows", "tier_rows", "host_syncs", "policy_revision")
+# A miss ran eager, in no tier; the runtime records it as tier -1.
+NO_TIER = -1
 
 
 class _Report:
@@ -91,6 +93,9 @@ def _check_steps(report: _Report, gamma: np.ndarray, n_requests: np.ndarray) -> 
     report.steps(~hit & ~known, "miss_reason", f"a tier miss needs a reason in {list(MISS_REASONS)}")
     report.steps(hit & (_ints(steps, "tier_rows") < _ints(steps, "verify_rows")), "tier_rows",
                  "a graph hit needs tier_rows >= verify_rows")
+    tier = _ints(steps, "tier")
+    report.steps(np.where(hit, tier < 0, tier < NO_TIER), "tier",
+                 f"must be >= 0 on a graph hit, >= {NO_TIER} (no tier) on a miss")
 
 
 def _check_windows(report: _Report, g: np.ndarray, mode: np.ndarray) -> None:

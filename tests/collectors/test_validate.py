@@ -65,6 +65,8 @@ def test_round_trip_through_the_wire_form():
     (step(graph_hit=False), "miss_reason", None),
     (step(graph_hit=False, miss_reason="cosmic_ray"), "miss_reason", "cosmic_ray"),
     (step(miss_reason="over_max_tier"), "miss_reason", "over_max_tier"),
+    (step(tier=-1), "tier", -1),  # a graph hit runs in a tier
+    (step(graph_hit=False, miss_reason="over_max_tier", tier=-2), "tier", -2),
     (step(requests=[static_row()], batch_size=0), "batch_size", 0),
     (step(phase=None), "phase", None),
 ])
@@ -75,6 +77,11 @@ def test_each_rule_names_field_and_value(record, field, value):
         assert math.isnan(found[field])
     else:
         assert found[field] == value
+
+
+def test_a_runtime_tier_miss_is_valid():
+    # The runtime records an eager step as tier -1 with the exact row count.
+    assert validate(step(graph_hit=False, miss_reason="over_max_tier", tier=-1, tier_rows=600, verify_rows=600)) == []
 
 
 def test_shadow_needs_the_suggestion_and_the_full_block():
