@@ -14,16 +14,17 @@ import time
 import click
 import torch
 
-from .model import ModelArgs, Transformer
 from .kv_cache import KVCache
 from .tiers import TierGrid
 from .verify import TargetRunner
 
 
 def prepared_runner(batch: int, prompt_len: int, device: str, seed: int = 0) -> tuple[TargetRunner, list[int], int]:
-    """A default-sized target (about 3.3M parameters) with ``batch`` prefilled prompts."""
+    """The default target (about 3.3M parameters) with ``batch`` prefilled random prompts."""
+    from .defaults import default_target
+
     torch.manual_seed(seed)
-    model = Transformer(ModelArgs()).to(device).eval()
+    model = default_target(seed).to(device).eval()
     cache = KVCache(model.args, batch, device=device)
     slots = [cache.alloc() for _ in range(batch)]
     runner = TargetRunner(model, cache, TierGrid())
@@ -73,7 +74,7 @@ def run_verify_bench(batch: int, gamma: int, mean_window: float, steps: int, war
     static, compact = statistics.median(static_ms), statistics.median(compact_ms)
     tier_rows_compact = statistics.median(compact_tier_rows)
     return {
-        "device": device, "graphs": graphs, "params": params, "batch": batch, "gamma": gamma,
+        "device": device, "graphs": graphs, "threads": torch.get_num_threads(), "params": params, "batch": batch, "gamma": gamma,
         "prompt_len": prompt_len, "steps": steps, "mean_window": statistics.mean(r / batch - 1 for r in compact_rows),
         "rows_static": rows_static, "rows_compact": statistics.median(compact_rows),
         "tier_rows_compact": tier_rows_compact, "static_ms": round(static, 3), "compact_ms": round(compact, 3),
@@ -90,9 +91,13 @@ def run_verify_bench(batch: int, gamma: int, mean_window: float, steps: int, war
 @click.option("--prompt-len", default=64, show_default=True)
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--graphs/--no-graphs", default=None, help="CUDA-graph tiers (default: on for CUDA).")
+@click.option("--threads", default=1, show_default=True,
+              help="torch intra-op threads. One by default: at decode-sized row counts a second thread buys "
+                   "little, and spin-waiting threads make timings collapse when any other process shares the cores.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON result.")
-def bench_verify(batch, gamma, mean_window, steps, warmup, prompt_len, device, graphs, as_json):
+def bench_verify(batch, gamma, mean_window, steps, warmup, prompt_len, device, graphs, threads, as_json):
     """Static vs compact verification cost on one batch; prints JSON."""
+    torch.set_num_threads(threads)
     if not 0 <= mean_window <= gamma:
         raise click.BadParameter(f"must lie in [0, gamma={gamma}], got {mean_window}", param_hint="--mean-window")
     graphs = device.startswith("cuda") if graphs is None else graphs

@@ -74,9 +74,11 @@ def run_e2e(target, drafter, table: CostTable, batches: tuple[int, ...], gamma: 
 @click.option("--max-new-tokens", default=48, show_default=True)
 @click.option("--cost-table", "cost_table_path", type=click.Path(exists=True, dir_okay=False),
               help="Cost table JSON (default: the shipped one, or profile here if it does not match).")
+@click.option("--threads", default=1, show_default=True, help="torch intra-op threads (see bench verify).")
 @click.option("--json", "as_json", is_flag=True)
-def bench_e2e(batches, gamma, short_window, waves, max_new_tokens, cost_table_path, as_json):
+def bench_e2e(batches, gamma, short_window, waves, max_new_tokens, cost_table_path, threads, as_json):
     """Committed tokens/s: static vs fixed short window vs cost-aware compact."""
+    torch.set_num_threads(threads)
     from .defaults import default_calibration, default_cost_table, default_drafter, default_target
 
     torch.manual_seed(0)
