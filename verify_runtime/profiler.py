@@ -155,8 +155,11 @@ def _floats(text: str) -> tuple[float, ...]:
 @click.option("--gamma", default=7, show_default=True)
 @click.option("--repeats", default=5, show_default=True)
 @click.option("--device", default="cpu", show_default=True)
-def profile(out_path, plot_path, batch_sizes, fractions, gamma, repeats, device):
+@click.option("--threads", default=1, show_default=True,
+              help="torch intra-op threads; profile with the threading replicas serve with.")
+def profile(out_path, plot_path, batch_sizes, fractions, gamma, repeats, device, threads):
     """Measure step time over batch sizes × verify budgets and fit the additive cost table."""
+    torch.set_num_threads(threads)
     from .defaults import default_target
 
     try:
