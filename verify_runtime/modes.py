@@ -13,9 +13,6 @@ import torch
 
 from collectors.schema import MODES
 
-FULL_BLOCK = ("static", "shadow", "cap_accept")
-
-
 def mode_codes(modes: list[str], device: torch.device | str = "cpu") -> torch.Tensor:
     unknown = sorted(set(modes) - set(MODES))
     if unknown:

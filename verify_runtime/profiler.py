@@ -25,7 +25,7 @@ from policies.cost_profile import StepSample, fit_additive_table, hardware_finge
 
 from .kv_cache import KVCache
 from .model import Transformer, model_version
-from .tiers import TierGrid
+from .tiers import DEFAULT_TIERS, TierGrid, parse_tiers
 from .verify import TargetRunner
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -157,9 +157,15 @@ def _floats(text: str) -> tuple[float, ...]:
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--threads", default=1, show_default=True,
               help="torch intra-op threads; profile with the threading replicas serve with.")
-def profile(out_path, plot_path, batch_sizes, fractions, gamma, repeats, device, threads):
+@click.option("--tiers", default=",".join(map(str, DEFAULT_TIERS)), show_default=True,
+              help="Graph-tier row counts; recorded in the table so predictions step at tier boundaries.")
+def profile(out_path, plot_path, batch_sizes, fractions, gamma, repeats, device, threads, tiers):
     """Measure step time over batch sizes × verify budgets and fit the additive cost table."""
     torch.set_num_threads(threads)
+    try:
+        grid = TierGrid(parse_tiers(tiers))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--tiers") from None
     from .defaults import default_target
 
     try:
@@ -168,7 +174,8 @@ def profile(out_path, plot_path, batch_sizes, fractions, gamma, repeats, device,
         raise click.BadParameter(f"expected comma-separated numbers ({exc})") from None
     if any(not 0 <= f <= 1 for f in fracs):
         raise click.BadParameter(f"fractions must lie in [0, 1], got {fracs}", param_hint="--fractions")
-    result = profile_model(default_target().to(device), batches=batches, fractions=fracs, gamma=gamma, repeats=repeats)
+    result = profile_model(default_target().to(device), batches=batches, fractions=fracs, gamma=gamma,
+                           repeats=repeats, grid=grid)
     save_cost_table(result.table, out_path)
     plot_path = plot_path or str(Path(out_path).with_suffix(".png"))
     plot_profile(result, plot_path)

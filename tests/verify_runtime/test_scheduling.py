@@ -104,3 +104,13 @@ def test_bench_e2e_runs_and_reports_ratios(tmp_path, monkeypatch):
         assert set(row) == {"static", "fixed_short", "cost_aware"}
         assert row["static"]["mean_window"] == 7.0 and row["fixed_short"]["mean_window"] <= 2.0
         assert row["cost_aware"]["ratio_to_static"] > 0
+
+
+def test_profile_command_takes_a_tier_grid(tmp_path):
+    out = tmp_path / "table.json"
+    res = CliRunner().invoke(main, ["profile", "--out", str(out), "--batch-sizes", "2", "--fractions", "0,1",
+                                    "--repeats", "1", "--gamma", "3", "--tiers", "4,16"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["meta"]["tiers"] == [4, 16]
+    bad = CliRunner().invoke(main, ["profile", "--out", str(out), "--tiers", "16,8"])
+    assert bad.exit_code != 0 and "strictly increasing" in bad.output
