@@ -41,7 +41,7 @@ DEMO_POLICY = Path(__file__).resolve().parent.parent / "policies" / "demo_rollou
 MARKER = ".sparkgate-demo"
 # (replica id, mean arrivals per second). replica-c takes the fault, and the most traffic,
 # as the busiest replica of a fleet tends to be the one whose drift matters.
-REPLICAS = (("replica-a", 6.0), ("replica-b", 6.0), ("replica-c", 9.0))
+REPLICAS = (("replica-a", 5.0), ("replica-b", 5.0), ("replica-c", 10.0))
 FAULTY = "replica-c"
 FAULT_TEXT = {"drift": "{r} now samples new requests at temperature {t} (it was greedy)",
               "cost-table": "{r} now schedules with a cost table fitted on other hardware (forced)"}
@@ -119,7 +119,7 @@ class Watch:
             self.say(f"{at}  {d['action'].upper():<8} {came}{to} (revision {d['revision']}): {rule['rule']}")
             if verdicts:
                 self.say(gate_table(verdicts))
-        elif d["outcome"] == "fail":
+        elif d["outcome"] == "fail" and d["phase_to"] != "fallback":  # fallback judges for the record only
             limit = f"{rule.get('failures', '?')} of {self.policy.failure_limit + 1} allowed before fallback"
             self.say(f"{at}  interval failed in {to} ({limit}): "
                      + "; ".join(describe_verdict(v) for v in failing(d["reasons"])))
@@ -237,7 +237,7 @@ def run_demo(out: Path, fault: str, quick: bool, policy_path: Path | None, drift
               show_default=True, help="Directory for the DuckDB file, Parquet, logs (emptied first).")
 @click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="Rollout policy YAML [default: policies/demo_rollout.yaml].")
-@click.option("--drift-temperature", default=1.0, show_default=True, help="Temperature of the drift fault.")
+@click.option("--drift-temperature", default=3.0, show_default=True, help="Temperature of the drift fault.")
 def demo(fault, quick, as_json, out, policy_path, drift_temperature):
     """Run a local fleet through the whole rollout, inject a fault, and show the automatic fallback."""
     def interrupt(*_):

@@ -49,16 +49,16 @@ FAULTS = ("none", "drift", "cost-table")
 BACKLOG = 64
 # Steps per Replica.serve call: between calls the loop applies faults and notices a stop.
 SEGMENT_STEPS = 25
-# A verify step priced as nothing but rows: with no fixed cost to amortise, each extra
-# draft row costs as much as a committed token is worth, so the scheduler admits only
-# its minimum window. The fingerprint names a machine this is not.
+# A table measured on an accelerator: verifying a whole block costs about what one row does,
+# so the scheduler verifies every draft, and that deployment captured graph tiers only up to
+# 32 rows. The fingerprint names hardware this is not.
 FOREIGN_COST_TABLE = {
-    "bias_seconds": 0.0, "bs_probes": [1, 512], "alpha_seconds": [0.0, 0.0],
-    "m_probes": [1, 4096], "theta_seconds": [0.0002, 0.8192],
-    "meta": {"hardware": {"system": "Linux", "machine": "aarch64", "cpu": "ARM Cortex-A72", "torch": "2.4.0",
-                          "device": "cpu"},
-             "model": "other-model", "tiers": [], "created_at": "2024-06-01T00:00:00+00:00",
-             "version": "foreign-edge-board"},
+    "bias_seconds": 0.006, "bs_probes": [1, 256], "alpha_seconds": [0.0, 0.002],
+    "m_probes": [8, 32], "theta_seconds": [0.0, 0.0002],
+    "meta": {"hardware": {"system": "Linux", "machine": "x86_64", "cpu": "Intel Xeon", "torch": "2.4.0+cu121",
+                          "device": "NVIDIA A10G"},
+             "model": "other-model", "tiers": [8, 16, 24, 32], "created_at": "2024-06-01T00:00:00+00:00",
+             "version": "foreign-a10g"},
 }
 
 
@@ -120,6 +120,14 @@ class Arrivals:
         return max(self.next_at - self.clock(), 0.0)
 
 
+def tier_grid(table):
+    """The graph tiers a replica captures: the rows its cost table was measured at (``meta.tiers``),
+    so the table prices exactly the shapes the runtime runs; the runtime's default grid without them."""
+    from verify_runtime.tiers import TierGrid
+
+    return TierGrid(tuple(table.meta.tiers)) if table.meta.tiers else TierGrid()
+
+
 class _Flags:
     """Set from signal handlers, read by the serving loop between segments."""
 
@@ -161,6 +169,7 @@ def _fire(fault: str, node, arrivals: Arrivals, drift_temperature: float, out_di
         refused = f"refused ({exc}), forced"
         table = load_cost_table(path, force=True)
     node.scheduler = CostAwareScheduler(table)
+    node.engine.runner.grid = tier_grid(table)
     if node.payload is not None and node.payload["phase"] != "fallback":
         node.engine.policy = node.scheduler
     return f"cost-table: {path} {refused}"
@@ -179,7 +188,7 @@ def _fire(fault: str, node, arrivals: Arrivals, drift_temperature: float, out_di
 @click.option("--seed", default=0, show_default=True)
 @click.option("--fault", type=click.Choice(FAULTS), default="none", show_default=True,
               help="Fault to fire on SIGUSR1.")
-@click.option("--drift-temperature", default=1.0, show_default=True)
+@click.option("--drift-temperature", default=3.0, show_default=True)
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the cost-table fault writes the foreign table.")
 @click.option("--threads", default=1, show_default=True, help="Torch threads (replicas share the machine).")
@@ -216,7 +225,7 @@ def member(url, replica_id, metrics_port, rate, amplitude, period_s, offset, max
     table, table_source = default_cost_table(target)
     gamma = client.policy()["gamma"]
     engine = Engine(target, drafter, EngineConfig(gamma=gamma, max_batch=max_batch, replica_id=replica_id),
-                    calibrate=default_calibration(drafter))
+                    calibrate=default_calibration(drafter), tiers=tier_grid(table))
     engine.step_id = client.next_step_id(replica_id)
     node = Replica(engine, client, CostAwareScheduler(table), replay=GreedyReplay(target, drafter, gamma))
     load = swing(rate, amplitude, period_s, offset)

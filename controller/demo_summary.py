@@ -16,7 +16,7 @@ from . import ledger
 from .gates import FAIL
 from .metrics import evaluate
 from .queries import Window
-from .rollout import CHANGES_POLICY, ROLLBACK, Decision
+from .rollout import CHANGES_POLICY, FALLBACK, ROLLBACK, Decision
 
 # Bootstrap resamples per stage: the summary shows point figures; the gates had the intervals.
 SUMMARY_RESAMPLES = 20
@@ -131,10 +131,10 @@ def _stage_figures(store: Store, stage: Stage, t0: float) -> dict:
 
 
 def _decision_log(decisions: list[Decision], t0: float) -> list[dict]:
-    """Policy changes, and the failed intervals that led to them."""
+    """Policy changes, and the failed intervals that led to them (fallback judges for the record only)."""
     out = []
     for d in decisions:
-        if d.action in CHANGES_POLICY or d.outcome == FAIL:
+        if d.action in CHANGES_POLICY or (d.outcome == FAIL and d.phase_to != FALLBACK):
             out.append({"at_s": round(d.decided_at - t0, 1), "action": d.action, "from": d.phase_from,
                         "to": stage_label(d.phase_to, d.compact_fraction), "revision": d.revision,
                         "rule": d.reasons[0].get("rule"), "failing": [describe_verdict(v) for v in failing(d.reasons)]})
