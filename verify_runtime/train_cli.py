@@ -1,9 +1,11 @@
-"""``sparkgate train target`` and ``sparkgate train drafter``.
+"""``sparkgate train target | drafter | confidence``.
 
-Each run writes its resume state, a half-precision checkpoint and ``report.json``
-into ``--out``; rerunning with the same ``--out`` and options resumes. ``--ship``
-also installs the checkpoint under ``verify_runtime/assets/`` and records it in
-the manifest.
+The stages run in that order: the target LM, the drafter distilled from it (and
+its ``--no-sequential`` ablation), then the drafter's confidence head refitted
+on its own blocks. Each writes a half-precision checkpoint and ``report.json``
+into ``--out`` (target and drafter also their resume state: rerunning with the
+same ``--out`` and options resumes); ``--ship`` also installs the checkpoint
+under ``verify_runtime/assets/`` and records it in the manifest.
 """
 from __future__ import annotations
 
