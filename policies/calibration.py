@@ -195,7 +195,8 @@ def fit_sts(confidence: torch.Tensor, labels: torch.Tensor, observed: torch.Tens
     is already calibrated is left alone.
     """
     if confidence.dim() != 2 or confidence.shape != labels.shape:
-        raise ValueError(f"confidence {tuple(confidence.shape)} and labels {tuple(labels.shape)} must both be [N, gamma]")
+        raise ValueError(f"confidence {tuple(confidence.shape)} and labels {tuple(labels.shape)} "
+                         "must both be [N, gamma]")
     if observed is not None and observed.shape != labels.shape:
         raise ValueError(f"observed has shape {tuple(observed.shape)}, expected {tuple(labels.shape)}")
     if (grid <= 0).any():

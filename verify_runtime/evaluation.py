@@ -106,7 +106,8 @@ def _bootstrap_upper(survival: torch.Tensor, labels: torch.Tensor, request: torc
     n_requests = int(request.max()) + 1
     gen = torch.Generator().manual_seed(seed)
     picks = torch.randint(n_requests, (rounds, n_requests), generator=gen)
-    counts = torch.zeros(rounds, n_requests, dtype=torch.float64).scatter_add_(1, picks, torch.ones_like(picks, dtype=torch.float64))
+    counts = torch.zeros(rounds, n_requests, dtype=torch.float64)
+    counts.scatter_add_(1, picks, torch.ones_like(picks, dtype=torch.float64))
     weight = counts[:, request]  # [rounds, N]: each row counted as often as its request was drawn
     return [float(batched_ece(survival[None, :, k], labels[:, k], weight).quantile(quantile))
             for k in range(survival.shape[1])]
@@ -127,14 +128,14 @@ def draft_latency(target: Transformer, drafters: dict[str, Drafter], prompts: li
                   cfg: EvalConfig) -> dict[str, float]:
     """Median ``propose`` time (ms) per drafter on the same batch of real contexts,
     timed in interleaved rounds so that load from other processes hits all alike."""
-    tokens = torch.tensor([p for p in prompts[: cfg.batch]], device=target.output.weight.device)
+    tokens = torch.tensor(prompts[: cfg.batch], device=target.output.weight.device)
     hidden, _ = forward_full(target, tokens[:, :-1])
     batch = tokens.shape[0]
     times: dict[str, list[float]] = {name: [] for name in drafters}
     for _ in range(cfg.latency_repeats):
         for name, drafter in drafters.items():
             window = drafter.hidden_window
-            ctx = DraftContext([p for p in tokens.tolist()], torch.full((batch,), tokens.shape[1] - 1),
+            ctx = DraftContext(tokens.tolist(), torch.full((batch,), tokens.shape[1] - 1),
                                torch.arange(batch), torch.zeros(batch), cfg.gamma,
                                hidden[:, -window:] if window else None,
                                torch.full((batch,), window) if window else None)
@@ -169,7 +170,8 @@ def evaluate(target: Transformer, drafters: dict[str, Drafter], corpus: Corpus, 
                 section["calibration"] = calibration(blocks, sts, cfg.bootstrap, cfg.seed)
         report["domains"][domain] = section
     merged = Blocks.from_records([r for recs in all_records.values() for r in recs])
-    report["pooled"] = {"acceptance": acceptance(merged), "calibration": calibration(merged, sts, cfg.bootstrap, cfg.seed)}
+    report["pooled"] = {"acceptance": acceptance(merged),
+                        "calibration": calibration(merged, sts, cfg.bootstrap, cfg.seed)}
     latency_prompts = corpus.prompts(cfg.split, domains[0], cfg.batch, cfg.prompt_len)
     report["draft_latency_ms"] = draft_latency(target, drafters, latency_prompts, cfg)
     report["targets"] = check_targets(report, main)

@@ -159,7 +159,8 @@ def train_target(corpus: Corpus, args: ModelArgs, cfg: TrainConfig, run_dir: str
     return model, report
 
 
-def _mean_over_val(corpus: Corpus, cfg: TrainConfig, domain: str, loss: Callable[[torch.Tensor], torch.Tensor]) -> float:
+def _mean_over_val(corpus: Corpus, cfg: TrainConfig, domain: str,
+                   loss: Callable[[torch.Tensor], torch.Tensor]) -> float:
     """Mean of ``loss`` over fixed validation batches of one domain (nats per token)."""
     gen = torch.Generator().manual_seed(cfg.seed)
     batches = [corpus.batch("validation", cfg.batch_size, cfg.seq_len + 1, gen, float(domain == "prose"))

@@ -7,7 +7,6 @@ from verify_runtime.engine import Engine, EngineConfig, Request
 from verify_runtime.model import forward_full, model_version, save_checkpoint
 from verify_runtime.reference import greedy_decode
 
-from .conftest import tiny_model
 
 
 def tiny_net(sequential: bool = True, seed: int = 0) -> DSparkNet:
