@@ -1,15 +1,16 @@
 """``sparkgate demo``: a local fleet walks the whole rollout, takes a fault, and falls back by itself.
 
-The demo starts the controller service (``sparkgate serve``: policy and ingest
-API, gates, the DuckDB file) and three replica processes running the real
-runtime on the default models (``controller.demo_member``) under a mixed
-workload whose arrival rate swings over time. It watches the controller walk
-``baseline -> shadow -> canary (5% -> 25% -> 50%) -> compact`` on evidence
-alone, printing a live phase line and the gate table of every decision. Once
-compact has passed an interval it fires the fault on ``replica-c`` and waits
-for the automatic fallback. Then it stops the fleet, reads the figures back
-from the DuckDB file, exports Parquet for the dashboard, and prints the
-summary (``--json``: one JSON object on stdout; progress stays on stderr).
+The demo starts three replica processes running the real runtime on the
+default models (``controller.demo_member``) under a mixed workload whose
+arrival rate swings over time, waits for them to warm up, then starts the
+controller service (``sparkgate serve``: policy and ingest API, gates, the
+DuckDB file). It watches the controller walk ``baseline -> shadow -> canary
+(5% -> 25% -> 50%) -> compact`` on evidence alone, printing a live phase line
+and the gate table of every decision. Once compact has passed an interval it
+fires the fault on ``replica-c`` and waits for the automatic fallback. Then it
+stops the fleet, reads the figures back from the DuckDB file, exports Parquet
+for the dashboard, and prints the summary (``--json``: one JSON object on
+stdout; progress stays on stderr).
 
 Exit status 0 when the run went as the scenario says (fallback after the fault,
 or compact held with ``--fault none``), 1 otherwise; the summary says why.
@@ -33,8 +34,9 @@ import yaml
 from collectors.store import Store
 from policies.rollout import RolloutPolicy, load_rollout_policy
 
-from .demo_fleet import Fleet, FleetError, free_port
+from .demo_fleet import Fleet, FleetError, answers, free_port
 from .demo_summary import describe_verdict, failing, gate_table, render, stage_label, summarize
+from .gates import Verdict, interval_outcome
 from .rollout import CHANGES_POLICY
 
 DEMO_POLICY = Path(__file__).resolve().parent.parent / "policies" / "demo_rollout.yaml"
@@ -44,7 +46,7 @@ MARKER = ".sparkgate-demo"
 REPLICAS = (("replica-a", 5.0), ("replica-b", 5.0), ("replica-c", 10.0))
 FAULTY = "replica-c"
 FAULT_TEXT = {"drift": "{r} now samples new requests at temperature {t} (it was greedy)",
-              "cost-table": "{r} now schedules with a cost table fitted on other hardware (forced)"}
+              "cost-table": "{r} now runs with a cost table and graph tiers from an accelerator (forced)"}
 
 
 @dataclass(frozen=True)
@@ -120,8 +122,8 @@ class Watch:
             if verdicts:
                 self.say(gate_table(verdicts))
         elif d["outcome"] == "fail" and d["phase_to"] != "fallback":  # fallback judges for the record only
-            limit = f"{rule.get('failures', '?')} of {self.policy.failure_limit + 1} allowed before fallback"
-            self.say(f"{at}  interval failed in {to} ({limit}): "
+            count = f"failure {rule.get('failures', '?')}, {self.policy.failure_limit} tolerated"
+            self.say(f"{at}  interval failed in {to} ({count}): "
                      + "; ".join(describe_verdict(v) for v in failing(d["reasons"])))
 
     def _line(self) -> None:
@@ -134,9 +136,9 @@ class Watch:
         figures = "  ".join(f"{name} {gates[key]['value']:.3f}" for name, key in
                             (("ECE", "survival_ece"), ("util", "upper_bound_utilization"))
                             if key in gates and gates[key]["value"] is not None)
-        last = " ".join(sorted({g["outcome"] for g in s["gates"]})) or "-"
-        line = (f"[{now - self.t0:5.0f}s/{self.deadline_s:.0f}s] {stage_label(policy['phase'], policy['compact_fraction'])}"
-                f"  rev {policy['revision']}  passes {s['passes']}/{s['needed_passes']}"
+        last = interval_outcome(Verdict(**g) for g in s["gates"]) if s["gates"] else "-"
+        stage = stage_label(policy["phase"], policy["compact_fraction"])
+        line = (f"[{now - self.t0:5.0f}s/{self.deadline_s:.0f}s] {stage}  rev {policy['revision']}  passes {s['passes']}/{s['needed_passes']}"
                 f"  failures {s['failures']}/{s['failure_limit']}  last interval: {last}  {figures}"
                 f"  steps {self._steps():,}")
         if self.tty:
@@ -150,7 +152,8 @@ class Watch:
         return int(float(match.group(1))) if match else 0
 
 
-def _scenario(fleet: Fleet, watch: Watch, plan: Plan, fault: str, drift_temperature: float) -> tuple[float | None, str, bool]:
+def _scenario(fleet: Fleet, watch: Watch, plan: Plan, fault: str,
+              drift_temperature: float) -> tuple[float | None, str, bool]:
     """Drive the run to its end; returns (when the fault fired, outcome text, whether it went as designed)."""
     fault_at = None
     compact_stage = len(watch.policy.stages()) - 1
@@ -195,18 +198,22 @@ def run_demo(out: Path, fault: str, quick: bool, policy_path: Path | None, drift
     db = out / "demo.duckdb"
     fault_at, outcome, ok = None, "interrupted", False
     with Fleet(out / "logs") as fleet:
-        click.echo(f"sparkgate demo: controller + {len(REPLICAS)} replicas on 127.0.0.1, fault: {fault}; "
+        click.echo(f"sparkgate demo: {len(REPLICAS)} replicas and a controller on 127.0.0.1, fault: {fault}; "
                    f"logs in {out / 'logs'}", err=True)
-        url = fleet.controller(db, policy_file, free_port())
+        port, metrics_ports = free_port(), {replica_id: free_port() for replica_id, _ in REPLICAS}
+        url = f"http://127.0.0.1:{port}"
+        # Replicas first: each loads the models and warms up, then opens /metrics and waits for the
+        # controller, so the rollout's baseline starts with the whole fleet warm.
+        for i, (replica_id, rate) in enumerate(REPLICAS):
+            fleet.replica(replica_id, url, gamma=policy.gamma, rate=rate, offset=i / len(REPLICAS),
+                          period_s=plan.period_s, seed=1000 * i, metrics_port=metrics_ports[replica_id],
+                          out_dir=out, fault=fault if replica_id == FAULTY else None,
+                          drift_temperature=drift_temperature)
+        fleet.wait(lambda: all(answers(f"http://127.0.0.1:{p}/metrics") for p in metrics_ports.values()),
+                   300.0, "the replicas to load the models and warm up", *metrics_ports)
+        fleet.controller(db, policy_file, port)
         watch = Watch(url, policy, started, plan.deadline_s)
         try:
-            for i, (replica_id, rate) in enumerate(REPLICAS):
-                fleet.replica(replica_id, url, rate=rate, offset=i / len(REPLICAS), period_s=plan.period_s,
-                              seed=1000 * i, metrics_port=free_port(), out_dir=out,
-                              fault=fault if replica_id == FAULTY else None, drift_temperature=drift_temperature)
-                if i == 0:  # the first replica profiles a cost table if none is cached; the others reuse it
-                    fleet.wait(lambda: watch.http.get(f"/v1/replicas/{replica_id}").json()["next_step_id"] > 0,
-                               180.0, f"{replica_id} to post its first records", replica_id)
             click.echo(f"watch it live: sparkgate dashboard --db {db} --policy {policy_file}", err=True)
             fault_at, outcome, ok = _scenario(fleet, watch, plan, fault, drift_temperature)
         except KeyboardInterrupt:

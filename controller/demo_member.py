@@ -11,11 +11,12 @@ a serving stack would otherwise supply around it:
   change over time. Arrivals beyond ``max_batch`` wait; past ``BACKLOG`` they
   are shed (counted), so an overloaded machine slows the demo, never wedges it.
 - **Faults**, armed by ``--fault`` and fired by SIGUSR1: ``drift`` serves new
-  requests at ``--drift-temperature`` (the drafter's confidences were never
-  calibrated for it, so the survival ECE drifts); ``cost-table`` gives the
-  scheduler a cost table fitted on other hardware, forced past the fingerprint
-  check (it prices every verified row as the whole cost of a step, so the
-  scheduler verifies as few drafts as it may).
+  requests at ``--drift-temperature`` (the drafter's confidences and their STS
+  calibration were fitted on greedy traffic, so the survival ECE drifts);
+  ``cost-table`` loads a cost table fitted on an accelerator, forced past the
+  fingerprint check, with the graph tiers it was measured at: verification looks
+  free to the scheduler, which verifies whole blocks, and every step over the
+  table's 32-row tiers runs eager (a tier miss).
 - **``/metrics``** on loopback: the collectors' series over the records this
   replica posted, the phase it serves, its arrival rate and shed requests.
 
@@ -47,6 +48,7 @@ log = logging.getLogger("sparkgate.demo.replica")
 FAULTS = ("none", "drift", "cost-table")
 # Waiting requests kept beyond the running batch before new arrivals are shed.
 BACKLOG = 64
+WARMUP_REQUESTS = 8
 # Steps per Replica.serve call: between calls the loop applies faults and notices a stop.
 SEGMENT_STEPS = 25
 # A table measured on an accelerator: verifying a whole block costs about what one row does,
@@ -175,10 +177,43 @@ def _fire(fault: str, node, arrivals: Arrivals, drift_temperature: float, out_di
     return f"cost-table: {path} {refused}"
 
 
+def _controller_policy(client, timeout_s: float) -> dict:
+    """The controller's policy, waiting for the service to come up (the demo starts it after its replicas)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return client.policy()
+        except httpx.HTTPError as exc:
+            if time.monotonic() > deadline:
+                raise click.ClickException(f"controller {client.url} unreachable for {timeout_s:.0f} s: {exc}")
+            time.sleep(0.5)
+
+
+def _warm_engine(replica_id: str, gamma: int, max_batch: int, seed: int):
+    """(engine, cost table, where the table came from), after a few unrecorded steps: the first steps of a
+    fresh process are slow, and the baseline the gates compare with must not be that cold start."""
+    from verify_runtime.defaults import default_calibration, default_cost_table, default_drafter, default_target
+    from verify_runtime.engine import Engine, EngineConfig
+    from verify_runtime.replica import workload_requests
+
+    target = default_target()
+    drafter = default_drafter(target)
+    table, source = default_cost_table(target)
+    engine = Engine(target, drafter, EngineConfig(gamma=gamma, max_batch=max_batch, replica_id=replica_id),
+                    calibrate=default_calibration(drafter), tiers=tier_grid(table))
+    for request in workload_requests(f"{replica_id}-warmup", WARMUP_REQUESTS, 8, 0.0, seed):
+        engine.submit(request)
+    engine.run()
+    engine.finished.clear()
+    return engine, table, source
+
+
 @click.command()
-@click.option("--controller", "url", required=True, help="Controller base URL.")
+@click.option("--controller", "url", required=True, help="Controller base URL (waited for up to a minute).")
 @click.option("--replica-id", required=True)
-@click.option("--metrics-port", type=int, default=None, help="Serve /metrics on 127.0.0.1 at this port.")
+@click.option("--metrics-port", type=int, default=None,
+              help="Serve /metrics on 127.0.0.1 at this port, once the replica is warm (a readiness signal).")
+@click.option("--gamma", default=7, show_default=True, help="Must match the controller's policy.")
 @click.option("--rate", default=6.0, show_default=True, help="Mean request arrivals per second.")
 @click.option("--amplitude", default=0.6, show_default=True, help="Swing of the rate, as a fraction of it.")
 @click.option("--period-s", default=20.0, show_default=True, help="Seconds per load cycle.")
@@ -192,15 +227,13 @@ def _fire(fault: str, node, arrivals: Arrivals, drift_temperature: float, out_di
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the cost-table fault writes the foreign table.")
 @click.option("--threads", default=1, show_default=True, help="Torch threads (replicas share the machine).")
-def member(url, replica_id, metrics_port, rate, amplitude, period_s, offset, max_batch, max_new_tokens, seed,
-           fault, drift_temperature, out_dir, threads):
+def member(url, replica_id, metrics_port, gamma, rate, amplitude, period_s, offset, max_batch, max_new_tokens,
+           seed, fault, drift_temperature, out_dir, threads):
     """Serve the mixed workload under a varying arrival rate, following the controller; JSON counters at exit."""
     import torch
 
     from policies.window import CostAwareScheduler
     from verify_runtime.consistency import GreedyReplay
-    from verify_runtime.defaults import default_calibration, default_cost_table, default_drafter, default_target
-    from verify_runtime.engine import Engine, EngineConfig
     from verify_runtime.replica import Replica, workload_requests
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {replica_id} %(message)s")
@@ -211,6 +244,7 @@ def member(url, replica_id, metrics_port, rate, amplitude, period_s, offset, max
     signal.signal(signal.SIGINT, lambda *_: setattr(flags, "stop", True))
     signal.signal(signal.SIGUSR1, lambda *_: setattr(flags, "fault", True))
 
+    engine, table, table_source = _warm_engine(replica_id, gamma, max_batch, seed)
     metrics = Metrics()
     arrival_rate = Gauge("sparkgate_replica_arrival_rate", "Mean request arrivals per second now.",
                          registry=metrics.registry)
@@ -218,19 +252,14 @@ def member(url, replica_id, metrics_port, rate, amplitude, period_s, offset, max
                    registry=metrics.registry)
     if metrics_port is not None:
         start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
-
     client = _metered_client(url, metrics)
-    target = default_target()
-    drafter = default_drafter(target)
-    table, table_source = default_cost_table(target)
-    gamma = client.policy()["gamma"]
-    engine = Engine(target, drafter, EngineConfig(gamma=gamma, max_batch=max_batch, replica_id=replica_id),
-                    calibrate=default_calibration(drafter), tiers=tier_grid(table))
+    _controller_policy(client, 60.0)
     engine.step_id = client.next_step_id(replica_id)
-    node = Replica(engine, client, CostAwareScheduler(table), replay=GreedyReplay(target, drafter, gamma))
+    node = Replica(engine, client, CostAwareScheduler(table),
+                   replay=GreedyReplay(engine.model, engine.drafter, gamma))
+    node.poll(force=True)  # raises with a clear message when the policy's gamma is not this replica's
     load = swing(rate, amplitude, period_s, offset)
     arrivals = Arrivals(workload_requests(replica_id, 0, max_new_tokens, 0.0, seed), load, time.monotonic, seed)
-    node.poll(force=True)
     log.info("serving (cost table: %s; fault armed: %s)", table_source, fault)
     counted_shed = 0
     try:

@@ -32,7 +32,6 @@ class Stage:
     revision: int
     start: float
     end: float
-    entered_by: Decision
     faulted: bool = False
 
 
@@ -49,11 +48,11 @@ def stages_of(decisions: list[Decision], end: float, fault_at: float | None = No
         stop = changes[i + 1].decided_at if i + 1 < len(changes) else end
         label = stage_label(d.phase_to, d.compact_fraction)
         if fault_at is not None and d.decided_at <= fault_at < stop:
-            out.append(Stage(label, d.phase_to, d.compact_fraction, d.revision, d.decided_at, fault_at, d))
-            out.append(Stage(f"{label} + fault", d.phase_to, d.compact_fraction, d.revision, fault_at, stop, d,
+            out.append(Stage(label, d.phase_to, d.compact_fraction, d.revision, d.decided_at, fault_at))
+            out.append(Stage(f"{label} + fault", d.phase_to, d.compact_fraction, d.revision, fault_at, stop,
                              faulted=True))
         else:
-            out.append(Stage(label, d.phase_to, d.compact_fraction, d.revision, d.decided_at, stop, d,
+            out.append(Stage(label, d.phase_to, d.compact_fraction, d.revision, d.decided_at, stop,
                              faulted=fault_at is not None and d.decided_at > fault_at))
     return out
 
@@ -114,13 +113,17 @@ def _labels(store: Store) -> dict:
 
 
 def _stage_figures(store: Store, stage: Stage, t0: float) -> dict:
-    report = evaluate(store, Window(stage.start, stage.end), resamples=SUMMARY_RESAMPLES).report()
+    evaluation = evaluate(store, Window(stage.start, stage.end), resamples=SUMMARY_RESAMPLES)
+    report, gates = evaluation.report(), evaluation.measurements(stage.phase)
     modes = {m: a["requests"] for m, a in report["acceptance"].items()}
     return {
         "stage": stage.label, "phase": stage.phase, "compact_fraction": stage.compact_fraction,
         "revision": stage.revision, "start_s": stage.start - t0, "end_s": stage.end - t0,
         "fault": stage.faulted, "request_rows": modes,
         "tokens_per_s": report["throughput"]["tokens_per_s"],
+        # The gates' comparison: against the baseline at matched load, so the load swing cancels out.
+        "tokens_per_s_vs_baseline": gates["tokens_per_s_ratio"].value,
+        "p99_vs_baseline": gates["p99_step_ratio"].value,
         "mean_accepted": {m: a["mean_accepted"] for m, a in report["acceptance"].items()},
         "ece_by_depth": {d: c["ece"] for d, c in report["calibration"]["survival"].items()},
         "utilization": report["utilization"]["upper_bound"]["value"],
@@ -182,14 +185,17 @@ def _number(value: float | None, fmt: str) -> str:
 def render(summary: dict) -> str:
     """The final summary as text: per stage figures, per-depth ECE, decisions, outcome, where the data is."""
     stages = summary["stages"]
-    lines = ["", "Stages (tokens/s: committed tokens per busy replica-second; ECE: worst depth, uncensored)"]
-    header = f"  {'stage':<20}{'from':>6}{'to':>6}{'tok/s':>8}{'ECE':>7}{'util':>7}{'miss':>7}{'p99 ms':>8}"
-    lines.append(header)
+    lines = ["", "Stages (tok/s: committed tokens per busy replica-second; x base: the same against the baseline",
+             "at matched load; ECE: worst depth, uncensored traffic; util: cap-accept, or shadow's suggestion)",
+             f"  {'stage':<20}{'from':>6}{'to':>6}{'tok/s':>8}{'x base':>8}{'ECE':>7}{'util':>7}{'miss':>7}"
+             f"{'p99 ms':>8}"]
     for s in stages:
         worst = max(s["ece_by_depth"].values(), default=None)
+        utilization = s["shadow_utilization"] if s["phase"] == "shadow" else s["utilization"]
         lines.append(f"  {s['stage']:<20}{s['start_s']:>6.0f}{s['end_s']:>6.0f}{_number(s['tokens_per_s'], '.0f'):>8}"
-                     f"{_number(worst, '.3f'):>7}{_number(s['utilization'] or s['shadow_utilization'], '.2f'):>7}"
-                     f"{_number(s['miss_rate'], '.1%'):>7}{_number(s['p99_ms'], '.1f'):>8}")
+                     f"{_number(s['tokens_per_s_vs_baseline'], '.2f'):>8}{_number(worst, '.3f'):>7}"
+                     f"{_number(utilization, '.2f'):>7}{_number(s['miss_rate'], '.1%'):>7}"
+                     f"{_number(s['p99_ms'], '.1f'):>8}")
     depths = sorted({d for s in stages for d in s["ece_by_depth"]}, key=int)
     lines += ["", "Survival ECE per depth (uncensored traffic)",
               f"  {'stage':<20}" + "".join(f"{'d' + d:>7}" for d in depths)]
