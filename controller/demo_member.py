@@ -49,6 +49,8 @@ FAULTS = ("none", "drift", "cost-table")
 # Waiting requests kept beyond the running batch before new arrivals are shed.
 BACKLOG = 64
 WARMUP_REQUESTS = 8
+# Every this many steps one live request's cache state is checked (as `sparkgate replica` does).
+STATE_EVERY = 50
 # Steps per Replica.serve call: between calls the loop applies faults and notices a stop.
 SEGMENT_STEPS = 25
 # A table measured on an accelerator: verifying a whole block costs about what one row does,
@@ -172,6 +174,7 @@ def _fire(fault: str, node, arrivals: Arrivals, drift_temperature: float, out_di
         table = load_cost_table(path, force=True)
     node.scheduler = CostAwareScheduler(table)
     node.engine.runner.grid = tier_grid(table)
+    node.engine.config.cost_table_version = table.meta.version
     if node.payload is not None and node.payload["phase"] != "fallback":
         node.engine.policy = node.scheduler
     return f"cost-table: {path} {refused}"
@@ -199,8 +202,9 @@ def _warm_engine(replica_id: str, gamma: int, max_batch: int, seed: int):
     target = default_target()
     drafter = default_drafter(target)
     table, source = default_cost_table(target)
-    engine = Engine(target, drafter, EngineConfig(gamma=gamma, max_batch=max_batch, replica_id=replica_id),
-                    calibrate=default_calibration(drafter), tiers=tier_grid(table))
+    config = EngineConfig(gamma=gamma, max_batch=max_batch, replica_id=replica_id,
+                          cost_table_version=table.meta.version or None)
+    engine = Engine(target, drafter, config, calibrate=default_calibration(drafter), tiers=tier_grid(table))
     for request in workload_requests(f"{replica_id}-warmup", WARMUP_REQUESTS, 8, 0.0, seed):
         engine.submit(request)
     engine.run()
@@ -255,8 +259,8 @@ def member(url, replica_id, metrics_port, gamma, rate, amplitude, period_s, offs
     client = _metered_client(url, metrics)
     _controller_policy(client, 60.0)
     engine.step_id = client.next_step_id(replica_id)
-    node = Replica(engine, client, CostAwareScheduler(table),
-                   replay=GreedyReplay(engine.model, engine.drafter, gamma))
+    replay = GreedyReplay(engine.model, engine.drafter, gamma)
+    node = Replica(engine, client, CostAwareScheduler(table), replay=replay, state_every=STATE_EVERY)
     node.poll(force=True)  # raises with a clear message when the policy's gamma is not this replica's
     load = swing(rate, amplitude, period_s, offset)
     arrivals = Arrivals(workload_requests(replica_id, 0, max_new_tokens, 0.0, seed), load, time.monotonic, seed)
