@@ -1,9 +1,9 @@
 """End to end: ``sparkgate demo --quick --json`` as a user runs it (real processes, runtime, DuckDB file).
 
-The run walks the whole ladder on evidence, the drift fault fails the
-calibration gate, and the controller falls back by itself; the test checks the
-JSON summary, the DuckDB file and the exports it leaves, and that no process
-of the fleet outlives the demo.
+Each run walks the whole ladder on evidence, then a fault fails its gate (drift:
+survival ECE; a foreign cost table: tier misses) and the controller falls back
+by itself. The tests check the JSON summary, the DuckDB file and the exports
+the demo leaves, and that no process of the fleet outlives it.
 """
 from __future__ import annotations
 
@@ -30,12 +30,16 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
+def _demo(out: Path, *options: str) -> dict:
+    run = subprocess.run([sys.executable, "-m", "controller", "demo", "--quick", "--json", "--out", str(out),
+                          *options], capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, f"stdout:\n{run.stdout[-2000:]}\nstderr:\n{run.stderr[-4000:]}"
+    return json.loads(run.stdout)
+
+
 def test_quick_demo_walks_the_ladder_and_falls_back_on_calibration_drift(tmp_path):
     out = tmp_path / "demo"
-    run = subprocess.run([sys.executable, "-m", "controller", "demo", "--quick", "--json", "--out", str(out)],
-                         capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, f"stdout:\n{run.stdout[-2000:]}\nstderr:\n{run.stderr[-4000:]}"
-    summary = json.loads(run.stdout)
+    summary = _demo(out)
 
     assert summary["ok"] and summary["fault"] == "drift"
     assert summary["phases"] == ["baseline", "shadow", "canary", "compact", "fallback"]
@@ -63,4 +67,20 @@ def test_quick_demo_walks_the_ladder_and_falls_back_on_calibration_drift(tmp_pat
     assert (out / "snapshot" / "CURRENT").exists()
     assert summary["dashboard"] == f"sparkgate dashboard --db {out / 'demo.duckdb'} --policy {out / 'rollout.yaml'}"
     assert json.loads((out / "summary.json").read_text())["phases"] == summary["phases"]
+    assert _processes_mentioning(str(out)) == []
+
+
+def test_a_cost_table_from_other_hardware_falls_back_on_tier_misses(tmp_path):
+    out = tmp_path / "demo"
+    summary = _demo(out, "--fault", "cost-table")
+
+    assert summary["ok"] and summary["phases"] == ["baseline", "shadow", "canary", "compact", "fallback"]
+    assert "tier_miss_rate" in summary["fallback_reason"]
+    with Store(summary["db"]) as store:
+        eager = store.query("SELECT replica_id, miss_reason, min(tier) AS tier, count(*) AS n FROM steps "
+                            "WHERE NOT graph_hit GROUP BY ALL").to_pylist()
+        quarantined = store.counts()["quarantine"]
+    assert [(r["replica_id"], r["miss_reason"], r["tier"]) for r in eager] == [("replica-c", "over_max_tier", -1)]
+    assert quarantined == 0  # eager steps are stored like any other
+    assert (out / "foreign_cost_table.json").exists()
     assert _processes_mentioning(str(out)) == []
