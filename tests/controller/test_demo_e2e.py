@@ -32,7 +32,7 @@ def _processes_mentioning(text: str) -> list[str]:
 
 def _demo(out: Path, *options: str) -> dict:
     run = subprocess.run([sys.executable, "-m", "controller", "demo", "--quick", "--json", "--out", str(out),
-                          *options], capture_output=True, text=True, timeout=900)
+                          *options], capture_output=True, text=True, timeout=540)
     assert run.returncode == 0, f"stdout:\n{run.stdout[-2000:]}\nstderr:\n{run.stderr[-4000:]}"
     return json.loads(run.stdout)
 
