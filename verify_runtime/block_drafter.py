@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .drafters import DraftContext, DraftOutput, pick, temperature_probs
-from .model import BYTE_VOCAB, FeedForward, ModelArgs, RMSNorm, Transformer, apply_rope, model_version, rope_tables
+from .model import (BYTE_VOCAB, FeedForward, ModelArgs, RMSNorm, Transformer, apply_rope, model_version,
+                    read_checkpoint, rope_tables)
 
 
 @dataclass
@@ -210,11 +211,8 @@ class BlockDrafter:
 
 
 def load_drafter(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[DSparkNet, dict]:
-    """Inverse of ``model.save_checkpoint(net, ...)`` for a ``DSparkNet`` (half-precision weights load as float)."""
-    payload = torch.load(path, map_location=map_location, weights_only=True)
-    missing = {"args", "model"} - set(payload)
-    if missing:
-        raise ValueError(f"drafter checkpoint {path} lacks {sorted(missing)}")
-    net = DSparkNet(DrafterArgs(**payload["args"]))
-    net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in payload["model"].items()})
-    return net.to(map_location).eval(), payload.get("extra", {})
+    """Inverse of ``model.save_checkpoint(net, ...)`` for a ``DSparkNet``."""
+    args, state, extra = read_checkpoint(path, map_location)
+    net = DSparkNet(DrafterArgs(**args))
+    net.load_state_dict(state)
+    return net.to(map_location).eval(), extra

@@ -243,13 +243,19 @@ def save_checkpoint(model: Transformer, path: str | Path, extra: dict | None = N
     tmp.replace(path)  # never leave a half-written checkpoint under the real name
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[Transformer, dict]:
+def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[dict, dict, dict]:
+    """(args, float32 state dict, extra) of a file written by ``save_checkpoint``, loaded weights-only."""
     payload = torch.load(path, map_location=map_location, weights_only=True)
     missing = {"args", "model"} - set(payload)
     if missing:
         raise ValueError(f"checkpoint {path} lacks {sorted(missing)}")
-    model = Transformer(ModelArgs(**payload["args"]))
+    # Shipped checkpoints are half precision; the runtime computes in float32.
     state = {k: v.float() if v.is_floating_point() else v for k, v in payload["model"].items()}
-    model.load_state_dict(state)
-    return model, payload.get("extra", {})
+    return payload["args"], state, payload.get("extra", {})
 
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[Transformer, dict]:
+    args, state, extra = read_checkpoint(path, map_location)
+    model = Transformer(ModelArgs(**args))
+    model.load_state_dict(state)
+    return model, extra
