@@ -165,3 +165,14 @@ def build(argv: list[str]) -> Context | None:
 
 def current() -> Context:
     return st.session_state[_KEY]
+
+
+def windowed_page(title: str) -> tuple[Context, dict] | None:
+    """Open a page of figures over the selected window: (context, figures), or None
+    (after saying so) when the window holds no steps yet."""
+    ctx = current()
+    st.title(title)
+    st.caption(f"Window: {ctx.window_label}.")
+    if not ctx.require_steps():
+        return None
+    return ctx, ctx.figures()

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from collectors.aggregate import N_BINS, Aggregate, CalibrationStats
+from collectors.aggregate import Aggregate, CalibrationStats
 from collectors.schema import MODES
 from controller import queries
 from controller.calibration import FINE_BINS, FINE_PER_BIN

@@ -7,7 +7,7 @@ import streamlit as st
 
 from controller.queries import Slice
 from dashboards import charts, data, series
-from dashboards.context import current
+from dashboards.context import windowed_page
 
 KINDS = {"conditional": "c_k (conditional, rows at risk)", "survival": "S_k (prefix survival, observed rows)"}
 
@@ -93,12 +93,10 @@ def windows(figures: dict) -> None:
 
 
 def render() -> None:
-    ctx = current()
-    st.title("Acceptance")
-    st.caption(f"Window: {ctx.window_label}.")
-    if not ctx.require_steps():
+    page = windowed_page("Acceptance")
+    if page is None:
         return
-    figures = ctx.figures()
+    ctx, figures = page
     report = figures["report"]
     utilization(ctx, report)
     curves(ctx, report)

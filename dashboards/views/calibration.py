@@ -8,7 +8,7 @@ import streamlit as st
 from collectors.aggregate import UNCENSORED_MODES
 from controller.queries import SLICE_COLUMNS
 from dashboards import charts, data, series
-from dashboards.context import current
+from dashboards.context import windowed_page
 
 UNCENSORED = f"Uncensored ({', '.join(UNCENSORED_MODES)}): gated"
 COMPACT = "Compact (censored): labels beyond the window are unknown; never gated"
@@ -113,12 +113,10 @@ def by_slice(ctx) -> None:
 
 
 def render() -> None:
-    ctx = current()
-    st.title("Calibration")
-    st.caption(f"Window: {ctx.window_label}.")
-    if not ctx.require_steps():
+    page = windowed_page("Calibration")
+    if page is None:
         return
-    figures = ctx.figures()
+    ctx, figures = page
     report = figures["report"]
     per_depth(ctx, report)
     if ctx.require_store("The reliability diagram"):

@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboards import charts, series, steps
-from dashboards.context import current
+from dashboards.context import windowed_page
 
 
 def summary(ctx, report: dict) -> None:
@@ -83,12 +83,11 @@ def latency(report: dict) -> None:
 
 
 def render() -> None:
-    ctx = current()
-    st.title("Tiers and cost")
-    st.caption(f"Window: {ctx.window_label}.")
-    if not ctx.require_steps():
+    page = windowed_page("Tiers and cost")
+    if page is None:
         return
-    report = ctx.figures()["report"]
+    ctx, figures = page
+    report = figures["report"]
     summary(ctx, report)
     if ctx.require_store("The tier histogram, time series and cost plots"):
         histogram(ctx)
