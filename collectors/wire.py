@@ -128,6 +128,10 @@ def from_ndjson(data: bytes) -> Parsed:
     """Type an NDJSON body: one step record per non-blank line; positions count those lines."""
     lines = [line for line in data.split(b"\n") if line.strip()]
     try:
+        # Arrow's JSON reader crashes the process (SIGSEGV, pyarrow 26) on a line whose
+        # top-level value is not an object, e.g. `null`; only all-object bodies take the fast path.
+        if not all(line.lstrip().startswith(b"{") for line in lines):
+            raise ValueError("a line is not a JSON object")
         wire = pajson.read_json(
             io.BytesIO(data),
             read_options=pajson.ReadOptions(block_size=max(_JSON_BLOCK, len(data) + 1)),

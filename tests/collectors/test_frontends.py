@@ -41,6 +41,14 @@ def test_ndjson_bad_lines_are_pinpointed():
     assert rejected[2].payload.startswith(b'{"replica_id"')
 
 
+def test_ndjson_lines_that_are_not_objects_are_rejected_not_fatal():
+    """A `null` line beside a mistyped record once crashed Arrow's JSON reader (SIGSEGV)."""
+    body = b"null\n" + json.dumps(dict(step(2).to_dict(), replica_id=[-3, 3])).encode() + b"\n7\n" + ndjson(step(5))
+    parsed = from_ndjson(body)
+    assert parsed.wire.column("step_id").to_pylist() == [5]
+    assert sorted(r.position for r in parsed.rejected) == [0, 1, 2]
+
+
 def test_ndjson_nan_falls_back_and_reaches_validation(store):
     body = json.dumps(step(1, requests=[compact_row()]).to_dict()).replace("0.9,", "NaN,", 1).encode()
     result = store.ingest(from_ndjson(body), "t")
