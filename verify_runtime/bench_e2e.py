@@ -46,7 +46,9 @@ def run_arm(target, drafter, policy, mode: str, batch: int, prompts, max_new_tok
 
 
 def run_e2e(target, drafter, table: CostTable, batches: tuple[int, ...], gamma: int, short_window: int,
-            waves: int, max_new_tokens: int, calibrate=None, progress: bool = True) -> dict:
+            waves: int, max_new_tokens: int, rounds: int = 2, min_requests: int = 8, calibrate=None,
+            progress: bool = True) -> dict:
+    """Per batch size, each arm runs ``rounds`` times, interleaved; the median run is reported."""
     arms = {
         "static": ("static", FixedWindow(gamma)),
         "fixed_short": ("compact", FixedWindow(short_window)),
@@ -54,12 +56,17 @@ def run_e2e(target, drafter, table: CostTable, batches: tuple[int, ...], gamma: 
     }
     results = {}
     for batch in batches:
-        prompts = mixed_workload(batch * waves, seed=batch)
-        row = {}
-        for name, (mode, policy) in arms.items():
-            if progress:
-                print(f"bench e2e: batch {batch:>3} {name}", file=sys.stderr, flush=True)
-            row[name] = run_arm(target, drafter, policy, mode, batch, prompts, max_new_tokens, gamma, calibrate)
+        # Small batches get a few extra requests so one run is long enough to time.
+        prompts = mixed_workload(max(batch * waves, min_requests), seed=batch)
+        runs = {name: [] for name in arms}
+        for r in range(rounds):
+            for name, (mode, policy) in arms.items():
+                if progress:
+                    print(f"bench e2e: batch {batch:>3} {name} (round {r + 1}/{rounds})", file=sys.stderr, flush=True)
+                runs[name].append(run_arm(target, drafter, policy, mode, batch, prompts, max_new_tokens, gamma,
+                                          calibrate))
+        row = {name: dict(sorted(arm, key=lambda x: x["tokens_per_s"])[(len(arm) - 1) // 2],
+                          tokens_per_s_runs=[x["tokens_per_s"] for x in arm]) for name, arm in runs.items()}
         for name in ("fixed_short", "cost_aware"):
             row[name]["ratio_to_static"] = round(row[name]["tokens_per_s"] / row["static"]["tokens_per_s"], 3)
         results[str(batch)] = row
@@ -71,12 +78,13 @@ def run_e2e(target, drafter, table: CostTable, batches: tuple[int, ...], gamma: 
 @click.option("--gamma", default=7, show_default=True)
 @click.option("--short-window", default=2, show_default=True)
 @click.option("--waves", default=2, show_default=True, help="Requests per batch slot (continuous batching refills).")
-@click.option("--max-new-tokens", default=48, show_default=True)
+@click.option("--max-new-tokens", default=128, show_default=True)
+@click.option("--rounds", default=2, show_default=True, help="Interleaved runs per arm; the median is reported.")
 @click.option("--cost-table", "cost_table_path", type=click.Path(exists=True, dir_okay=False),
               help="Cost table JSON (default: the shipped one, or profile here if it does not match).")
 @click.option("--threads", default=1, show_default=True, help="torch intra-op threads (see bench verify).")
 @click.option("--json", "as_json", is_flag=True)
-def bench_e2e(batches, gamma, short_window, waves, max_new_tokens, cost_table_path, threads, as_json):
+def bench_e2e(batches, gamma, short_window, waves, max_new_tokens, rounds, cost_table_path, threads, as_json):
     """Committed tokens/s: static vs fixed short window vs cost-aware compact."""
     torch.set_num_threads(threads)
     from .defaults import default_calibration, default_cost_table, default_drafter, default_target
@@ -86,7 +94,7 @@ def bench_e2e(batches, gamma, short_window, waves, max_new_tokens, cost_table_pa
     drafter = default_drafter(target)
     table, table_source = default_cost_table(target, cost_table_path)
     batch_sizes = tuple(int(b) for b in batches.split(","))
-    results = run_e2e(target, drafter, table, batch_sizes, gamma, short_window, waves, max_new_tokens,
+    results = run_e2e(target, drafter, table, batch_sizes, gamma, short_window, waves, max_new_tokens, rounds,
                       calibrate=default_calibration(drafter))
     summary = {"gamma": gamma, "short_window": short_window, "drafter": drafter.version,
                "cost_table": table_source, "threads": torch.get_num_threads(), "batches": results}
