@@ -23,6 +23,7 @@ from .corpus import Corpus
 from .drafters import DraftContext, Drafter
 from .engine import Engine, EngineConfig, Request
 from .model import Transformer, forward_full
+from .training import require_at_least_one
 
 
 @dataclass
@@ -38,9 +39,8 @@ class EvalConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("prompts_per_domain", "prompt_len", "max_new_tokens", "gamma", "batch", "latency_repeats"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"EvalConfig.{name} must be >= 1, got {getattr(self, name)}")
+        require_at_least_one(self, ("prompts_per_domain", "prompt_len", "max_new_tokens", "gamma", "batch",
+                                    "latency_repeats"))
 
 
 def run_blocks(target: Transformer, drafter: Drafter, prompts: list[list[int]], cfg: EvalConfig,

@@ -33,6 +33,13 @@ from .model import ModelArgs, Transformer, forward_full
 STATE_FILE = "state.pt"
 
 
+def require_at_least_one(config, names: tuple[str, ...]) -> None:
+    """Raise naming the first of ``names`` whose value on ``config`` is below 1."""
+    for name in names:
+        if getattr(config, name) < 1:
+            raise ValueError(f"{type(config).__name__}.{name} must be >= 1, got {getattr(config, name)}")
+
+
 @dataclass
 class TrainConfig:
     steps: int = 1000
@@ -49,9 +56,7 @@ class TrainConfig:
     eval_batches: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "seq_len", "checkpoint_every", "eval_batches"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+        require_at_least_one(self, ("steps", "batch_size", "seq_len", "checkpoint_every", "eval_batches"))
         if self.lr <= 0:
             raise ValueError(f"TrainConfig.lr must be > 0, got {self.lr}")
 
