@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 import click
 import torch
@@ -21,28 +20,16 @@ from policies.cost_model import CostTable
 from policies.window import CostAwareScheduler, FixedWindow
 
 from .engine import Engine, EngineConfig, Request
+from .summary import run_timed, summarize
 from .workload import mixed_workload
 
 
 def run_arm(target, drafter, policy, mode: str, batch: int, prompts, max_new_tokens: int, gamma: int,
             calibrate=None) -> dict:
     engine = Engine(target, drafter, EngineConfig(gamma=gamma, max_batch=batch), policy=policy, calibrate=calibrate)
-    records = []
-    engine.sink = records.append
-    for i, p in enumerate(prompts):
-        engine.submit(Request(f"{p.task}-{i}", p.tokens, max_new_tokens, mode=mode, task=p.task, seed=i,
-                              stop_at_eos=False))
-    start = time.perf_counter()
-    outputs = engine.run()
-    seconds = time.perf_counter() - start
-    rows = [row for rec in records for row in rec.requests]
-    return {
-        "tokens_per_s": round(sum(len(o) for o in outputs.values()) / seconds, 2),
-        "mean_window": round(sum(r.window for r in rows) / len(rows), 3),
-        "mean_accepted": round(sum(r.accepted for r in rows) / len(rows), 3),
-        "mean_verify_rows": round(sum(rec.verify_rows for rec in records) / len(records), 2),
-        "steps": len(records),
-    }
+    requests = [Request(f"{p.task}-{i}", p.tokens, max_new_tokens, mode=mode, task=p.task, seed=i, stop_at_eos=False)
+                for i, p in enumerate(prompts)]
+    return summarize(*run_timed(engine, requests))
 
 
 def run_e2e(target, drafter, table: CostTable, batches: tuple[int, ...], gamma: int, short_window: int,

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import click
 
@@ -11,6 +10,7 @@ from policies.window import FixedWindow
 from .defaults import default_drafter, default_target
 from .engine import Engine, EngineConfig, Request
 from .modes import MODES
+from .summary import run_timed, summarize
 
 
 def encode(text: str) -> list[int]:
@@ -19,30 +19,6 @@ def encode(text: str) -> list[int]:
 
 def decode(tokens: list[int]) -> str:
     return bytes(t for t in tokens if t < 256).decode("utf-8", errors="replace")
-
-
-def run_requests(engine: Engine, requests: list[Request]) -> tuple[list, float]:
-    records = []
-    engine.sink = records.append
-    for r in requests:
-        engine.submit(r)
-    start = time.perf_counter()
-    engine.run()
-    return records, time.perf_counter() - start
-
-
-def mode_summary(records: list, seconds: float) -> dict:
-    rows = [row for rec in records for row in rec.requests]
-    committed = sum(len(r.committed_tokens) for r in rows)
-    return {
-        "steps": len(records),
-        "verify_rows": sum(rec.verify_rows for rec in records),
-        "mean_window": round(sum(r.window for r in rows) / len(rows), 3),
-        "mean_accepted": round(sum(r.accepted for r in rows) / len(rows), 3),
-        "committed_tokens": committed,
-        "committed_tokens_per_s": round(committed / seconds, 1),
-        "tier_misses": sum(not rec.graph_hit for rec in records),
-    }
 
 
 @click.command()
@@ -58,6 +34,7 @@ def generate(prompt, max_new_tokens, mode, gamma, window, temperature, seed):
     target = default_target(seed)
     engine = Engine(target, default_drafter(target), EngineConfig(gamma=gamma, max_batch=1),
                     policy=FixedWindow(window))
-    records, seconds = run_requests(engine, [Request("cli", encode(prompt), max_new_tokens, temperature, seed, mode)])
-    click.echo(decode(engine.finished["cli"].output))
-    click.echo(json.dumps(mode_summary(records, seconds)), err=True)
+    records, outputs, seconds = run_timed(engine, [Request("cli", encode(prompt), max_new_tokens, temperature, seed,
+                                                           mode)])
+    click.echo(decode(outputs["cli"]))
+    click.echo(json.dumps(summarize(records, outputs, seconds)), err=True)

@@ -1,0 +1,38 @@
+"""Run a set of requests through an engine, timed, and summarise its step records.
+
+One summary serves the CLI and the end-to-end benchmark, so both report the
+same figures the same way: ``tokens_per_s`` counts the tokens delivered to
+requests (outputs cut at ``max_new_tokens`` or EOS), over wall time including
+prefill.
+"""
+from __future__ import annotations
+
+import time
+
+from collectors.schema import StepRecord
+
+from .engine import Engine, Request
+
+
+def run_timed(engine: Engine, requests: list[Request]) -> tuple[list[StepRecord], dict[str, list[int]], float]:
+    """(step records, outputs by request id, wall seconds) for ``requests`` run to completion."""
+    records: list[StepRecord] = []
+    engine.sink = records.append
+    for r in requests:
+        engine.submit(r)
+    start = time.perf_counter()
+    outputs = engine.run()
+    return records, outputs, time.perf_counter() - start
+
+
+def summarize(records: list[StepRecord], outputs: dict[str, list[int]], seconds: float) -> dict:
+    rows = [row for rec in records for row in rec.requests]
+    return {
+        "tokens_per_s": round(sum(len(o) for o in outputs.values()) / seconds, 2),
+        "committed_tokens": sum(len(r.committed_tokens) for r in rows),
+        "mean_window": round(sum(r.window for r in rows) / len(rows), 3),
+        "mean_accepted": round(sum(r.accepted for r in rows) / len(rows), 3),
+        "mean_verify_rows": round(sum(rec.verify_rows for rec in records) / len(records), 2),
+        "steps": len(records),
+        "tier_misses": sum(not rec.graph_hit for rec in records),
+    }
