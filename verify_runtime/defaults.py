@@ -43,12 +43,10 @@ def default_drafter(target: Transformer) -> Drafter:
     return NGramDrafter(target.args.vocab_size)
 
 
-def default_calibration(drafter: Drafter | None = None) -> STS | None:
-    """The shipped STS file for the shipped drafter (None: raw running products)."""
+def default_calibration(drafter: Drafter) -> STS | None:
+    """The shipped STS file when ``drafter`` is the block drafter it was fitted for (None: raw running products)."""
     path = ASSETS / FILES["sts"]
-    if drafter is not None and not isinstance(drafter, BlockDrafter):
-        return None
-    return STS.load(path) if path.exists() else None
+    return STS.load(path) if isinstance(drafter, BlockDrafter) and path.exists() else None
 
 
 def default_cost_table(target: Transformer, path: str | Path | None = None, *,
