@@ -98,11 +98,12 @@ class NGramDrafter:
         tokens = torch.zeros(batch, ctx.gamma, dtype=torch.long)
         probs = torch.zeros(batch, ctx.gamma, self.vocab_size, dtype=torch.float64)
         running = [torch.tensor(h, dtype=torch.long) for h in ctx.history]
+        host = _cpu(ctx)
         for k in range(ctx.gamma):
-            probs[:, k] = torch.stack([self._histogram(h) for h in running])
-            tokens[:, k] = pick(temperature_probs(probs[:, k].log(), ctx.temperatures.cpu()), _cpu(ctx), k + 1)
+            histograms = torch.stack([self._histogram(h) for h in running])
+            probs[:, k] = temperature_probs(histograms.log(), host.temperatures)
+            tokens[:, k] = pick(probs[:, k], host, k + 1)
             running = [torch.cat([h, t.view(1)]) for h, t in zip(running, tokens[:, k])]
-        probs = temperature_probs(probs.log(), ctx.temperatures.cpu())
         device = ctx.positions.device
         return DraftOutput(tokens.to(device), probs.float().to(device), own_prob_logit(probs, tokens).float().to(device))
 
