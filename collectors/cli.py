@@ -1,6 +1,7 @@
 """Commands of the record path: ``sparkgate ingest | export | collect | prune``."""
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import itertools
 import json
@@ -15,7 +16,7 @@ from collectors.ingest import Ingestor
 from collectors.sglang import SGLangPoller
 from collectors.store import Store
 from collectors.vllm import VLLMScraper
-from collectors.wire import from_ndjson
+from collectors.wire import Parsed, from_ndjson
 
 _SHOWN_PROBLEMS = 20
 
@@ -35,6 +36,23 @@ def _report_problems(path: str, start: int, result) -> None:
         click.echo(f"{path}: record {start + q.position}: {problems}", err=True)
 
 
+def _ingest_file(ingestor: Ingestor, path: str, stream: IO[bytes], batch_lines: int) -> dict:
+    """Commit ``stream`` in batches of ``batch_lines`` records; returns the file's totals."""
+    totals = {"path": path, "steps": 0, "requests": 0, "depth_labels": 0, "quarantined": 0}
+    starts: collections.deque[int] = collections.deque()  # staging runs one batch ahead of the commits
+
+    def batches() -> Iterator[tuple[Parsed, str]]:
+        for start, body in _chunks(stream, batch_lines):
+            starts.append(start)
+            yield from_ndjson(body), f"file:{path}@{start}"
+
+    for result in ingestor.ingest_stream(batches()):
+        _report_problems(path, starts.popleft(), result)
+        for key, value in result.summary().items():
+            totals[key] += value
+    return totals
+
+
 @click.command()
 @click.option("--db", required=True, type=click.Path(dir_okay=False), help="DuckDB file (created if missing).")
 @click.option("--batch-lines", default=10_000, show_default=True, help="Records per transaction.")
@@ -50,14 +68,8 @@ def ingest(db: str, batch_lines: int, strict: bool, paths: tuple[str, ...]) -> N
     with Store(db) as store:
         ingestor = Ingestor(store)
         for path in paths:
-            totals = {"path": path, "steps": 0, "requests": 0, "depth_labels": 0, "quarantined": 0}
-            stream = sys.stdin.buffer if path == "-" else open(path, "rb")
-            with stream:
-                for start, body in _chunks(stream, batch_lines):
-                    result = ingestor.ingest(from_ndjson(body), f"file:{path}@{start}")
-                    _report_problems(path, start, result)
-                    for key, value in result.summary().items():
-                        totals[key] += value
+            with sys.stdin.buffer if path == "-" else open(path, "rb") as stream:
+                totals = _ingest_file(ingestor, path, stream, batch_lines)
             quarantined += totals["quarantined"]
             click.echo(json.dumps(totals))
     if strict and quarantined:

@@ -11,7 +11,7 @@ import logging
 import queue
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 from opentelemetry.trace import Tracer
 
@@ -32,9 +32,16 @@ class Ingestor:
 
     def ingest(self, parsed: Parsed, source: str) -> IngestResult:
         """Commit ``parsed`` (see ``Store.ingest``); returns after the commit."""
-        result = self.store.ingest(parsed, source)
+        return self._observe(self.store.ingest(parsed, source))
+
+    def ingest_stream(self, batches: Iterable[tuple[Parsed, str]]) -> Iterator[IngestResult]:
+        """Commit (batch, source) pairs in order, staging the next while one commits (``Store.ingest_stream``)."""
+        for result in self.store.ingest_stream(batches):
+            yield self._observe(result)
+
+    def _observe(self, result: IngestResult) -> IngestResult:
         if self.metrics is not None:
-            self.metrics.observe(result.prepared, source)
+            self.metrics.observe(result.prepared, result.source)
         if self.tracer is not None:
             emit_step_spans(self.tracer, result.prepared.flat)
         return result

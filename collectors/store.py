@@ -4,6 +4,9 @@ Invariants:
 - ``ingest`` is one transaction: a batch's valid steps (with all their request
   rows and depth labels) and its quarantine rows are committed together or not
   at all, and ``ingest`` returns only after the commit.
+- Validation and the explode (``stage``) need no database, so they run outside
+  the writer lock: concurrent callers, and ``ingest_stream``'s worker, prepare
+  one batch while another commits. Only the stored-key check waits for the lock.
 - A step is either wholly in ``steps``/``requests``/``depth_labels`` or wholly
   in ``quarantine``; a (replica_id, step_id) is stored at most once.
 - Other processes never open the file: they read Parquet snapshots
@@ -19,8 +22,10 @@ import os
 import shutil
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import duckdb
 import numpy as np
@@ -28,7 +33,7 @@ import pyarrow as pa
 
 from collectors.batch import Prepared, prepare
 from collectors.migrations import migrate
-from collectors.wire import Parsed, flatten
+from collectors.wire import Flat, Parsed, flatten
 
 EVENT_TABLES = ("steps", "requests", "depth_labels")
 SNAPSHOT_TABLES = EVENT_TABLES + ("quarantine", "decisions", "consistency_checks")
@@ -40,9 +45,10 @@ _DATE = "(DATE '1970-01-01' + CAST(floor(ts / 86400) AS INTEGER))"
 
 @dataclass(frozen=True)
 class IngestResult:
-    """What one committed batch wrote."""
+    """What one committed batch wrote, and where it came from."""
 
     prepared: Prepared
+    source: str
 
     @property
     def steps(self) -> int:
@@ -59,6 +65,25 @@ class IngestResult:
     def summary(self) -> dict:
         return {"steps": self.steps, "requests": self.prepared.requests.num_rows,
                 "depth_labels": self.labels, "quarantined": self.quarantined}
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A batch validated and exploded as if none of its step keys were stored yet.
+
+    ``Store.commit`` re-checks the keys under the writer lock and re-prepares the
+    (rare) batch that repeats a stored key, so staging early never admits a duplicate.
+    """
+
+    parsed: Parsed
+    flat: Flat          # every wire step, valid or not
+    prepared: Prepared
+
+
+def stage(parsed: Parsed) -> Staged:
+    """Validate and explode ``parsed`` (no database access; safe on any thread)."""
+    flat = flatten(parsed.wire)
+    return Staged(parsed, flat, prepare(parsed, None, flat))
 
 
 def _sql_path(path: Path) -> str:
@@ -111,9 +136,31 @@ class Store:
     def ingest(self, parsed: Parsed, source: str) -> IngestResult:
         """Validate ``parsed`` and commit it as one transaction; raises (having written nothing) on a
         database error. Invalid records are committed to ``quarantine`` in the same transaction."""
-        flat = flatten(parsed.wire)
+        return self.commit(stage(parsed), source)
+
+    def ingest_stream(self, batches: Iterable[tuple[Parsed, str]]) -> Iterator[IngestResult]:
+        """Commit each (batch, source) in order, one transaction each, yielding after each commit.
+
+        A worker thread pulls and stages the next batch while this one commits;
+        DuckDB releases the GIL while it inserts, so the two overlap on two cores.
+        """
+        batches = iter(batches)
+
+        def stage_next() -> tuple[Staged, str] | None:
+            item = next(batches, None)
+            return None if item is None else (stage(item[0]), item[1])
+
+        with ThreadPoolExecutor(1, thread_name_prefix="sparkgate-stage") as pool:
+            pending = pool.submit(stage_next)
+            while (item := pending.result()) is not None:
+                pending = pool.submit(stage_next)
+                yield self.commit(*item)
+
+    def commit(self, staged: Staged, source: str) -> IngestResult:
+        """Commit a staged batch as one transaction (see ``ingest``)."""
         with self._lock:
-            prepared = prepare(parsed, self._stored_mask(flat.steps), flat)
+            stored = self._stored_mask(staged.flat.steps)
+            prepared = prepare(staged.parsed, stored, staged.flat) if stored.any() else staged.prepared
             tables = {"steps": prepared.flat.steps, "requests": prepared.requests,
                       "depth_labels": prepared.labels,
                       "quarantine": prepared.quarantine_table(source, time.time())}
@@ -128,7 +175,7 @@ class Store:
             except BaseException:
                 self._con.execute("ROLLBACK")
                 raise
-        return IngestResult(prepared)
+        return IngestResult(prepared, source)
 
     def delete_before(self, cutoff_ts: float) -> dict[str, int]:
         """Retention: drop events (and quarantine rows received) before ``cutoff_ts``, atomically."""

@@ -62,7 +62,7 @@ def test_collect_needs_a_source():
 
 def test_bench_ingest_smoke():
     result = CliRunner().invoke(main, ["bench", "ingest", "--rows", "5000", "--rowwise-rows", "500",
-                                       "--http-rows", "2000", "--batch-steps", "8", "--json"])
+                                       "--http-rows", "2000", "--batch-steps", "8", "--body-steps", "4", "--json"])
     assert result.exit_code == 0, result.output
     figures = json.loads(result.stdout)
     for field in ("rows", "batch_rows_per_s", "rowwise_rows_per_s", "speedup", "http_rows_per_s", "http_lost_rows"):

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from collectors.migrations import MIGRATIONS
-from collectors.store import Store, open_snapshot
+from collectors.store import Store, open_snapshot, stage
 from collectors.synth import synthetic_wire
 from collectors.wire import from_dicts, from_records
 from tests.collectors.strategies import compact_row, step
@@ -62,6 +62,24 @@ def test_duplicate_steps_against_store_and_within_batch(store):
     assert store.counts()["steps"] == 2
     reasons = [str(p) for q in result.prepared.quarantined for p in q.problems]
     assert any("already stored" in r for r in reasons) and any("earlier in this batch" in r for r in reasons)
+
+
+def test_stream_commits_in_order_and_sees_keys_committed_by_earlier_batches(store):
+    # Batch 2 is staged while batch 1 commits, so only the commit-time key check can catch its repeat.
+    batches = [(from_records([step(1), step(2)]), "a"), (from_records([step(2), step(3)]), "b"),
+               (from_records([step(4)]), "c")]
+    results = list(store.ingest_stream(batches))
+    assert [(r.source, r.steps, r.quarantined) for r in results] == [("a", 2, 0), ("b", 1, 1), ("c", 1, 0)]
+    assert "already stored" in str(results[1].prepared.quarantined[0].problems[0])
+    assert store.counts()["steps"] == 4 and store.counts()["quarantine"] == 1
+
+
+def test_a_batch_staged_before_its_key_was_committed_is_rechecked(store):
+    staged = stage(from_records([step(1, requests=[compact_row()]), step(2, requests=[compact_row()])]))
+    store.ingest(from_records([step(2, requests=[compact_row()])]), "first")
+    result = store.commit(staged, "late")
+    assert (result.steps, result.quarantined) == (1, 1)
+    assert store.counts() == {"steps": 2, "requests": 2, "depth_labels": 8, "quarantine": 1}
 
 
 def test_untypeable_records_are_quarantined(store):
