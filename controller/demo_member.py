@@ -161,13 +161,13 @@ def _fire(fault: str, node, arrivals: Arrivals, drift_temperature: float, out_di
     from policies.cost_model import FingerprintMismatch, load_cost_table
     from policies.cost_profile import hardware_fingerprint
     from policies.window import CostAwareScheduler
-    from verify_runtime.model import model_version
+    from verify_runtime.profiler import step_version
 
     path = (out_dir or Path(".")) / "foreign_cost_table.json"
     path.write_text(json.dumps(FOREIGN_COST_TABLE, indent=2) + "\n")
     engine = node.engine
     try:
-        table = load_cost_table(path, hardware=hardware_fingerprint(engine.device), model=model_version(engine.model))
+        table = load_cost_table(path, hardware=hardware_fingerprint(engine.device), model=step_version(engine.model, engine.drafter))
         refused = "accepted"
     except FingerprintMismatch as exc:
         refused = f"refused ({exc}), forced"
@@ -201,7 +201,7 @@ def _warm_engine(replica_id: str, gamma: int, max_batch: int, seed: int):
 
     target = default_target()
     drafter = default_drafter(target)
-    table, source = default_cost_table(target)
+    table, source = default_cost_table(target, drafter)
     config = EngineConfig(gamma=gamma, max_batch=max_batch, replica_id=replica_id,
                           cost_table_version=table.meta.version or None)
     engine = Engine(target, drafter, config, calibrate=default_calibration(drafter), tiers=tier_grid(table))

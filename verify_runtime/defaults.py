@@ -2,9 +2,10 @@
 
 Shipped assets (``verify_runtime/assets/``) win when present; otherwise a seeded
 random target of the default size and the n-gram stand-in drafter. A cost table
-must match this machine and model: the shipped one is used when its fingerprint
-matches, else the profiler measures one here (cached per model under
-``~/.cache/sparkgate``) rather than trusting numbers from other hardware.
+must match this machine, target and drafter (it times whole decode steps): the
+shipped one is used when its fingerprint matches, else the profiler measures one
+here (cached per target and drafter under ``~/.cache/sparkgate``) rather than
+trusting numbers from other hardware.
 """
 from __future__ import annotations
 
@@ -49,24 +50,24 @@ def default_calibration(drafter: Drafter) -> STS | None:
     return STS.load(path) if isinstance(drafter, BlockDrafter) and path.exists() else None
 
 
-def default_cost_table(target: Transformer, path: str | Path | None = None, *,
+def default_cost_table(target: Transformer, drafter: Drafter, path: str | Path | None = None, *,
                        quick: bool = True) -> tuple[CostTable, str]:
     """(table, where it came from). An explicit ``path`` must match or it is an error."""
+    from .profiler import profile_model, step_version
+
     device = target.output.weight.device
-    fingerprint = {"hardware": hardware_fingerprint(device), "model": model_version(target)}
+    fingerprint = {"hardware": hardware_fingerprint(device), "model": step_version(target, drafter)}
     if path is not None:
         return load_cost_table(path, **fingerprint), str(path)
-    cached = CACHE_DIR / f"cost_table-{fingerprint['model']}.json"
+    cached = CACHE_DIR / f"cost_table-{model_version(target)}-{drafter.version}.json"
     for candidate in (SHIPPED_COST_TABLE, cached):
         if candidate.exists():
             try:
                 return load_cost_table(candidate, **fingerprint), str(candidate)
             except CostTableError:
                 continue  # measured elsewhere or for another model: profile here instead
-    from .profiler import profile_model
-
     grid = dict(batches=(1, 8, 32, 64), fractions=(0.0, 0.3, 0.6, 1.0), repeats=3) if quick else {}
-    table = profile_model(target, **grid).table
+    table = profile_model(target, drafter, **grid).table
     cached.parent.mkdir(parents=True, exist_ok=True)
     save_cost_table(table, cached)
     return table, f"profiled here ({cached})"

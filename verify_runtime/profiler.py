@@ -1,11 +1,19 @@
-"""``sparkgate profile``: measure verify step time on this machine and fit a cost table.
+"""``sparkgate profile``: measure decode step time on this machine and fit a cost table.
 
-For each batch size the profiler prefills that many prompts, then forces a grid
-of verify budgets (fractions of the ``B × γ`` drafts, spread evenly over the
-requests, as SGLang's profiler forces budget fractions) and times the target's
-verify step at each. The additive table ``bias + α(bs) + θ(rows)`` is fitted by
-least squares over the medians; the report carries the median relative error
-of the fit and a PNG of measured against predicted times.
+The table must predict what the scheduler trades against: the whole decode
+step the engine records as ``step_ms`` (draft, schedule, verify, accept and
+commit), at the context lengths it serves. So the profiler runs the real
+engine with the drafter it serves with: for each batch size and each forced
+verify budget (a fraction of the ``B × γ`` drafts, spread evenly over the
+requests, as SGLang's profiler forces budget fractions) a fresh engine admits
+``B`` prompts of ``context`` tokens, takes one unrecorded step, then records
+``repeats`` steps; their median ``step_ms`` is the sample. The drafter's cost
+depends on the batch only, so the additive table ``bias + α(bs) + θ(rows)``
+carries it in ``α``; leaving it out made every step look cheaper in fixed cost
+than it is and the scheduler verify too little. The table is fitted by least
+squares; the report carries the median relative error of the fit and a PNG of
+measured against predicted times. ``meta.model`` is ``step_version``: the
+target's and the drafter's versions, since both set the step time.
 """
 from __future__ import annotations
 
@@ -23,13 +31,18 @@ from tqdm import tqdm
 from policies.cost_model import AdditiveCostTable, CostMeta, save_cost_table
 from policies.cost_profile import StepSample, fit_additive_table, hardware_fingerprint, median_relative_error
 
-from .kv_cache import KVCache
+from policies.window import WindowContext, WindowDecision
+
+from .drafters import Drafter
+from .engine import Engine, EngineConfig, Request
 from .model import Transformer, model_version
 from .tiers import DEFAULT_TIERS, TierGrid, parse_tiers
-from .verify import TargetRunner
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_FRACTIONS = (0.0, 0.15, 0.3, 0.5, 0.75, 1.0)
+# Prompt tokens each profiled request starts from: the serving workload's contexts
+# run from ~96 (prompt) to ~224 tokens (prompt + 128 new), and attention grows with them.
+DEFAULT_CONTEXT = 160
 
 
 @dataclass
@@ -47,60 +60,59 @@ def even_windows(batch: int, gamma: int, budget: int) -> list[int]:
     return [base + (i < extra) for i in range(batch)]
 
 
-def _time_ms(runner: TargetRunner, tokens: torch.Tensor, lens: list[int], slots: list[int], repeats: int) -> float:
-    sync = torch.cuda.synchronize if tokens.is_cuda else (lambda: None)
-    runner.verify(tokens, lens, slots)  # warm this shape
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        runner.verify(tokens, lens, slots)
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def step_version(model: Transformer, drafter: Drafter) -> str:
+    """What a step-time table was measured for: the target and the drafter (``meta.model``)."""
+    return f"{model_version(model)}+{drafter.version}"
 
 
-def _warm_up(model: Transformer) -> None:
-    """First calls pay for allocator and kernel set-up; keep that out of the samples."""
-    cache = KVCache(model.args, 2, device=model.output.weight.device, dtype=model.output.weight.dtype)
-    runner = TargetRunner(model, cache)
-    slots = [cache.alloc(), cache.alloc()]
-    runner.prefill([[1] * 16, [2] * 16], slots)
-    tokens = torch.ones(2, 8, dtype=torch.long, device=model.output.weight.device)
-    for _ in range(3):
-        runner.verify(tokens, [8, 3], slots)
+@dataclass
+class ForcedWindows:
+    """A window policy that verifies the same per-request windows every step (a forced budget)."""
+
+    windows: list[int]
+
+    def __call__(self, survival: torch.Tensor, ctx: WindowContext) -> WindowDecision:
+        return WindowDecision(torch.tensor(self.windows, dtype=torch.long, device=survival.device))
 
 
-def measure(model: Transformer, batches: tuple[int, ...], fractions: tuple[float, ...], gamma: int,
-            repeats: int, prompt_len: int = 64, grid: TierGrid | None = None,
+def _step_sample(model: Transformer, drafter: Drafter, windows: list[int], gamma: int, repeats: int,
+                 context: int, grid: TierGrid, gen: torch.Generator) -> StepSample:
+    """The median recorded ``step_ms`` of a full batch whose every request verifies ``windows[i]`` drafts."""
+    batch = len(windows)
+    engine = Engine(model, drafter, EngineConfig(gamma=gamma, max_batch=batch, default_mode="compact"),
+                    policy=ForcedWindows(windows), tiers=grid)
+    prompts = torch.randint(0, model.args.vocab_size, (batch, context), generator=gen).tolist()
+    for i, prompt in enumerate(prompts):  # long enough that nobody finishes while being timed
+        engine.submit(Request(f"profile-{i}", prompt, (repeats + 1) * (gamma + 1), seed=i, stop_at_eos=False))
+    records = [engine.step() for _ in range(repeats + 1)][1:]  # the first step also admits and prefills
+    return StepSample(batch, records[0].verify_rows, statistics.median(r.step_ms for r in records) / 1e3)
+
+
+def measure(model: Transformer, drafter: Drafter, batches: tuple[int, ...], fractions: tuple[float, ...],
+            gamma: int, repeats: int, context: int = DEFAULT_CONTEXT, grid: TierGrid | None = None,
             progress: bool = True) -> list[StepSample]:
-    device = model.output.weight.device
+    """One ``StepSample`` per (batch size, budget fraction), in that order."""
     grid = grid or TierGrid()
+    gen = torch.Generator().manual_seed(0)
     samples = []
     bar = tqdm(total=len(batches) * len(fractions), desc="profile", unit="shape", disable=not progress)
-    gen = torch.Generator().manual_seed(0)
-    _warm_up(model)
     for batch in batches:
-        cache = KVCache(model.args, batch, device=device, dtype=model.output.weight.dtype)
-        runner = TargetRunner(model, cache, grid)
-        slots = [cache.alloc() for _ in range(batch)]
-        runner.prefill(torch.randint(0, model.args.vocab_size, (batch, prompt_len), generator=gen).tolist(), slots)
-        tokens = torch.randint(0, model.args.vocab_size, (batch, gamma + 1), generator=gen).to(device)
         for fraction in fractions:
-            lens = [w + 1 for w in even_windows(batch, gamma, round(fraction * batch * gamma))]
-            seconds = _time_ms(runner, tokens, lens, slots, repeats)
-            samples.append(StepSample(batch, sum(lens), seconds))
-            bar.set_postfix(bs=batch, rows=sum(lens), ms=f"{seconds * 1e3:.2f}")
+            windows = even_windows(batch, gamma, round(fraction * batch * gamma))
+            sample = _step_sample(model, drafter, windows, gamma, repeats, context, grid, gen)
+            samples.append(sample)
+            bar.set_postfix(bs=batch, rows=sample.verify_rows, ms=f"{sample.seconds * 1e3:.2f}")
             bar.update(1)
     bar.close()
     return samples
 
 
-def profile_model(model: Transformer, *, batches=DEFAULT_BATCHES, fractions=DEFAULT_FRACTIONS, gamma: int = 7,
-                  repeats: int = 5, grid: TierGrid | None = None, progress: bool = True) -> Profile:
+def profile_model(model: Transformer, drafter: Drafter, *, batches=DEFAULT_BATCHES, fractions=DEFAULT_FRACTIONS,
+                  gamma: int = 7, repeats: int = 5, context: int = DEFAULT_CONTEXT, grid: TierGrid | None = None,
+                  progress: bool = True) -> Profile:
     grid = grid or TierGrid()
-    samples = measure(model, batches, fractions, gamma, repeats, grid=grid, progress=progress)
-    meta = CostMeta(hardware=hardware_fingerprint(model.output.weight.device), model=model_version(model),
+    samples = measure(model, drafter, batches, fractions, gamma, repeats, context, grid=grid, progress=progress)
+    meta = CostMeta(hardware=hardware_fingerprint(model.output.weight.device), model=step_version(model, drafter),
                     tiers=tuple(grid.tiers), created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                     version=f"profile-{model_version(model)}-{int(time.time())}")
     # Fewer row probes than measured shapes, so the fit has to generalise and its
@@ -130,7 +142,7 @@ def plot_profile(profile: Profile, path: str | Path) -> None:
         line, = ax.plot(rows, [s.seconds * 1e3 for s in pts], "o", label=f"bs={batch}")
         ax.plot(rows, predicted, "-", color=line.get_color(), alpha=0.7)
     ax.set_xlabel("verify rows")
-    ax.set_ylabel("step time (ms)")
+    ax.set_ylabel("decode step time (ms)")
     ax.set_title(f"measured (dots) vs fitted (lines); median rel. error {profile.median_rel_error:.1%}")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
@@ -153,20 +165,22 @@ def _floats(text: str) -> tuple[float, ...]:
 @click.option("--fractions", default=",".join(map(str, DEFAULT_FRACTIONS)), show_default=True,
               help="Budget fractions of the B×γ drafts to force.")
 @click.option("--gamma", default=7, show_default=True)
-@click.option("--repeats", default=5, show_default=True)
+@click.option("--repeats", default=5, show_default=True, help="Recorded steps per shape (the median is kept).")
+@click.option("--context", default=DEFAULT_CONTEXT, show_default=True, type=click.IntRange(min=1),
+              help="Prompt tokens per profiled request (attention cost grows with context).")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--threads", default=1, show_default=True,
               help="torch intra-op threads; profile with the threading replicas serve with.")
 @click.option("--tiers", default=",".join(map(str, DEFAULT_TIERS)), show_default=True,
               help="Graph-tier row counts; recorded in the table so predictions step at tier boundaries.")
-def profile(out_path, plot_path, batch_sizes, fractions, gamma, repeats, device, threads, tiers):
-    """Measure step time over batch sizes × verify budgets and fit the additive cost table."""
+def profile(out_path, plot_path, batch_sizes, fractions, gamma, repeats, context, device, threads, tiers):
+    """Measure decode step time over batch sizes × verify budgets and fit the additive cost table."""
     torch.set_num_threads(threads)
     try:
         grid = TierGrid(parse_tiers(tiers))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--tiers") from None
-    from .defaults import default_target
+    from .defaults import default_drafter, default_target
 
     try:
         batches, fracs = _ints(batch_sizes), _floats(fractions)
@@ -174,8 +188,9 @@ def profile(out_path, plot_path, batch_sizes, fractions, gamma, repeats, device,
         raise click.BadParameter(f"expected comma-separated numbers ({exc})") from None
     if any(not 0 <= f <= 1 for f in fracs):
         raise click.BadParameter(f"fractions must lie in [0, 1], got {fracs}", param_hint="--fractions")
-    result = profile_model(default_target().to(device), batches=batches, fractions=fracs, gamma=gamma,
-                           repeats=repeats, grid=grid)
+    target = default_target().to(device)
+    result = profile_model(target, default_drafter(target), batches=batches, fractions=fracs, gamma=gamma,
+                           repeats=repeats, context=context, grid=grid)
     save_cost_table(result.table, out_path)
     plot_path = plot_path or str(Path(out_path).with_suffix(".png"))
     plot_profile(result, plot_path)

@@ -260,7 +260,7 @@ def replica(url, replica_id, count, max_new_tokens, max_batch, temperature, seed
         target = default_target()
         drafter = default_drafter(target)
         scheduler = FixedWindow(window) if window is not None else \
-            CostAwareScheduler(default_cost_table(target, cost_table)[0])
+            CostAwareScheduler(default_cost_table(target, drafter, cost_table)[0])
         engine = Engine(target, drafter, EngineConfig(gamma=gamma, max_batch=max_batch, replica_id=replica_id),
                         calibrate=default_calibration(drafter))
         engine.step_id = client.next_step_id(replica_id)

@@ -3,7 +3,10 @@
 One summary serves the CLI and the end-to-end benchmark, so both report the
 same figures the same way: ``tokens_per_s`` counts the tokens delivered to
 requests (outputs cut at ``max_new_tokens`` or EOS), over wall time including
-prefill.
+prefill; ``decode_tokens_per_s`` counts the same tokens over the decode steps'
+own clock (the sum of ``step_ms``: draft through commit), the part a window
+policy changes. Prefill is the same work under every policy, so it only dilutes
+a comparison of policies, by a share that depends on prompt and output lengths.
 """
 from __future__ import annotations
 
@@ -27,8 +30,12 @@ def run_timed(engine: Engine, requests: list[Request]) -> tuple[list[StepRecord]
 
 def summarize(records: list[StepRecord], outputs: dict[str, list[int]], seconds: float) -> dict:
     rows = [row for rec in records for row in rec.requests]
+    tokens = sum(len(o) for o in outputs.values())
+    decode_seconds = sum(rec.step_ms for rec in records) / 1000.0
     return {
-        "tokens_per_s": round(sum(len(o) for o in outputs.values()) / seconds, 2),
+        "tokens_per_s": round(tokens / seconds, 2),
+        "decode_tokens_per_s": round(tokens / decode_seconds, 2),
+        "decode_share": round(decode_seconds / seconds, 3),
         "committed_tokens": sum(len(r.committed_tokens) for r in rows),
         "mean_window": round(sum(r.window for r in rows) / len(rows), 3),
         "mean_accepted": round(sum(r.accepted for r in rows) / len(rows), 3),

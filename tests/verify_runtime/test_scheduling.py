@@ -9,9 +9,10 @@ from click.testing import CliRunner
 from controller.cli import main
 from policies.cost_model import StepsPerSecondTable
 from policies.window import CostAwareScheduler, WindowDecision
-from verify_runtime.drafters import ModelDrafter
 from verify_runtime.engine import Engine, EngineConfig, Request
-from verify_runtime.profiler import even_windows, profile_model
+from verify_runtime.drafters import ModelDrafter, NGramDrafter
+from verify_runtime.model import model_version
+from verify_runtime.profiler import ForcedWindows, even_windows, profile_model, step_version
 from verify_runtime.reference import greedy_decode
 
 from .conftest import tiny_model
@@ -68,13 +69,29 @@ def test_even_windows_spread_the_budget():
         even_windows(4, 7, 29)
 
 
-def test_profile_fits_a_table_that_predicts_its_samples():
+def test_profile_times_whole_decode_steps_and_fits_a_table():
     model = tiny_model(seed=2).float()
-    result = profile_model(model, batches=(1, 4), fractions=(0.0, 0.5, 1.0), gamma=3, repeats=1, progress=False)
+    drafter = NGramDrafter(model.args.vocab_size)
+    result = profile_model(model, drafter, batches=(1, 4), fractions=(0.0, 0.5, 1.0), gamma=3, repeats=2,
+                           context=12, progress=False)
     assert len(result.samples) == 6
-    assert result.table.meta.model and result.table.meta.hardware["device"] == "cpu"
+    # The table is for this target with this drafter: both set the step time.
+    assert result.table.meta.model == step_version(model, drafter) == f"{model_version(model)}+{drafter.version}"
+    assert result.table.meta.hardware["device"] == "cpu"
     assert [(s.batch_size, s.verify_rows) for s in result.samples] == [(1, 1), (1, 3), (1, 4), (4, 4), (4, 10), (4, 16)]
+    assert all(s.seconds > 0 for s in result.samples)
     assert math.isfinite(result.median_rel_error) and result.median_rel_error >= 0
+
+
+def test_forced_windows_drive_the_engine_at_the_profiled_budget():
+    model = tiny_model(seed=2).float()
+    records = []
+    engine = Engine(model, NGramDrafter(model.args.vocab_size), EngineConfig(gamma=3, max_batch=3, default_mode="compact"),
+                    policy=ForcedWindows([0, 2, 3]), sink=records.append)
+    for i in range(3):
+        engine.submit(Request(f"r{i}", [1, 2, 3, 4], 8, seed=i, stop_at_eos=False))
+    engine.step()
+    assert [r.window for r in records[0].requests] == [0, 2, 3] and records[0].verify_rows == 1 + 3 + 4
 
 
 def test_profile_command_writes_table_and_plot(tmp_path):
@@ -103,7 +120,9 @@ def test_bench_e2e_runs_and_reports_ratios(tmp_path, monkeypatch):
         row = summary["batches"][batch]
         assert set(row) == {"static", "fixed_short", "cost_aware"}
         assert row["static"]["mean_window"] == 7.0 and row["fixed_short"]["mean_window"] <= 2.0
-        assert row["cost_aware"]["ratio_to_static"] > 0
+        assert row["cost_aware"]["ratio_to_static"] > 0 and row["cost_aware"]["decode_ratio_to_static"] > 0
+        # Decode steps are part of the wall time, so their rate is the higher one.
+        assert all(arm["decode_tokens_per_s"] >= arm["tokens_per_s"] for arm in row.values())
 
 
 def test_profile_command_takes_a_tier_grid(tmp_path):
