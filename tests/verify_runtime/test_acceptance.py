@@ -1,5 +1,4 @@
 """Losslessness of speculative sampling, checked against the exact target distribution."""
-import itertools
 
 import pytest
 import torch

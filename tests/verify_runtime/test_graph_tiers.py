@@ -2,7 +2,6 @@
 import pytest
 import torch
 
-from policies.window import FixedWindow
 from verify_runtime.cuda_graphs import StaticLayouts
 from verify_runtime.drafters import ModelDrafter
 from verify_runtime.engine import Engine, EngineConfig, Request
