@@ -194,12 +194,18 @@ def _attend_packed(layout: PackedLayout, k_cache: torch.Tensor, v_cache: torch.T
     write_at = layout.kv_slot * max_len + layout.positions
     n_cells = layout.n_cells
 
+    dense = layout.dense
+
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_cache.view(-1, *k.shape[1:]).index_copy_(0, write_at, k)
         v_cache.view(-1, *v.shape[1:]).index_copy_(0, write_at, v)
-        # One spare cell (index n_cells) takes every padding row and stays zero.
-        grid = q.new_zeros(n_cells + 1, *q.shape[1:]).index_copy_(0, layout.cell, q)
-        out = torch.zeros_like(grid)
+        if dense:  # rows are the cells already: no grid to fill and read back
+            grid, out = q, torch.empty_like(q)
+        else:
+            # One spare cell (index n_cells) takes every padding row and stays zero.
+            grid = q.new_zeros(n_cells + 1, *q.shape[1:]).index_copy_(0, layout.cell, q)
+            out = torch.empty_like(grid)  # every group writes all its cells; only the spare one needs zeros
+            out[n_cells] = 0
         for group, mask in zip(layout.groups, masks):
             cells = slice(group.offset, group.offset + group.n_cells)
             qs = grid[cells].view(-1, group.q_len, *q.shape[1:])
@@ -209,7 +215,7 @@ def _attend_packed(layout: PackedLayout, k_cache: torch.Tensor, v_cache: torch.T
                 qs.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask, enable_gqa=True
             )
             out[cells] = o.transpose(1, 2).reshape(group.n_cells, *q.shape[1:])
-        return out.index_select(0, layout.cell)
+        return out if dense else out.index_select(0, layout.cell)
 
     return attend
 

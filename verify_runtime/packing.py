@@ -8,15 +8,20 @@ graph tier) follow the real rows, write their K/V into the cache's scratch slot
 and are attended by nobody.
 
 Attention runs per *group* of requests with similar row counts: a group is a
-``[n, q_len]`` grid of query cells, and every real row owns one cell. Grouping
-by powers of two keeps padded cells under 2× the real rows, so attention cost
-follows the packed rows too. A CUDA graph asks for one fixed-shape group instead.
+``[n, q_len]`` grid of query cells, and every real row owns one cell. Requests
+are grouped by their row count rounded up to a power of two, and a group is as
+wide as its longest member: padded cells stay under 2× the real rows, so
+attention cost follows the packed rows too, and a batch of equal lengths (a
+prefill of same-length prompts, a static step) pads nothing. A CUDA graph asks
+for one fixed-shape group instead.
 
 Invariants of a ``PackedLayout`` with ``n_rows`` real rows and ``T`` rows in all:
 - ``row_req[:n_rows]`` is non-decreasing, ``row_req[n_rows:] == B``;
 - ``positions[r] == starts[row_req[r]] + row_q[r]`` for real rows, 0 for padding;
 - each real row's ``cell`` is unique; padding rows share the cell ``n_cells``,
-  which no group computes (its attention output is zero).
+  which no group computes (its attention output is zero);
+- ``dense`` layouts (``cell[r] == r`` for every row) let attention read and
+  write the packed rows in place.
 """
 from __future__ import annotations
 
@@ -65,6 +70,12 @@ class PackedLayout:
     def n_cells(self) -> int:
         return sum(g.n_cells for g in self.groups)
 
+    @property
+    def dense(self) -> bool:
+        """Row ``r`` owns cell ``r`` and no cell or row is padding (equal lengths in one group, no tier pad)."""
+        return self.tier_rows == self.n_rows == self.n_cells and bool(
+            torch.equal(self.cell, torch.arange(self.n_rows, device=self.cell.device)))
+
 
 def _bucket(n: int) -> int:
     return 1 << (n - 1).bit_length()
@@ -100,13 +111,14 @@ def build_layout(
         raise ValueError(f"q_len={q_len} is smaller than the longest request ({max(lens)} rows)")
 
     if q_len is None:
-        keys = sorted({_bucket(n) for n in lens})
-        members = [[b for b in range(batch) if _bucket(lens[b]) == k] for k in keys]
+        buckets = sorted({_bucket(n) for n in lens})
+        members = [[b for b in range(batch) if _bucket(lens[b]) == k] for k in buckets]
+        widths = [max(lens[b] for b in reqs) for reqs in members]
     else:
-        keys, members = [q_len], [list(range(batch))]
+        widths, members = [q_len], [list(range(batch))]
     groups, cell_of = [], [0] * batch
     offset = 0
-    for width, reqs in zip(keys, members):
+    for width, reqs in zip(widths, members):
         need = max(starts[b] + lens[b] for b in reqs)
         groups.append(AttentionGroup(
             slots=torch.tensor([slots[b] for b in reqs], dtype=torch.long, device=device),

@@ -8,16 +8,20 @@ from verify_runtime.verify import TargetRunner
 from .conftest import tiny_model
 
 
-def test_packed_prefill_and_decode_match_dense_forward(target):
+@pytest.mark.parametrize("prompt_lens, windows", [
+    ((5, 1, 9), (3, 0, 2)),  # ragged: several attention groups, padded cells
+    ((6, 6, 6), (2, 2, 2)),  # equal lengths: a dense layout, attention in place
+])
+def test_packed_prefill_and_decode_match_dense_forward(target, prompt_lens, windows):
     """Ragged rows against the cache give the dense causal forward's logits."""
     torch.manual_seed(1)
-    prompts = [torch.randint(0, 32, (n,)).tolist() for n in (5, 1, 9)]
+    prompts = [torch.randint(0, 32, (n,)).tolist() for n in prompt_lens]
     cache = KVCache(target.args, 4, dtype=torch.float64)
     runner = TargetRunner(target, cache)
     slots = [cache.alloc() for _ in prompts]
     runner.prefill([p[:-1] for p in prompts], slots)
-    # one verify step with ragged windows: last prompt token + 0..3 extra tokens
-    extra = [torch.randint(0, 32, (k,)).tolist() for k in (3, 0, 2)]
+    # one verify step: last prompt token + the window's extra tokens
+    extra = [torch.randint(0, 32, (k,)).tolist() for k in windows]
     rows = [p[-1:] + e for p, e in zip(prompts, extra)]
     tokens = torch.zeros(3, 4, dtype=torch.long)
     for b, r in enumerate(rows):

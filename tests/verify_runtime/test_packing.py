@@ -26,8 +26,10 @@ def test_layout_invariants_and_round_trip(reqs, extra):
     assert layout.cell[n:].eq(layout.n_cells).all()
     cells = layout.cell[:n].tolist()
     assert len(set(cells)) == n and max(cells) < layout.n_cells
-    # padded query cells stay under 2x the real rows
+    # padded query cells stay under 2x the real rows; a group is as wide as its longest member
     assert layout.n_cells < 2 * n
+    for group in layout.groups:
+        assert group.q_len == max(lens[b] for b in range(len(lens)) if slots[b] in group.slots.tolist())
     # gather then scatter restores every real cell and zeroes the rest
     width = max(lens)
     strided = torch.randn(len(reqs), width, 3)
@@ -35,6 +37,14 @@ def test_layout_invariants_and_round_trip(reqs, extra):
     for b, length in enumerate(lens):
         assert torch.equal(back[b, :length], strided[b, :length])
         assert back[b, length:].eq(0).all()
+
+
+def test_equal_lengths_pad_no_cell():
+    layout = build_layout([0, 0, 0], [95, 95, 95], [0, 1, 2], scratch_slot=3)
+    assert [(g.q_len, g.n_cells) for g in layout.groups] == [(95, 285)] and layout.n_cells == layout.n_rows
+    assert layout.dense
+    assert not build_layout([0, 0], [95, 95], [0, 1], scratch_slot=3, tier_rows=192).dense  # tier padding
+    assert not build_layout([0, 0], [94, 95], [0, 1], scratch_slot=3).dense  # a padded cell
 
 
 def test_fixed_shape_layout_is_one_group():
