@@ -11,17 +11,20 @@ bins ``[k/15, (k+1)/15)``, the last one closed so that p = 1 lands in it.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from collectors.labels import ACCEPTED, CENSORED, REJECTED, mode_codes
-from collectors.schema import MODES
+from collectors.schema import MODES, Problem
+from collectors.validate import MAX_GAMMA
 
 N_BINS = 15
 EDGES = np.arange(N_BINS + 1) / N_BINS
 UNCENSORED_MODES = ("static", "shadow", "cap_accept")
+HISTOGRAMS = ("accept_hist", "full_hist", "suggest_hist")
 
 
 def bin_index(p: np.ndarray) -> np.ndarray:
@@ -156,7 +159,7 @@ class Aggregate:
         width = max(self.depths, other.depths) + 1
         return Aggregate(self.survival.merge(other.survival), self.conditional.merge(other.conditional),
                          *(_pad_hist(getattr(self, f), width) + _pad_hist(getattr(other, f), width)
-                           for f in ("accept_hist", "full_hist", "suggest_hist")))
+                           for f in HISTOGRAMS))
 
     def upper_bound_utilization(self) -> float | None:
         """Cap-accept ``Σ a / Σ min(a*, γ)`` (a* <= γ always); None without cap-accept samples."""
@@ -176,14 +179,64 @@ class Aggregate:
         """A JSON-ready form (nested lists); ``from_dict`` inverts it exactly."""
         out = {f"{kind}.{f.name}": getattr(getattr(self, kind), f.name).tolist()
                for kind in ("survival", "conditional") for f in fields(CalibrationStats)}
-        out.update({f: getattr(self, f).tolist() for f in ("accept_hist", "full_hist", "suggest_hist")})
+        out.update({f: getattr(self, f).tolist() for f in HISTOGRAMS})
         return out
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Aggregate":
-        def stats(kind: str) -> CalibrationStats:
-            return CalibrationStats(*(np.asarray(data[f"{kind}.{f.name}"], dtype=np.float64 if f.name.startswith(
-                "sum_") and f.name != "sum_y" else np.int64) for f in fields(CalibrationStats)))
+    def from_dict(cls, data: Any) -> "Aggregate":
+        """Inverse of ``to_dict``; raises ``AggregateError`` listing every problem (field and value)."""
+        arrays, problems = _parse_arrays(data)
+        if problems:
+            raise AggregateError(problems)
+        stats = {kind: CalibrationStats(*(arrays[f"{kind}.{f.name}"] for f in fields(CalibrationStats)))
+                 for kind in ("survival", "conditional")}
+        return cls(stats["survival"], stats["conditional"], *(arrays[h] for h in HISTOGRAMS))
 
-        return cls(stats("survival"), stats("conditional"),
-                   *(np.asarray(data[f], np.int64) for f in ("accept_hist", "full_hist", "suggest_hist")))
+
+_STATS_KEYS = tuple(f"{kind}.{f.name}" for kind in ("survival", "conditional") for f in fields(CalibrationStats))
+
+
+class AggregateError(ValueError):
+    """A reported aggregate that cannot be merged; ``problems`` names every field at fault."""
+
+    def __init__(self, problems: list[Problem]):
+        super().__init__("; ".join(str(p) for p in problems))
+        self.problems = problems
+
+
+def _parse_arrays(data: Any) -> tuple[dict[str, np.ndarray], list[Problem]]:
+    """Typed arrays of a ``to_dict`` payload, and every reason it is not one."""
+    if not isinstance(data, dict):
+        return {}, [Problem("<aggregate>", type(data).__name__, "expected an object of arrays")]
+    problems = [Problem(k, None, "missing") for k in _STATS_KEYS + HISTOGRAMS if k not in data]
+    problems += [Problem(k, None, "unknown key") for k in sorted(set(data) - set(_STATS_KEYS + HISTOGRAMS))]
+    arrays = {}
+    for key in (k for k in _STATS_KEYS + HISTOGRAMS if k in data):
+        try:
+            arrays[key] = np.asarray(data[key], dtype=np.float64)
+        except (TypeError, ValueError):
+            problems.append(Problem(key, "<array>", "expected a rectangular array of numbers"))
+    if problems:
+        return {}, problems
+    width = arrays["accept_hist"].shape[-1] if arrays["accept_hist"].ndim == 3 else -1
+    if not 2 <= width <= MAX_GAMMA + 1:
+        return {}, [Problem("accept_hist", list(arrays["accept_hist"].shape),
+                            f"expected shape [{len(MODES)}, depths + 1, depths + 1] with 1 <= depths <= {MAX_GAMMA}")]
+    for key, a in arrays.items():
+        shape = (len(MODES), width, N_BINS if key in _STATS_KEYS else width)
+        integral = not key.endswith(("sum_p", "sum_sq"))
+        if a.shape != shape:
+            problems.append(Problem(key, list(a.shape), f"expected shape {list(shape)}"))
+        elif not np.isfinite(a).all() or (a < 0).any():
+            problems.append(Problem(key, "<array>", "values must be finite and >= 0"))
+        elif integral and (a != np.round(a)).any():
+            problems.append(Problem(key, "<array>", "counts must be integers"))
+        else:
+            arrays[key] = a.astype(np.int64) if integral else a
+    for kind in ("survival", "conditional"):
+        count = arrays[f"{kind}.count"]
+        for name in ("sum_p", "sum_y", "sum_sq"):  # each term lies in [0, 1]
+            total = arrays[f"{kind}.{name}"]
+            if count.shape == total.shape and count.dtype == np.int64 and (total > count + 1e-9 * count).any():
+                problems.append(Problem(f"{kind}.{name}", "<array>", f"exceeds {kind}.count in some bin"))
+    return arrays, problems

@@ -58,6 +58,12 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         kind VARCHAR NOT NULL, tokens BIGINT NOT NULL, mismatch_at BIGINT, expected BIGINT, got BIGINT
     );
     """),
+    (3, "fleet aggregates reported by replicas instead of rows", """
+    CREATE TABLE aggregates (
+        received_at DOUBLE NOT NULL, replica_id VARCHAR NOT NULL, interval_start DOUBLE NOT NULL,
+        interval_end DOUBLE NOT NULL, labels BIGINT NOT NULL, payload JSON NOT NULL
+    );
+    """),
 )
 
 

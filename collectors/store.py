@@ -31,12 +31,13 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from collectors.aggregate import Aggregate
 from collectors.batch import Prepared, prepare
 from collectors.migrations import migrate
 from collectors.wire import Flat, Parsed, flatten
 
 EVENT_TABLES = ("steps", "requests", "depth_labels")
-SNAPSHOT_TABLES = EVENT_TABLES + ("quarantine", "decisions", "consistency_checks")
+SNAPSHOT_TABLES = EVENT_TABLES + ("quarantine", "decisions", "consistency_checks", "aggregates")
 # Snapshot generations kept, so a reader that opened the previous one can finish.
 _KEEP_GENERATIONS = 2
 # UTC calendar date of a unix time, without depending on the session time zone.
@@ -178,12 +179,13 @@ class Store:
         return IngestResult(prepared, source)
 
     def delete_before(self, cutoff_ts: float) -> dict[str, int]:
-        """Retention: drop events (and quarantine rows received) before ``cutoff_ts``, atomically."""
+        """Retention: drop events, quarantine rows received and aggregates ending before ``cutoff_ts``, atomically."""
         deleted = {}
         with self._lock:
             self._con.execute("BEGIN TRANSACTION")
             try:
-                for table, column in [(t, "ts") for t in EVENT_TABLES] + [("quarantine", "received_at")]:
+                for table, column in [(t, "ts") for t in EVENT_TABLES] + [("quarantine", "received_at"),
+                                                                          ("aggregates", "interval_end")]:
                     deleted[table] = self._con.execute(
                         f"DELETE FROM {table} WHERE {column} < ?", [cutoff_ts]).fetchall()[0][0]
                 self._con.execute("COMMIT")
@@ -267,6 +269,25 @@ class Store:
         with self._lock:
             self._con.executemany(f"INSERT INTO consistency_checks ({', '.join(columns)}) VALUES "
                                   f"({', '.join('?' * len(columns))})", [[r.get(c) for c in columns] for r in rows])
+
+    def record_aggregate(self, replica_id: str, interval_start: float, interval_end: float,
+                         aggregate: Aggregate, received_at: float | None = None) -> None:
+        """Persist one replica's aggregate for an interval (committed before this returns)."""
+        labels = int(aggregate.survival.count.sum())
+        with self._lock:
+            self._con.execute(
+                "INSERT INTO aggregates (received_at, replica_id, interval_start, interval_end, labels, payload) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [time.time() if received_at is None else received_at, replica_id, interval_start, interval_end,
+                 labels, json.dumps(aggregate.to_dict())])
+
+    def aggregates(self, since: float | None = None, until: float | None = None) -> list[tuple[str, Aggregate]]:
+        """(replica_id, aggregate) of every report whose interval lies within [since, until)."""
+        rows = self.query("SELECT replica_id, payload FROM aggregates WHERE (? IS NULL OR interval_start >= ?) "
+                          "AND (? IS NULL OR interval_end <= ?) ORDER BY received_at", [since, since, until, until])
+        return [(r, Aggregate.from_dict(json.loads(p))) for r, p in
+                zip(rows.column("replica_id").to_pylist(), rows.column("payload").to_pylist())]
+
 
 def open_snapshot(directory: str | os.PathLike) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with one view per table of the newest published snapshot."""

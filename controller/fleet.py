@@ -13,13 +13,10 @@ from typing import Sequence
 
 import numpy as np
 
-from collectors.aggregate import Aggregate, CalibrationStats
+from collectors.aggregate import HISTOGRAMS, Aggregate, CalibrationStats
 from collectors.schema import MODES
 
 from .metrics import acceptance
-
-_HISTOGRAMS = ("accept_hist", "full_hist", "suggest_hist")
-
 
 def merge_aggregates(aggregates: Sequence[Aggregate]) -> Aggregate:
     """The sum of ``aggregates`` (any depths; the result has the largest). Equals folding ``Aggregate.merge``."""
@@ -32,7 +29,7 @@ def merge_aggregates(aggregates: Sequence[Aggregate]) -> Aggregate:
         return CalibrationStats(*(_summed(a, (a[0].shape[0], width, a[0].shape[2])) for a in arrays))
 
     return Aggregate(stats("survival"), stats("conditional"),
-                     *(_summed([getattr(a, h) for a in aggregates], (len(MODES), width, width)) for h in _HISTOGRAMS))
+                     *(_summed([getattr(a, h) for a in aggregates], (len(MODES), width, width)) for h in HISTOGRAMS))
 
 
 def _summed(arrays: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:

@@ -5,6 +5,7 @@
 | ``GET /v1/policy`` | the policy replicas follow |
 | ``POST /v1/records`` | step records (NDJSON or Arrow IPC), the collectors' ingest endpoint |
 | ``POST /v1/consistency`` | replicas' greedy-replay and state checks |
+| ``POST /v1/aggregates``, ``GET /v1/fleet`` | mergeable per-interval aggregates replicas report instead of rows; their merged calibration, acceptance and utilization |
 | ``GET /v1/requests/{request_id}/committed`` | a request's stored committed tokens, in step order |
 | ``GET /v1/replicas/{replica_id}`` | the step id a (restarted) replica continues from |
 | ``GET /v1/status``, ``GET /v1/decisions``, ``GET /v1/report`` | state, ledger, metrics |
@@ -19,18 +20,20 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
+from collectors.aggregate import Aggregate, AggregateError
 from collectors.ingest import Ingestor
 from collectors.ingest_api import ARROW_TYPES, NDJSON_TYPES, ingest_router
 
 from . import ledger
+from .fleet import fleet_report, merge_aggregates
 from .metrics import CHECK_KINDS, evaluate
 from .queries import Slice, Window
 from .rollout import OPERATOR_ACTIONS, TransitionError
@@ -64,6 +67,13 @@ class Check(BaseModel):
 class ConsistencyReport(BaseModel):
     replica_id: str = Field(min_length=1, max_length=512)
     checks: list[Check] = Field(min_length=1, max_length=10_000)
+
+
+class AggregateReport(BaseModel):
+    replica_id: str = Field(min_length=1, max_length=512)
+    interval_start: float = Field(allow_inf_nan=False, description="Unix time the interval began.")
+    interval_end: float = Field(allow_inf_nan=False, description="Unix time it ended (>= interval_start).")
+    aggregate: dict[str, Any] = Field(description="``collectors.aggregate.Aggregate.to_dict()``.")
 
 
 class Action(BaseModel):
@@ -152,6 +162,29 @@ def create_app(controller: Controller, ingestor: Ingestor, token: str | None = N
         store.record_consistency([{"received_at": now, "replica_id": body.replica_id, **c.model_dump()}
                                   for c in body.checks])
         return {"recorded": len(body.checks), "mismatches": sum(c.mismatch_at is not None for c in body.checks)}
+
+    @app.post("/v1/aggregates")
+    def aggregates(body: AggregateReport) -> Response:
+        problems = [] if body.interval_end >= body.interval_start else [
+            {"field": "interval_end", "value": body.interval_end, "message": "must be >= interval_start"}]
+        try:
+            aggregate = Aggregate.from_dict(body.aggregate)
+        except AggregateError as exc:
+            problems += [p.to_dict() for p in exc.problems]
+        if problems:
+            return JSONResponse({"problems": problems}, status_code=422)
+        store.record_aggregate(body.replica_id, body.interval_start, body.interval_end, aggregate,
+                               received_at=controller.clock())
+        return JSONResponse({"recorded": 1, "labels": int(aggregate.survival.count.sum())})
+
+    @app.get("/v1/fleet")
+    def fleet(since: float | None = Query(None, allow_inf_nan=False),
+              until: float | None = Query(None, allow_inf_nan=False)) -> dict:
+        reports = store.aggregates(since, until)
+        if not reports:
+            return {"reports": 0, "replicas": []}
+        return {"reports": len(reports), "replicas": sorted({r for r, _ in reports}),
+                **fleet_report(merge_aggregates([a for _, a in reports]))}
 
     @app.get("/v1/requests/{request_id}/committed")
     def committed(request_id: str = Path(max_length=512), replica_id: str | None = None) -> dict:

@@ -9,10 +9,12 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
+from collectors.aggregate import Aggregate
+from collectors.labels import explode
 from collectors.migrations import MIGRATIONS
 from collectors.store import Store, open_snapshot, stage
 from collectors.synth import synthetic_wire
-from collectors.wire import from_dicts, from_records
+from collectors.wire import flatten, from_dicts, from_records
 from tests.collectors.strategies import compact_row, step
 
 
@@ -105,8 +107,13 @@ def test_a_failed_commit_writes_nothing(store):
 def test_retention_deletes_old_rows_everywhere(store):
     store.ingest(from_records([step(1, requests=[compact_row()], ts=100.0),
                                step(2, requests=[compact_row(request_id="r2")], ts=200.0)]), "t")
-    assert store.delete_before(150.0) == {"steps": 1, "requests": 1, "depth_labels": 4, "quarantine": 0}
+    flat = flatten(synthetic_wire(2, 2, 3))
+    for end in (120.0, 220.0):
+        store.record_aggregate("r0", end - 20, end, Aggregate.from_tables(flat.requests, explode(flat), 3))
+    assert store.delete_before(150.0) == {"steps": 1, "requests": 1, "depth_labels": 4, "quarantine": 0,
+                                          "aggregates": 1}
     assert store.query("SELECT step_id FROM depth_labels").column(0).to_pylist() == [2] * 4
+    assert store.query("SELECT interval_end FROM aggregates").column(0).to_pylist() == [220.0]
 
 
 def test_export_is_hive_partitioned_and_reexport_does_not_duplicate(store, tmp_path):

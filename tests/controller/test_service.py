@@ -6,7 +6,11 @@ import json
 import httpx
 import pytest
 
+from collectors.aggregate import Aggregate
 from collectors.ingest import Ingestor
+from collectors.labels import explode
+from collectors.store import Store
+from collectors.wire import flatten
 from collectors.ingest_api import serve_in_thread
 from collectors.metrics import Metrics
 from collectors.synth import synthetic_wire
@@ -108,11 +112,51 @@ def test_a_consistency_mismatch_rolls_back_at_the_next_evaluation(service):
     assert "sparkgate_ingested_steps_total 50.0" in metrics
 
 
+def _aggregate(seed: int) -> Aggregate:
+    flat = flatten(synthetic_wire(4, 8, 7, f"r{seed}", seed=seed))
+    return Aggregate.from_tables(flat.requests, explode(flat), 7)
+
+
+def test_replicas_report_aggregates_and_the_fleet_view_merges_them(service, store, tmp_path):
+    http, *_ = service
+    parts = [_aggregate(seed) for seed in (1, 2)]
+    for i, part in enumerate(parts):
+        body = {"replica_id": f"r{i}", "interval_start": T0, "interval_end": T0 + 10, "aggregate": part.to_dict()}
+        ok = http.post("/v1/aggregates", json=body)
+        assert ok.status_code == 200 and ok.json() == {"recorded": 1, "labels": int(part.survival.count.sum())}
+    fleet = http.get("/v1/fleet").json()
+    merged = parts[0].merge(parts[1])
+    assert fleet["reports"] == 2 and fleet["replicas"] == ["r0", "r1"]
+    assert fleet["calibration"]["survival"]["3"]["ece"] == pytest.approx(merged.survival.ece()[3])
+    assert fleet["utilization"]["upper_bound"] == pytest.approx(merged.upper_bound_utilization())
+    assert http.get("/v1/fleet", params={"since": T0 + 5}).json() == {"reports": 0, "replicas": []}
+
+    # Every problem is named and nothing is written.
+    bad = parts[0].to_dict()
+    bad["survival.count"] = [[[-1]]]
+    del bad["full_hist"]
+    refused = http.post("/v1/aggregates", json={"replica_id": "r9", "interval_start": T0 + 5, "interval_end": T0,
+                                                "aggregate": bad})
+    assert refused.status_code == 422
+    fields = [p["field"] for p in refused.json()["problems"]]
+    assert fields == ["interval_end", "full_hist"]
+    worse = {**parts[0].to_dict(), "survival.sum_y": (parts[0].survival.count + 1).tolist()}
+    assert http.post("/v1/aggregates", json={"replica_id": "r9", "interval_start": T0, "interval_end": T0,
+                                             "aggregate": worse}).json()["problems"][0]["field"] == "survival.sum_y"
+    assert store.counts()["quarantine"] == 0 and len(store.aggregates()) == 2
+
+    # Acknowledged reports are durable: a reopened store still holds them.
+    path = store.path
+    store.close()
+    with Store(path) as again:
+        assert [r for r, _ in again.aggregates()] == ["r0", "r1"]
+
+
 def test_openapi_spec_is_published(service):
     http, *_ = service
     spec = http.get("/openapi.json").json()
     assert {"/v1/policy", "/v1/records", "/v1/status", "/v1/decisions", "/v1/consistency", "/metrics", "/healthz",
-            "/v1/rollout/{action}"} <= spec["paths"].keys()
+            "/v1/rollout/{action}", "/v1/aggregates", "/v1/fleet"} <= spec["paths"].keys()
     assert "application/x-ndjson" in spec["paths"]["/v1/records"]["post"]["requestBody"]["content"]
 
 
