@@ -72,7 +72,7 @@ def run_e2e(target, drafter, table: CostTable, batches: tuple[int, ...], gamma: 
 @click.option("--short-window", default=2, show_default=True)
 @click.option("--waves", default=2, show_default=True, help="Requests per batch slot (continuous batching refills).")
 @click.option("--max-new-tokens", default=128, show_default=True)
-@click.option("--rounds", default=2, show_default=True, help="Interleaved runs per arm; the median is reported.")
+@click.option("--rounds", default=3, show_default=True, help="Interleaved runs per arm; the median is reported.")
 @click.option("--cost-table", "cost_table_path", type=click.Path(exists=True, dir_okay=False),
               help="Cost table JSON (default: the shipped one, or profile here if it does not match).")
 @click.option("--threads", default=1, show_default=True, help="torch intra-op threads (see bench verify).")
