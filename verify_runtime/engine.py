@@ -112,7 +112,8 @@ class Engine:
             request.history = list(request.prompt)
             admitted.append(request)
         # The last prompt token stays pending: the first verify step writes its K/V.
-        hidden = self.runner.prefill([r.prompt[:-1] for r in admitted], [r.slot for r in admitted])
+        hidden = self.runner.prefill([r.prompt[:-1] for r in admitted], [r.slot for r in admitted],
+                                     keep=self.drafter.hidden_window)
         for request, h in zip(admitted, hidden):
             self._keep_hidden(request, h)
         self.active.extend(admitted)

@@ -115,8 +115,11 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args)
 
-    def forward(self, x, cos, sin, attend: Attend) -> torch.Tensor:
+    def forward(self, x, cos, sin, attend: Attend, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """``rows`` (indices along dim 0): the outputs wanted; every row's K/V is still written."""
         x = x + self.attention(self.attention_norm(x), cos, sin, attend)
+        if rows is not None:
+            x = x.index_select(0, rows)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -144,14 +147,18 @@ class Transformer(nn.Module):
         self.rope_cos, self.rope_sin = self.rope_cos.to(dtype), self.rope_sin.to(dtype)
         return out
 
-    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, attends: list[Attend]) -> torch.Tensor:
-        """Final-normed hidden states for ``tokens`` at absolute ``positions`` (same shape)."""
+    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, attends: list[Attend],
+               rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Final-normed hidden states for ``tokens`` at absolute ``positions`` (same shape), or for
+        the packed ``rows`` only: the last layer's feed-forward, most of its cost, then skips the
+        others (a prefill keeps a few rows of a long prompt)."""
         flat = positions.reshape(-1)
         cos = self.rope_cos.index_select(0, flat).view(*positions.shape, -1)
         sin = self.rope_sin.index_select(0, flat).view(*positions.shape, -1)
         h = self.tok_embeddings(tokens)
-        for layer, attend in zip(self.layers, attends):
-            h = layer(h, cos, sin, attend)
+        last = len(self.layers) - 1
+        for i, (layer, attend) in enumerate(zip(self.layers, attends)):
+            h = layer(h, cos, sin, attend, rows if i == last else None)
         return self.norm(h)
 
     @property
@@ -220,14 +227,16 @@ def _attend_packed(layout: PackedLayout, k_cache: torch.Tensor, v_cache: torch.T
     return attend
 
 
-def forward_packed(model: Transformer, cache, tokens: torch.Tensor, layout: PackedLayout) -> tuple[torch.Tensor, torch.Tensor]:
-    """Packed forward over ``tokens [T]`` laid out by ``layout``: (hidden [T, dim], logits [T, V]).
+def forward_packed(model: Transformer, cache, tokens: torch.Tensor, layout: PackedLayout,
+                   rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed forward over ``tokens [T]`` laid out by ``layout``: (hidden [T, dim], logits [T, V]),
+    or ``[len(rows), ...]`` for the packed ``rows`` only.
 
-    Writes the rows' K/V into ``cache`` at their positions; does not move any
+    Writes every row's K/V into ``cache`` at its position; does not move any
     committed length (that is ``KVCache.commit``'s job).
     """
     attends = [_attend_packed(layout, cache.k[i], cache.v[i]) for i in range(len(model.layers))]
-    h = model.hidden(tokens, layout.positions, attends)
+    h = model.hidden(tokens, layout.positions, attends, rows)
     return h, model.output(h)
 
 

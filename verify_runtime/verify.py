@@ -41,20 +41,26 @@ class TargetRunner:
         return build_layout(starts, lens, slots, self.cache.scratch_slot, tier_rows=tier_rows, device=self.device)
 
     @torch.inference_mode()
-    def prefill(self, prompts: list[list[int]], slots: list[int]) -> list[torch.Tensor]:
+    def prefill(self, prompts: list[list[int]], slots: list[int], keep: int | None = None) -> list[torch.Tensor]:
         """Write the K/V of each prompt's tokens at positions 0.. and commit them (eager).
 
-        Returns each prompt's final hidden states ``[len, dim]`` (empty for an empty prompt).
+        Returns each prompt's final hidden states ``[n, dim]``: all of them, or its
+        last ``keep`` (fewer for a shorter prompt, none for an empty one). Rows
+        nobody keeps skip the last layer's feed-forward.
         """
         hidden = [self.cache.k.new_zeros(0, self.model.args.dim) for _ in prompts]
-        keep = [i for i, p in enumerate(prompts) if p]
-        if not keep:
+        present = [i for i, p in enumerate(prompts) if p]
+        if not present:
             return hidden
-        lens = [len(prompts[i]) for i in keep]
-        layout = self.layout([0] * len(keep), lens, [slots[i] for i in keep])
-        tokens = torch.tensor([t for i in keep for t in prompts[i]], dtype=torch.long, device=self.device)
-        packed, _ = forward_packed(self.model, self.cache, tokens, layout)
-        for i, n, part in zip(keep, lens, packed.split(lens)):
+        lens = [len(prompts[i]) for i in present]
+        layout = self.layout([0] * len(present), lens, [slots[i] for i in present])
+        tokens = torch.tensor([t for i in present for t in prompts[i]], dtype=torch.long, device=self.device)
+        kept = lens if keep is None else [min(keep, n) for n in lens]
+        ends = layout.cu_seqlens[1:].tolist()
+        rows = None if keep is None else torch.tensor(
+            [r for end, k in zip(ends, kept) for r in range(end - k, end)], dtype=torch.long, device=self.device)
+        packed, _ = forward_packed(self.model, self.cache, tokens, layout, rows)
+        for i, n, part in zip(present, lens, packed.split(kept)):
             self.cache.commit(slots[i], n)
             hidden[i] = part
         return hidden

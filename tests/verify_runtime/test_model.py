@@ -34,6 +34,25 @@ def test_packed_prefill_and_decode_match_dense_forward(target, prompt_lens, wind
         assert out.logits[b, n:].eq(0).all()
 
 
+def test_prefill_keeps_the_last_hidden_states_and_writes_every_rows_kv(target):
+    torch.manual_seed(2)
+    prompts = [torch.randint(0, 32, (n,)).tolist() for n in (7, 2, 0, 5)]
+
+    def run(keep):
+        cache = KVCache(target.args, 4, dtype=torch.float64)
+        slots = [cache.alloc() for _ in prompts]
+        return TargetRunner(target, cache).prefill(prompts, slots, keep=keep), cache
+
+    full, full_cache = run(None)
+    kept, kept_cache = run(3)
+    assert [h.shape[0] for h in full] == [7, 2, 0, 5] and [h.shape[0] for h in kept] == [3, 2, 0, 3]
+    for f, k in zip(full, kept):
+        torch.testing.assert_close(k, f[f.shape[0] - k.shape[0]:], rtol=0, atol=1e-12)
+    assert torch.equal(full_cache.k, kept_cache.k) and torch.equal(full_cache.v, kept_cache.v)
+    assert kept_cache.lengths == full_cache.lengths == [7, 2, 0, 5]
+    assert [h.shape[0] for h in run(0)[0]] == [0, 0, 0, 0]
+
+
 def test_grouped_query_attention_and_arg_checks():
     model = tiny_model(seed=3)
     assert model.args.n_kv_heads < model.args.n_heads
