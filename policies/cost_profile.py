@@ -87,6 +87,8 @@ def fit_additive_table(samples: Sequence[StepSample], *, bs_probes: Sequence[int
     only defined up to constants moved between the terms, so the fit returns
     the minimum-norm solution shifted to ``min(alpha) == min(theta) == 0``,
     which leaves every prediction unchanged and every stored time non-negative.
+    Both curves are made non-decreasing (see below), so predicted step time never
+    falls as the batch or the verify rows grow.
     """
     _check_samples(samples)
     bs = torch.tensor([s.batch_size for s in samples], dtype=torch.float64)
@@ -97,8 +99,10 @@ def fit_additive_table(samples: Sequence[StepSample], *, bs_probes: Sequence[int
     design = torch.cat([torch.ones(len(samples), 1, dtype=torch.float64),
                         _hat_basis(bs_grid, bs, "bs_probes"), _hat_basis(m_grid, rows, "m_probes")], dim=1)
     solution = torch.linalg.lstsq(design, secs.unsqueeze(1), driver="gelsd").solution.squeeze(1)
-    alpha = solution[1:1 + len(bs_grid)]
-    theta = solution[1 + len(bs_grid):]
+    # A larger batch or more verify rows never make a step cheaper; noisy samples must
+    # not tell the scheduler otherwise, so each curve is raised to its running maximum.
+    alpha = torch.cummax(solution[1:1 + len(bs_grid)], 0).values
+    theta = torch.cummax(solution[1 + len(bs_grid):], 0).values
     # bias is the fit's cheapest prediction. Noisy samples can push it to zero or
     # below; no step is that cheap, so floor it at half the fastest measured step.
     bias = (solution[0] + alpha.min() + theta.min()).clamp(min=0.5 * float(secs.min()))

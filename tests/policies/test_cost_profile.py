@@ -38,6 +38,18 @@ def test_fit_of_noisy_samples_predicts_within_the_noise_and_round_trips():
     assert parse_cost_table(fitted.to_json_dict()) == fitted
 
 
+def test_fit_never_predicts_a_cheaper_step_for_more_rows_or_a_larger_batch():
+    # Noise made 24 rows measure faster than 16, and batch 8 faster than batch 1.
+    samples = [StepSample(1, 1, 0.004), StepSample(1, 8, 0.0045), StepSample(8, 8, 0.0035),
+               StepSample(8, 16, 0.006), StepSample(8, 24, 0.005), StepSample(8, 64, 0.009)]
+    fitted = fit_additive_table(samples)
+    assert list(fitted.theta_seconds) == sorted(fitted.theta_seconds)
+    assert list(fitted.alpha_seconds) == sorted(fitted.alpha_seconds)
+    for bs in (1, 8):
+        times = fitted.step_seconds(bs, torch.arange(1.0, 65.0))
+        assert (times[1:] >= times[:-1]).all()
+
+
 def test_fit_rounds_rows_to_tiers_like_prediction():
     meta = CostMeta(tiers=(16, 64, 256))
     tiered = dataclasses.replace(TRUE, meta=meta)
