@@ -25,7 +25,6 @@ from pathlib import Path
 
 import click
 import httpx
-import numpy as np
 import pyarrow as pa
 
 from collectors.ingest import Ingestor
@@ -33,7 +32,7 @@ from collectors.ingest_api import ingest_app, serve_in_thread
 from collectors.labels import explode
 from collectors.store import Store
 from collectors.synth import synthetic_wire
-from collectors.wire import Parsed, flatten
+from collectors.wire import flatten, from_wire
 
 GAMMA, BATCH = 7, 32
 _ROWS_PER_STEP = GAMMA * BATCH
@@ -45,15 +44,11 @@ def _wire_batches(rows: int, batch_steps: int, replica: str) -> list[pa.Table]:
             for s in range(0, steps, batch_steps)]
 
 
-def _parsed(wire: pa.Table) -> Parsed:
-    return Parsed(wire, np.arange(wire.num_rows), [], lambda i: b"")
-
-
 def bench_batch(db: Path, batches: list[pa.Table]) -> tuple[int, float]:
     """(depth-label rows, seconds) through ``Store.ingest_stream``."""
     with Store(db) as store:
         start = time.perf_counter()
-        rows = sum(r.labels for r in store.ingest_stream((_parsed(wire), "bench") for wire in batches))
+        rows = sum(r.labels for r in store.ingest_stream((from_wire(wire), "bench") for wire in batches))
         return rows, time.perf_counter() - start
 
 

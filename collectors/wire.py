@@ -174,7 +174,12 @@ def from_ipc(data: bytes) -> Parsed:
         except (pa.ArrowException, ValueError) as exc:
             problem = Problem(f.name, str(table.schema.field(f.name).type), f"cannot be read as {f.type}: {exc}")
             return _whole_body_rejected(data, problem)
-    wire = pa.Table.from_arrays(columns, schema=WIRE_SCHEMA)
+    return from_wire(pa.Table.from_arrays(columns, schema=WIRE_SCHEMA))
+
+
+def from_wire(wire: pa.Table) -> Parsed:
+    """A table already in ``WIRE_SCHEMA`` as a batch: every row kept for validation; a row's
+    payload (wanted only if it is quarantined) is its JSON."""
     return Parsed(wire, np.arange(wire.num_rows), [], lambda i: _json_bytes(wire.slice(i, 1).to_pylist()[0]))
 
 

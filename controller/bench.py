@@ -30,7 +30,7 @@ from collectors.aggregate import Aggregate
 from collectors.labels import explode
 from collectors.store import Store
 from collectors.synth import synthetic_wire
-from collectors.wire import Parsed, flatten
+from collectors.wire import Parsed, flatten, from_wire
 from policies.rollout import load_rollout_policy
 
 from .fleet import merge_aggregates
@@ -45,15 +45,15 @@ def build_store(store: Store, labels: int) -> int:
     """Fill ``store`` with about ``labels`` depth labels over ``REPLICAS`` replicas; returns the stored count."""
     steps = max(1, labels // (GAMMA * BATCH))
     baseline_steps = steps // 10
-    stored = 0
-    for first in range(0, steps, BATCH_STEPS):
+
+    def batch(first: int) -> Parsed:
         n = min(BATCH_STEPS, steps - first)
         wire = synthetic_wire(n, BATCH, GAMMA, f"replica-{first // BATCH_STEPS % REPLICAS}", first_step=first,
                               seed=first, ts=1.75e9 + first * 0.01)
         phase = "baseline" if first < baseline_steps else "canary"
-        wire = wire.set_column(wire.schema.get_field_index("phase"), "phase", pa.array([phase] * n))
-        stored += store.ingest(Parsed(wire, np.arange(n), [], lambda i: b""), "bench").labels
-    return stored
+        return from_wire(wire.set_column(wire.schema.get_field_index("phase"), "phase", pa.array([phase] * n)))
+
+    return sum(r.labels for r in store.ingest_stream((batch(first), "bench") for first in range(0, steps, BATCH_STEPS)))
 
 
 def time_evaluation(store: Store, repeats: int) -> list[float]:

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import click
-import numpy as np
 
 GAMMA, BATCH, REPLICAS = 7, 32, 4
 PAGES = ("rollout", "calibration", "acceptance", "tiers", "fleet")
@@ -30,7 +29,7 @@ def build_store(root: Path, labels: int) -> dict:
     """A DuckDB store and its snapshot with about ``labels`` depth labels; returns what was built."""
     from collectors.store import Store
     from collectors.synth import synthetic_wire
-    from collectors.wire import Parsed
+    from collectors.wire import from_wire
     from controller.supervisor import Controller
     from policies.rollout import load_rollout_policy
 
@@ -39,11 +38,11 @@ def build_store(root: Path, labels: int) -> dict:
     start = time.perf_counter()
     with Store(root / "events.duckdb") as store:
         controller = Controller(store, load_rollout_policy(), clock=lambda: now[0])
-        for r in range(REPLICAS):
-            for first in range(0, steps, 2000):
-                wire = synthetic_wire(min(2000, steps - first), BATCH, GAMMA, f"replica-{r}", first_step=first,
-                                      seed=r * 1_000_003 + first, ts=T0 + first * 0.01)
-                store.ingest(Parsed(wire, np.arange(wire.num_rows), [], lambda i: b""), "bench")
+        batches = ((from_wire(synthetic_wire(min(2000, steps - first), BATCH, GAMMA, f"replica-{r}", first_step=first,
+                                             seed=r * 1_000_003 + first, ts=T0 + first * 0.01)), "bench")
+                   for r in range(REPLICAS) for first in range(0, steps, 2000))
+        for _ in store.ingest_stream(batches):
+            pass
         now[0] = T0 + steps * 0.01 + 1
         controller.tick()
         counts = store.counts()

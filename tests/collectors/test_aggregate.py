@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from collectors.aggregate import N_BINS, Aggregate, bin_index
 from collectors.batch import prepare
 from collectors.synth import synthetic_wire
-from collectors.wire import Parsed, from_records
+from collectors.wire import from_records, from_wire
 from tests.collectors.strategies import step_records
 
 
@@ -86,5 +86,5 @@ def test_ece_brier_reliability_and_utilization_on_a_large_batch():
 
 
 def tables_from_wire(wire):
-    prepared = prepare(Parsed(wire, np.arange(wire.num_rows), [], lambda i: b""))
+    prepared = prepare(from_wire(wire))
     return prepared.requests, prepared.labels

@@ -1,12 +1,11 @@
 from __future__ import annotations
 
-import numpy as np
 import pyarrow as pa
 import pytest
 
 from collectors.store import Store
 from collectors.synth import synthetic_wire
-from collectors.wire import Parsed
+from collectors.wire import from_wire
 
 T0 = 1.75e9
 
@@ -30,6 +29,6 @@ def ingest_synthetic(store: Store, steps: int, ts: float, phase: str = "shadow",
     """``steps`` valid synthetic steps (10 ms apart from ``ts``) stored as recorded in ``phase``."""
     wire = synthetic_wire(steps, batch, 7, replica, first_step=first_step, seed=first_step, ts=ts)
     wire = with_columns(wire, phase=phase, **columns)
-    result = store.ingest(Parsed(wire, np.arange(wire.num_rows), [], lambda i: b""), "test")
+    result = store.ingest(from_wire(wire), "test")
     assert result.quarantined == 0
     return wire

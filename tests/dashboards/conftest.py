@@ -19,7 +19,7 @@ import pytest
 
 from collectors.store import Store
 from collectors.synth import synthetic_wire
-from collectors.wire import Parsed
+from collectors.wire import from_wire
 from controller.supervisor import Controller
 from policies.rollout import parse_rollout_policy
 
@@ -70,7 +70,7 @@ def steps(count: int, replica: str, first_step: int, ts: float, phase: str, task
 
 
 def ingest(store: Store, wire: pa.Table) -> None:
-    assert store.ingest(Parsed(wire, np.arange(wire.num_rows), [], lambda i: b""), "test").quarantined == 0
+    assert store.ingest(from_wire(wire), "test").quarantined == 0
 
 
 @dataclass
