@@ -189,6 +189,10 @@ def profile(out_path, plot_path, batch_sizes, fractions, gamma, repeats, context
     if any(not 0 <= f <= 1 for f in fracs):
         raise click.BadParameter(f"fractions must lie in [0, 1], got {fracs}", param_hint="--fractions")
     target = default_target().to(device)
+    need = context + (repeats + 2) * (gamma + 1)  # prompt, the timed steps' tokens, one block of headroom
+    if need > target.args.max_seq_len:
+        raise click.BadParameter(f"--context {context} with --repeats {repeats} and --gamma {gamma} needs {need} "
+                                 f"positions; the model holds {target.args.max_seq_len}", param_hint="--context")
     result = profile_model(target, default_drafter(target), batches=batches, fractions=fracs, gamma=gamma,
                            repeats=repeats, context=context, grid=grid)
     save_cost_table(result.table, out_path)

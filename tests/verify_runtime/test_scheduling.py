@@ -105,9 +105,12 @@ def test_profile_command_writes_table_and_plot(tmp_path):
     assert {"bias_seconds", "bs_probes", "alpha_seconds", "m_probes", "theta_seconds", "meta"} <= set(table)
 
 
-def test_profile_command_rejects_bad_fractions(tmp_path):
+def test_profile_command_rejects_bad_fractions_and_contexts(tmp_path):
     res = CliRunner().invoke(main, ["profile", "--out", str(tmp_path / "t.json"), "--fractions", "0,1.5"])
     assert res.exit_code != 0 and "fractions must lie in [0, 1]" in res.output
+    res = CliRunner().invoke(main, ["profile", "--out", str(tmp_path / "t.json"), "--context", "500"])
+    assert res.exit_code == 2 and "--context 500" in res.output and "needs 556 positions" in res.output
+    assert not (tmp_path / "t.json").exists()
 
 
 def test_bench_e2e_runs_and_reports_ratios(tmp_path, monkeypatch):
