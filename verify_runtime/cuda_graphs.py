@@ -42,6 +42,7 @@ class StaticLayouts:
         spare = self.max_batch * self.width
         return dataclasses.replace(
             real,
+            dense=False,  # a captured graph takes the general path whatever the step it replays
             cell=torch.where(real.row_req < real.batch_size, real.cell, spare),
             groups=[AttentionGroup(
                 slots=torch.cat([group.slots, group.slots.new_full((extra,), self.cache.scratch_slot)]),

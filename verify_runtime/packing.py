@@ -25,6 +25,7 @@ Invariants of a ``PackedLayout`` with ``n_rows`` real rows and ``T`` rows in all
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +62,10 @@ class PackedLayout:
     groups: list[AttentionGroup]
     n_rows: int
     batch_size: int
+    # Row r owns cell r and nothing is padding, so attention can work on the rows
+    # in place. Decided on the host: reading the cells back would sync a device
+    # (and break a CUDA-graph capture).
+    dense: bool = False
 
     @property
     def tier_rows(self) -> int:
@@ -70,11 +75,6 @@ class PackedLayout:
     def n_cells(self) -> int:
         return sum(g.n_cells for g in self.groups)
 
-    @property
-    def dense(self) -> bool:
-        """Row ``r`` owns cell ``r`` and no cell or row is padding (equal lengths in one group, no tier pad)."""
-        return self.tier_rows == self.n_rows == self.n_cells and bool(
-            torch.equal(self.cell, torch.arange(self.n_rows, device=self.cell.device)))
 
 
 def _bucket(n: int) -> int:
@@ -149,6 +149,7 @@ def build_layout(
         groups=groups,
         n_rows=n_rows,
         batch_size=batch,
+        dense=pad == 0 and offset == n_rows and cell_of == list(itertools.accumulate(lens, initial=0))[:-1],
     )
 
 

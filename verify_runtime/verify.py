@@ -8,6 +8,7 @@ cost follows the packed rows, not ``B × W``.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -56,7 +57,7 @@ class TargetRunner:
         layout = self.layout([0] * len(present), lens, [slots[i] for i in present])
         tokens = torch.tensor([t for i in present for t in prompts[i]], dtype=torch.long, device=self.device)
         kept = lens if keep is None else [min(keep, n) for n in lens]
-        ends = layout.cu_seqlens[1:].tolist()
+        ends = itertools.accumulate(lens)  # on the host: reading cu_seqlens back would sync a device
         rows = None if keep is None else torch.tensor(
             [r for end, k in zip(ends, kept) for r in range(end - k, end)], dtype=torch.long, device=self.device)
         packed, _ = forward_packed(self.model, self.cache, tokens, layout, rows)

@@ -34,6 +34,9 @@ def test_static_shapes_compute_what_the_ragged_layout_does(target):
     torch.testing.assert_close(static[:n], eager[:n], rtol=0, atol=1e-10)
     with pytest.raises(ValueError, match="exceed the captured max_batch=2"):
         StaticLayouts(cache, gamma, max_batch=2).real(starts, lens, slots, rows)
+    # Even a step that fills every place exactly takes the general path a graph captured.
+    full = shapes.real([0] * 6, [gamma + 1] * 6, list(range(6)), 6 * (gamma + 1))
+    assert full.dense and not shapes.padded(full).dense
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

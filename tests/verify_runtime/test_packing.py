@@ -26,6 +26,8 @@ def test_layout_invariants_and_round_trip(reqs, extra):
     assert layout.cell[n:].eq(layout.n_cells).all()
     cells = layout.cell[:n].tolist()
     assert len(set(cells)) == n and max(cells) < layout.n_cells
+    # dense (attention in place) exactly when row r owns cell r and nothing is padding
+    assert layout.dense == (extra == 0 and layout.n_cells == n and cells == list(range(n)))
     # padded query cells stay under 2x the real rows; a group is as wide as its longest member
     assert layout.n_cells < 2 * n
     for group in layout.groups:
