@@ -199,9 +199,7 @@ def _attend_packed(layout: PackedLayout, k_cache: torch.Tensor, v_cache: torch.T
     # Flat indices turn the row scatters and gathers into index_copy/index_select,
     # several times cheaper than advanced indexing on CPU.
     write_at = layout.kv_slot * max_len + layout.positions
-    n_cells = layout.n_cells
-
-    dense = layout.dense
+    n_cells, dense = layout.n_cells, layout.dense
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_cache.view(-1, *k.shape[1:]).index_copy_(0, write_at, k)

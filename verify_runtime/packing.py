@@ -76,7 +76,6 @@ class PackedLayout:
         return sum(g.n_cells for g in self.groups)
 
 
-
 def _bucket(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
