@@ -54,13 +54,20 @@ class StoreSink:
     record has waited ``max_delay_s``. ``flush`` blocks until everything passed in
     so far is committed; ``close`` flushes and stops the thread. A commit that
     fails is logged and reported by the next ``flush``/``close``.
+
+    At most ``max_pending`` records wait; past that ``sink(record)`` blocks until
+    the writer catches up. A stalled disk thus slows the engine down instead of
+    growing memory without bound, and no record handed over is ever dropped.
     """
 
     def __init__(self, ingestor: Ingestor, batch_records: int = 256, max_delay_s: float = 0.5,
-                 source: str = "runtime", on_commit: Callable[[IngestResult], None] | None = None):
+                 source: str = "runtime", on_commit: Callable[[IngestResult], None] | None = None,
+                 max_pending: int = 65_536):
+        if max_pending < batch_records:
+            raise ValueError(f"max_pending={max_pending} must be >= batch_records={batch_records}")
         self._ingestor, self._batch, self._delay, self._source = ingestor, batch_records, max_delay_s, source
         self._on_commit = on_commit
-        self._queue: queue.Queue[StepRecord | None] = queue.Queue()
+        self._queue: queue.Queue[StepRecord | None] = queue.Queue(maxsize=max_pending)
         self._errors: list[BaseException] = []
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="sparkgate-sink", daemon=True)
