@@ -193,6 +193,9 @@ class Aggregate:
         return cls(stats["survival"], stats["conditional"], *(arrays[h] for h in HISTOGRAMS))
 
 
+# One report covers one replica's interval. The bound keeps every count exact in
+# float64 and leaves a million reports' sum far inside int64.
+MAX_REPORT_COUNT = 2 ** 40
 _STATS_KEYS = tuple(f"{kind}.{f.name}" for kind in ("survival", "conditional") for f in fields(CalibrationStats))
 
 
@@ -204,6 +207,18 @@ class AggregateError(ValueError):
         self.problems = problems
 
 
+def _numbers(value: Any) -> np.ndarray | None:
+    """float64 of a rectangular nested list of JSON numbers; None for anything else (ragged
+    lists, booleans, strings, nulls, or numbers too large for a float)."""
+    try:
+        objects = np.asarray(value, dtype=object)
+        if all(type(x) in (int, float) for x in objects.flat):  # type(): a bool is no count
+            return objects.astype(np.float64)
+    except (ValueError, OverflowError):
+        pass
+    return None
+
+
 def _parse_arrays(data: Any) -> tuple[dict[str, np.ndarray], list[Problem]]:
     """Typed arrays of a ``to_dict`` payload, and every reason it is not one."""
     if not isinstance(data, dict):
@@ -212,10 +227,11 @@ def _parse_arrays(data: Any) -> tuple[dict[str, np.ndarray], list[Problem]]:
     problems += [Problem(k, None, "unknown key") for k in sorted(set(data) - set(_STATS_KEYS + HISTOGRAMS))]
     arrays = {}
     for key in (k for k in _STATS_KEYS + HISTOGRAMS if k in data):
-        try:
-            arrays[key] = np.asarray(data[key], dtype=np.float64)
-        except (TypeError, ValueError):
+        numbers = _numbers(data[key])
+        if numbers is None:
             problems.append(Problem(key, "<array>", "expected a rectangular array of numbers"))
+        else:
+            arrays[key] = numbers
     if problems:
         return {}, problems
     width = arrays["accept_hist"].shape[-1] if arrays["accept_hist"].ndim == 3 else -1
@@ -231,6 +247,8 @@ def _parse_arrays(data: Any) -> tuple[dict[str, np.ndarray], list[Problem]]:
             problems.append(Problem(key, "<array>", "values must be finite and >= 0"))
         elif integral and (a != np.round(a)).any():
             problems.append(Problem(key, "<array>", "counts must be integers"))
+        elif integral and a.sum() > MAX_REPORT_COUNT:
+            problems.append(Problem(key, float(a.sum()), f"counts above {MAX_REPORT_COUNT} in one report"))
         else:
             arrays[key] = a.astype(np.int64) if integral else a
     for kind in ("survival", "conditional"):

@@ -39,14 +39,18 @@ def _report_problems(path: str, start: int, result) -> None:
 def _ingest_file(ingestor: Ingestor, path: str, stream: IO[bytes], batch_lines: int) -> dict:
     """Commit ``stream`` in batches of ``batch_lines`` records; returns the file's totals."""
     totals = {"path": path, "steps": 0, "requests": 0, "depth_labels": 0, "quarantined": 0}
-    starts: collections.deque[int] = collections.deque()  # staging runs one batch ahead of the commits
+    starts: collections.deque[int] = collections.deque()  # reading runs one batch ahead of the commits
 
     def batches() -> Iterator[tuple[Parsed, str]]:
         for start, body in _chunks(stream, batch_lines):
             starts.append(start)
             yield from_ndjson(body), f"file:{path}@{start}"
 
-    for result in ingestor.ingest_stream(batches()):
+    # A file is read in bulk: stage one batch while another commits. A pipe may wait
+    # for input, so each of its batches commits as soon as it has been read.
+    results = (ingestor.ingest(*batch) for batch in batches()) if path == "-" else \
+        ingestor.ingest_stream(batches())
+    for result in results:
         _report_problems(path, starts.popleft(), result)
         for key, value in result.summary().items():
             totals[key] += value

@@ -142,20 +142,29 @@ class Store:
     def ingest_stream(self, batches: Iterable[tuple[Parsed, str]]) -> Iterator[IngestResult]:
         """Commit each (batch, source) in order, one transaction each, yielding after each commit.
 
-        A worker thread pulls and stages the next batch while this one commits;
-        DuckDB releases the GIL while it inserts, so the two overlap on two cores.
+        A worker thread stages batch i+1 while batch i commits; DuckDB releases
+        the GIL while it inserts, so the two overlap on two cores. Batches are
+        pulled in the caller's thread, one ahead of the commits, so a read stays
+        interruptible; the price is that batch i commits only once batch i+1 has
+        been read, so a source that waits for input (a pipe) should use ``ingest``.
+        When the source fails, the batches read before it are committed first.
         """
         batches = iter(batches)
-
-        def stage_next() -> tuple[Staged, str] | None:
-            item = next(batches, None)
-            return None if item is None else (stage(item[0]), item[1])
-
         with ThreadPoolExecutor(1, thread_name_prefix="sparkgate-stage") as pool:
-            pending = pool.submit(stage_next)
-            while (item := pending.result()) is not None:
-                pending = pool.submit(stage_next)
-                yield self.commit(*item)
+            previous = None
+            while True:
+                try:
+                    item = next(batches, None)
+                except Exception:
+                    if previous is not None:
+                        yield self.commit(previous[0].result(), previous[1])
+                    raise
+                current = None if item is None else (pool.submit(stage, item[0]), item[1])
+                if previous is not None:
+                    yield self.commit(previous[0].result(), previous[1])
+                if current is None:
+                    return
+                previous = current
 
     def commit(self, staged: Staged, source: str) -> IngestResult:
         """Commit a staged batch as one transaction (see ``ingest``)."""
@@ -271,15 +280,30 @@ class Store:
                                   f"({', '.join('?' * len(columns))})", [[r.get(c) for c in columns] for r in rows])
 
     def record_aggregate(self, replica_id: str, interval_start: float, interval_end: float,
-                         aggregate: Aggregate, received_at: float | None = None) -> None:
-        """Persist one replica's aggregate for an interval (committed before this returns)."""
+                         aggregate: Aggregate, received_at: float | None = None) -> bool:
+        """Persist one replica's aggregate for an interval (committed before this returns).
+
+        A report is keyed by (replica, interval): a retry of one already stored is
+        not counted twice and returns False (the first report stands).
+        """
         labels = int(aggregate.survival.count.sum())
         with self._lock:
-            self._con.execute(
-                "INSERT INTO aggregates (received_at, replica_id, interval_start, interval_end, labels, payload) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                [time.time() if received_at is None else received_at, replica_id, interval_start, interval_end,
-                 labels, json.dumps(aggregate.to_dict())])
+            self._con.execute("BEGIN TRANSACTION")
+            try:
+                seen = self._con.execute(
+                    "SELECT count(*) FROM aggregates WHERE replica_id = ? AND interval_start = ? AND interval_end = ?",
+                    [replica_id, interval_start, interval_end]).fetchall()[0][0]
+                if not seen:
+                    self._con.execute(
+                        "INSERT INTO aggregates (received_at, replica_id, interval_start, interval_end, labels, "
+                        "payload) VALUES (?, ?, ?, ?, ?, ?)",
+                        [time.time() if received_at is None else received_at, replica_id, interval_start,
+                         interval_end, labels, json.dumps(aggregate.to_dict())])
+                self._con.execute("COMMIT")
+            except BaseException:
+                self._con.execute("ROLLBACK")
+                raise
+        return not seen
 
     def aggregates(self, since: float | None = None, until: float | None = None) -> list[tuple[str, Aggregate]]:
         """(replica_id, aggregate) of every report whose interval lies within [since, until)."""
@@ -295,5 +319,7 @@ def open_snapshot(directory: str | os.PathLike) -> duckdb.DuckDBPyConnection:
     generation = root / (root / "CURRENT").read_text().strip()
     con = duckdb.connect()
     for table in SNAPSHOT_TABLES:
-        con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet({_sql_path(generation / f'{table}.parquet')})")
+        path = generation / f"{table}.parquet"
+        if path.exists():  # a generation published before a table existed lacks its file
+            con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet({_sql_path(path)})")
     return con

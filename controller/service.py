@@ -5,7 +5,7 @@
 | ``GET /v1/policy`` | the policy replicas follow |
 | ``POST /v1/records`` | step records (NDJSON or Arrow IPC), the collectors' ingest endpoint |
 | ``POST /v1/consistency`` | replicas' greedy-replay and state checks |
-| ``POST /v1/aggregates``, ``GET /v1/fleet`` | mergeable per-interval aggregates replicas report instead of rows; their merged calibration, acceptance and utilization |
+| ``POST /v1/aggregates``, ``GET /v1/fleet`` | mergeable per-interval aggregates replicas report instead of rows (a retried interval counts once); their merged calibration, acceptance and utilization |
 | ``GET /v1/requests/{request_id}/committed`` | a request's stored committed tokens, in step order |
 | ``GET /v1/replicas/{replica_id}`` | the step id a (restarted) replica continues from |
 | ``GET /v1/status``, ``GET /v1/decisions``, ``GET /v1/report`` | state, ledger, metrics |
@@ -173,13 +173,16 @@ def create_app(controller: Controller, ingestor: Ingestor, token: str | None = N
             problems += [p.to_dict() for p in exc.problems]
         if problems:
             return JSONResponse({"problems": problems}, status_code=422)
-        store.record_aggregate(body.replica_id, body.interval_start, body.interval_end, aggregate,
-                               received_at=controller.clock())
-        return JSONResponse({"recorded": 1, "labels": int(aggregate.survival.count.sum())})
+        recorded = store.record_aggregate(body.replica_id, body.interval_start, body.interval_end, aggregate,
+                                          received_at=controller.clock())
+        return JSONResponse({"recorded": int(recorded), "duplicate": not recorded,
+                             "labels": int(aggregate.survival.count.sum())})
 
     @app.get("/v1/fleet")
     def fleet(since: float | None = Query(None, allow_inf_nan=False),
               until: float | None = Query(None, allow_inf_nan=False)) -> dict:
+        if since is not None and until is not None and since > until:
+            raise HTTPException(422, f"since={since} is after until={until}")
         reports = store.aggregates(since, until)
         if not reports:
             return {"reports": 0, "replicas": []}

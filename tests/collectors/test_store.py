@@ -76,6 +76,35 @@ def test_stream_commits_in_order_and_sees_keys_committed_by_earlier_batches(stor
     assert store.counts()["steps"] == 4 and store.counts()["quarantine"] == 1
 
 
+def test_a_failed_commit_stops_the_stream_without_reading_on(store, monkeypatch):
+    pulled = []
+
+    def source():
+        for i in range(1, 5):
+            pulled.append(i)
+            yield from_records([step(i)]), str(i)
+
+    def broken_commit(staged, source):
+        raise duckdb.IOException("disk gone")
+
+    monkeypatch.setattr(store, "commit", broken_commit)
+    with pytest.raises(duckdb.IOException, match="disk gone"):
+        list(store.ingest_stream(source()))
+    assert pulled == [1, 2]  # batch 2 was read (and staged) while batch 1 committed; nothing after
+
+
+def test_stream_raises_a_source_error_after_the_batches_before_it(store):
+    def source():
+        yield from_records([step(1)]), "a"
+        raise OSError("read failed")
+
+    seen = []
+    with pytest.raises(OSError, match="read failed"):
+        for result in store.ingest_stream(source()):
+            seen.append(result.source)
+    assert seen == ["a"] and store.counts()["steps"] == 1
+
+
 def test_a_batch_staged_before_its_key_was_committed_is_rechecked(store):
     staged = stage(from_records([step(1, requests=[compact_row()]), step(2, requests=[compact_row()])]))
     store.ingest(from_records([step(2, requests=[compact_row()])]), "first")

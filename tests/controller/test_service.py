@@ -123,13 +123,17 @@ def test_replicas_report_aggregates_and_the_fleet_view_merges_them(service, stor
     for i, part in enumerate(parts):
         body = {"replica_id": f"r{i}", "interval_start": T0, "interval_end": T0 + 10, "aggregate": part.to_dict()}
         ok = http.post("/v1/aggregates", json=body)
-        assert ok.status_code == 200 and ok.json() == {"recorded": 1, "labels": int(part.survival.count.sum())}
+        assert ok.status_code == 200 and ok.json() == {"recorded": 1, "duplicate": False,
+                                                        "labels": int(part.survival.count.sum())}
+    retry = http.post("/v1/aggregates", json=body)  # the last report again: counted once
+    assert retry.status_code == 200 and retry.json()["duplicate"] is True
     fleet = http.get("/v1/fleet").json()
     merged = parts[0].merge(parts[1])
     assert fleet["reports"] == 2 and fleet["replicas"] == ["r0", "r1"]
     assert fleet["calibration"]["survival"]["3"]["ece"] == pytest.approx(merged.survival.ece()[3])
     assert fleet["utilization"]["upper_bound"] == pytest.approx(merged.upper_bound_utilization())
     assert http.get("/v1/fleet", params={"since": T0 + 5}).json() == {"reports": 0, "replicas": []}
+    assert http.get("/v1/fleet", params={"since": T0 + 5, "until": T0}).status_code == 422
 
     # Every problem is named and nothing is written.
     bad = parts[0].to_dict()
@@ -143,6 +147,14 @@ def test_replicas_report_aggregates_and_the_fleet_view_merges_them(service, stor
     worse = {**parts[0].to_dict(), "survival.sum_y": (parts[0].survival.count + 1).tolist()}
     assert http.post("/v1/aggregates", json={"replica_id": "r9", "interval_start": T0, "interval_end": T0,
                                              "aggregate": worse}).json()["problems"][0]["field"] == "survival.sum_y"
+    # Counts that would wrap int64 (alone, or summed over a report) and huge or non-numeric JSON numbers.
+    for field, value in [("accept_hist", 1e19), ("survival.count", 4 * 10 ** 18), ("full_hist", 10 ** 400),
+                         ("suggest_hist", "3"), ("conditional.count", True)]:
+        odd = parts[0].to_dict()
+        odd[field][0][1][0] = value
+        refused = http.post("/v1/aggregates", json={"replica_id": "r9", "interval_start": T0, "interval_end": T0,
+                                                    "aggregate": odd})
+        assert refused.status_code == 422 and refused.json()["problems"][0]["field"] == field, (field, refused.text)
     assert store.counts()["quarantine"] == 0 and len(store.aggregates()) == 2
 
     # Acknowledged reports are durable: a reopened store still holds them.
