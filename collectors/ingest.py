@@ -70,13 +70,15 @@ class StoreSink:
         self._queue: queue.Queue[StepRecord | None] = queue.Queue(maxsize=max_pending)
         self._errors: list[BaseException] = []
         self._closed = False
+        self._state = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="sparkgate-sink", daemon=True)
         self._thread.start()
 
     def __call__(self, record: StepRecord) -> None:
-        if self._closed:
-            raise RuntimeError("StoreSink is closed")
-        self._queue.put(record)
+        with self._state:  # no record may follow the close sentinel into the queue
+            if self._closed:
+                raise RuntimeError("StoreSink is closed")
+            self._queue.put(record)
 
     def _gather(self, first: StepRecord) -> tuple[list[StepRecord], bool]:
         batch, deadline = [first], time.monotonic() + self._delay
@@ -116,9 +118,11 @@ class StoreSink:
             raise RuntimeError(f"{len(errors)} sink commit(s) failed; first: {errors[0]!r}") from errors[0]
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._queue.put(None)
+        with self._state:
+            closing, self._closed = not self._closed, True
+            if closing:
+                self._queue.put(None)
+        if closing:
             self._thread.join()
         self.flush()
 
