@@ -152,6 +152,11 @@ class Aggregate:
         )
 
     @property
+    def observed_labels(self) -> int:
+        """Depth labels with an outcome (every one but the censored) behind this aggregate."""
+        return int(self.survival.count.sum())
+
+    @property
     def depths(self) -> int:
         return self.accept_hist.shape[-1] - 1
 

@@ -17,6 +17,7 @@ serialises its use because a DuckDB connection is not safe to use concurrently.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -110,6 +111,17 @@ class Store:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One transaction on the writer connection, rolled back on any error (the caller holds the lock)."""
+        self._con.execute("BEGIN TRANSACTION")
+        try:
+            yield
+            self._con.execute("COMMIT")
+        except BaseException:
+            self._con.execute("ROLLBACK")
+            raise
+
     def query(self, sql: str, params: list | None = None) -> pa.Table:
         """Run a read query in the writer process and return an Arrow table."""
         with self._lock:
@@ -174,33 +186,23 @@ class Store:
             tables = {"steps": prepared.flat.steps, "requests": prepared.requests,
                       "depth_labels": prepared.labels,
                       "quarantine": prepared.quarantine_table(source, time.time())}
-            self._con.execute("BEGIN TRANSACTION")
-            try:
+            with self._transaction():
                 for name, table in tables.items():
                     if table.num_rows:
                         self._con.register("incoming", table)
                         self._con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM incoming")
                         self._con.unregister("incoming")
-                self._con.execute("COMMIT")
-            except BaseException:
-                self._con.execute("ROLLBACK")
-                raise
         return IngestResult(prepared, source)
 
     def delete_before(self, cutoff_ts: float) -> dict[str, int]:
         """Retention: drop events, quarantine rows received and aggregates ending before ``cutoff_ts``, atomically."""
         deleted = {}
         with self._lock:
-            self._con.execute("BEGIN TRANSACTION")
-            try:
+            with self._transaction():
                 for table, column in [(t, "ts") for t in EVENT_TABLES] + [("quarantine", "received_at"),
                                                                           ("aggregates", "interval_end")]:
                     deleted[table] = self._con.execute(
                         f"DELETE FROM {table} WHERE {column} < ?", [cutoff_ts]).fetchall()[0][0]
-                self._con.execute("COMMIT")
-            except BaseException:
-                self._con.execute("ROLLBACK")
-                raise
         return deleted
 
     def export(self, out_dir: str | os.PathLike, since_ts: float | None = None) -> dict[str, int]:
@@ -286,23 +288,16 @@ class Store:
         A report is keyed by (replica, interval): a retry of one already stored is
         not counted twice and returns False (the first report stands).
         """
-        labels = int(aggregate.survival.count.sum())
-        with self._lock:
-            self._con.execute("BEGIN TRANSACTION")
-            try:
-                seen = self._con.execute(
-                    "SELECT count(*) FROM aggregates WHERE replica_id = ? AND interval_start = ? AND interval_end = ?",
-                    [replica_id, interval_start, interval_end]).fetchall()[0][0]
-                if not seen:
-                    self._con.execute(
-                        "INSERT INTO aggregates (received_at, replica_id, interval_start, interval_end, labels, "
-                        "payload) VALUES (?, ?, ?, ?, ?, ?)",
-                        [time.time() if received_at is None else received_at, replica_id, interval_start,
-                         interval_end, labels, json.dumps(aggregate.to_dict())])
-                self._con.execute("COMMIT")
-            except BaseException:
-                self._con.execute("ROLLBACK")
-                raise
+        with self._lock, self._transaction():
+            seen = self._con.execute(
+                "SELECT count(*) FROM aggregates WHERE replica_id = ? AND interval_start = ? AND interval_end = ?",
+                [replica_id, interval_start, interval_end]).fetchall()[0][0]
+            if not seen:
+                self._con.execute(
+                    "INSERT INTO aggregates (received_at, replica_id, interval_start, interval_end, labels, "
+                    "payload) VALUES (?, ?, ?, ?, ?, ?)",
+                    [time.time() if received_at is None else received_at, replica_id, interval_start,
+                     interval_end, aggregate.observed_labels, json.dumps(aggregate.to_dict())])
         return not seen
 
     def aggregates(self, since: float | None = None, until: float | None = None) -> list[tuple[str, Aggregate]]:

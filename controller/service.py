@@ -31,6 +31,7 @@ from pydantic import BaseModel, Field
 from collectors.aggregate import Aggregate, AggregateError
 from collectors.ingest import Ingestor
 from collectors.ingest_api import ARROW_TYPES, NDJSON_TYPES, ingest_router
+from collectors.schema import Problem
 
 from . import ledger
 from .fleet import fleet_report, merge_aggregates
@@ -166,17 +167,17 @@ def create_app(controller: Controller, ingestor: Ingestor, token: str | None = N
     @app.post("/v1/aggregates")
     def aggregates(body: AggregateReport) -> Response:
         problems = [] if body.interval_end >= body.interval_start else [
-            {"field": "interval_end", "value": body.interval_end, "message": "must be >= interval_start"}]
+            Problem("interval_end", body.interval_end, "must be >= interval_start")]
         try:
             aggregate = Aggregate.from_dict(body.aggregate)
         except AggregateError as exc:
-            problems += [p.to_dict() for p in exc.problems]
+            problems += exc.problems
         if problems:
-            return JSONResponse({"problems": problems}, status_code=422)
+            return JSONResponse({"problems": [p.to_dict() for p in problems]}, status_code=422)
         recorded = store.record_aggregate(body.replica_id, body.interval_start, body.interval_end, aggregate,
                                           received_at=controller.clock())
         return JSONResponse({"recorded": int(recorded), "duplicate": not recorded,
-                             "labels": int(aggregate.survival.count.sum())})
+                             "labels": aggregate.observed_labels})
 
     @app.get("/v1/fleet")
     def fleet(since: float | None = Query(None, allow_inf_nan=False),

@@ -76,7 +76,7 @@ def run_e2e(target, drafter, table: CostTable, batches: tuple[int, ...], gamma: 
                 records, summary = run_arm(target, drafter, policy, mode, batch, prompts, max_new_tokens, gamma,
                                            calibrate)
                 runs[name].append(summary)
-                if name == "static":  # greedy, so every static run commits the same tokens
+                if name == "static" and r == 0:  # greedy: every static run commits the same tokens
                     foresight = foresight_decode_ratio(records, table)
         row = {name: dict(sorted(arm, key=lambda x: x["tokens_per_s"])[(len(arm) - 1) // 2],
                           tokens_per_s_runs=[x["tokens_per_s"] for x in arm],
