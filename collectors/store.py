@@ -92,6 +92,15 @@ def _sql_path(path: Path) -> str:
     return "'" + str(path).replace("'", "''") + "'"
 
 
+class IntervalOverlap(ValueError):
+    """A replica reported an interval that overlaps, without equalling, one it reported before."""
+
+    def __init__(self, replica_id: str, interval: tuple[float, float], stored: tuple[float, float]):
+        self.replica_id, self.interval, self.stored = replica_id, interval, stored
+        super().__init__(f"replica {replica_id!r}: interval [{interval[0]}, {interval[1]}) overlaps its stored "
+                         f"report for [{stored[0]}, {stored[1]})")
+
+
 class Store:
     """A DuckDB file holding the event tables; migrates it on open."""
 
@@ -286,24 +295,32 @@ class Store:
         """Persist one replica's aggregate for an interval (committed before this returns).
 
         A report is keyed by (replica, interval): a retry of one already stored is
-        not counted twice and returns False (the first report stands).
+        not counted twice and returns False (the first report stands). A different
+        interval of the same replica that overlaps a stored one would count the
+        labels they share twice, so it raises ``IntervalOverlap`` and writes nothing.
         """
         with self._lock, self._transaction():
-            seen = self._con.execute(
-                "SELECT count(*) FROM aggregates WHERE replica_id = ? AND interval_start = ? AND interval_end = ?",
-                [replica_id, interval_start, interval_end]).fetchall()[0][0]
-            if not seen:
-                self._con.execute(
-                    "INSERT INTO aggregates (received_at, replica_id, interval_start, interval_end, labels, "
-                    "payload) VALUES (?, ?, ?, ?, ?, ?)",
-                    [time.time() if received_at is None else received_at, replica_id, interval_start,
-                     interval_end, aggregate.observed_labels, json.dumps(aggregate.to_dict())])
-        return not seen
+            stored = self._con.execute(
+                "SELECT interval_start, interval_end FROM aggregates WHERE replica_id = ? AND "
+                "((interval_start = ? AND interval_end = ?) OR (interval_start < ? AND ? < interval_end)) "
+                "ORDER BY interval_start LIMIT 2",
+                [replica_id, interval_start, interval_end, interval_end, interval_start]).fetchall()
+            if (interval_start, interval_end) in stored:
+                return False
+            if stored:
+                raise IntervalOverlap(replica_id, (interval_start, interval_end), stored[0])
+            self._con.execute(
+                "INSERT INTO aggregates (received_at, replica_id, interval_start, interval_end, labels, "
+                "payload) VALUES (?, ?, ?, ?, ?, ?)",
+                [time.time() if received_at is None else received_at, replica_id, interval_start,
+                 interval_end, aggregate.observed_labels, json.dumps(aggregate.to_dict())])
+        return True
 
     def aggregates(self, since: float | None = None, until: float | None = None) -> list[tuple[str, Aggregate]]:
         """(replica_id, aggregate) of every report whose interval lies within [since, until)."""
         rows = self.query("SELECT replica_id, payload FROM aggregates WHERE (? IS NULL OR interval_start >= ?) "
-                          "AND (? IS NULL OR interval_end <= ?) ORDER BY received_at", [since, since, until, until])
+                          "AND (? IS NULL OR interval_end <= ?) ORDER BY received_at, replica_id, interval_start",
+                          [since, since, until, until])
         return [(r, Aggregate.from_dict(json.loads(p))) for r, p in
                 zip(rows.column("replica_id").to_pylist(), rows.column("payload").to_pylist())]
 

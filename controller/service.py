@@ -5,7 +5,7 @@
 | ``GET /v1/policy`` | the policy replicas follow |
 | ``POST /v1/records`` | step records (NDJSON or Arrow IPC), the collectors' ingest endpoint |
 | ``POST /v1/consistency`` | replicas' greedy-replay and state checks |
-| ``POST /v1/aggregates``, ``GET /v1/fleet`` | mergeable per-interval aggregates replicas report instead of rows (a retried interval counts once); their merged calibration, acceptance and utilization |
+| ``POST /v1/aggregates``, ``GET /v1/fleet`` | mergeable per-interval aggregates replicas report instead of rows (a retried interval counts once; an overlapping one is refused); their merged calibration, acceptance and utilization |
 | ``GET /v1/requests/{request_id}/committed`` | a request's stored committed tokens, in step order |
 | ``GET /v1/replicas/{replica_id}`` | the step id a (restarted) replica continues from |
 | ``GET /v1/status``, ``GET /v1/decisions``, ``GET /v1/report`` | state, ledger, metrics |
@@ -32,6 +32,7 @@ from collectors.aggregate import Aggregate, AggregateError
 from collectors.ingest import Ingestor
 from collectors.ingest_api import ARROW_TYPES, NDJSON_TYPES, ingest_router
 from collectors.schema import Problem
+from collectors.store import IntervalOverlap
 
 from . import ledger
 from .fleet import fleet_report, merge_aggregates
@@ -174,8 +175,11 @@ def create_app(controller: Controller, ingestor: Ingestor, token: str | None = N
             problems += exc.problems
         if problems:
             return JSONResponse({"problems": [p.to_dict() for p in problems]}, status_code=422)
-        recorded = store.record_aggregate(body.replica_id, body.interval_start, body.interval_end, aggregate,
-                                          received_at=controller.clock())
+        try:
+            recorded = store.record_aggregate(body.replica_id, body.interval_start, body.interval_end, aggregate,
+                                              received_at=controller.clock())
+        except IntervalOverlap as exc:  # its shared labels would count twice
+            return JSONResponse({"detail": str(exc), "stored_interval": list(exc.stored)}, status_code=409)
         return JSONResponse({"recorded": int(recorded), "duplicate": not recorded,
                              "labels": aggregate.observed_labels})
 

@@ -8,11 +8,13 @@ import sys
 import duckdb
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from collectors.aggregate import Aggregate
 from collectors.labels import explode
 from collectors.migrations import MIGRATIONS
-from collectors.store import Store, open_snapshot, stage
+from collectors.store import IntervalOverlap, Store, open_snapshot, stage
 from collectors.synth import synthetic_wire
 from collectors.wire import flatten, from_dicts, from_records
 from tests.collectors.strategies import compact_row, step
@@ -143,6 +145,40 @@ def test_retention_deletes_old_rows_everywhere(store):
                                           "aggregates": 1}
     assert store.query("SELECT step_id FROM depth_labels").column(0).to_pylist() == [2] * 4
     assert store.query("SELECT interval_end FROM aggregates").column(0).to_pylist() == [220.0]
+
+
+_FLAT = flatten(synthetic_wire(2, 2, 3))
+_AGG = Aggregate.from_tables(_FLAT.requests, explode(_FLAT), 3)
+
+
+def _shares_time(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Half-open intervals that overlap; a zero-length one is its point, inside another's interior."""
+    if a[0] == a[1] or b[0] == b[1]:
+        point, other = (a, b) if a[0] == a[1] else (b, a)
+        return other[0] < point[0] < other[1]
+    return max(a[0], b[0]) < min(a[1], b[1])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["r0", "r1"]), st.integers(0, 8), st.integers(0, 4)), max_size=12))
+def test_a_replicas_stored_intervals_never_share_time(tmp_path_factory, reports):
+    """Accepted = new and disjoint (half-open) from the replica's stored intervals; a retry is a no-op;
+    an overlap raises and writes nothing. So no label is ever counted twice."""
+    with Store(tmp_path_factory.mktemp("agg") / "a.duckdb") as store:
+        kept: dict[str, list[tuple[float, float]]] = {"r0": [], "r1": []}
+        for replica, start, length in reports:
+            interval = (float(start), float(start + length))
+            mine = kept[replica]
+            if any(s != interval and _shares_time(s, interval) for s in mine):
+                with pytest.raises(IntervalOverlap, match=replica):
+                    store.record_aggregate(replica, *interval, _AGG)
+            else:
+                assert store.record_aggregate(replica, *interval, _AGG) is (interval not in mine)
+                if interval not in mine:
+                    mine.append(interval)
+        stored = store.query("SELECT replica_id, interval_start, interval_end FROM aggregates").to_pylist()
+        assert sorted((r["replica_id"], r["interval_start"], r["interval_end"]) for r in stored) == \
+            sorted((r, *i) for r, ivs in kept.items() for i in ivs)
 
 
 def test_export_is_hive_partitioned_and_reexport_does_not_duplicate(store, tmp_path):

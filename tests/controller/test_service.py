@@ -135,6 +135,14 @@ def test_replicas_report_aggregates_and_the_fleet_view_merges_them(service, stor
     assert http.get("/v1/fleet", params={"since": T0 + 5}).json() == {"reports": 0, "replicas": []}
     assert http.get("/v1/fleet", params={"since": T0 + 5, "until": T0}).status_code == 422
 
+    # Another interval of r1 sharing [T0+5, T0+10) would count those labels twice: refused, nothing written.
+    overlap = http.post("/v1/aggregates", json={**body, "interval_start": T0 + 5, "interval_end": T0 + 20})
+    assert overlap.status_code == 409 and overlap.json()["stored_interval"] == [T0, T0 + 10]
+    assert "'r1'" in overlap.json()["detail"] and len(store.aggregates()) == 2
+    # Intervals are half-open: the next one starts where the last ended.
+    adjacent = http.post("/v1/aggregates", json={**body, "interval_start": T0 + 10, "interval_end": T0 + 20})
+    assert adjacent.status_code == 200 and adjacent.json()["duplicate"] is False
+
     # Every problem is named and nothing is written.
     bad = parts[0].to_dict()
     bad["survival.count"] = [[[-1]]]
@@ -155,13 +163,13 @@ def test_replicas_report_aggregates_and_the_fleet_view_merges_them(service, stor
         refused = http.post("/v1/aggregates", json={"replica_id": "r9", "interval_start": T0, "interval_end": T0,
                                                     "aggregate": odd})
         assert refused.status_code == 422 and refused.json()["problems"][0]["field"] == field, (field, refused.text)
-    assert store.counts()["quarantine"] == 0 and len(store.aggregates()) == 2
+    assert store.counts()["quarantine"] == 0 and len(store.aggregates()) == 3
 
     # Acknowledged reports are durable: a reopened store still holds them.
     path = store.path
     store.close()
     with Store(path) as again:
-        assert [r for r, _ in again.aggregates()] == ["r0", "r1"]
+        assert [r for r, _ in again.aggregates()] == ["r0", "r1", "r1"]
 
 
 def test_openapi_spec_is_published(service):
