@@ -8,6 +8,7 @@ in-memory exporter in tests.
 from __future__ import annotations
 
 import numpy as np
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace import SpanKind, Tracer
@@ -20,9 +21,14 @@ _STEP_ATTRIBUTES = ("replica_id", "step_id", "batch_size", "gamma", "verify_rows
                     "graph_hit", "phase", "policy_revision")
 
 
-def tracer_provider(otlp_endpoint: str | None = None, exporter: SpanExporter | None = None) -> TracerProvider:
-    """A provider exporting to ``exporter`` (synchronously) or to OTLP/HTTP at ``otlp_endpoint`` (batched)."""
-    provider = TracerProvider()
+def tracer_provider(otlp_endpoint: str | None = None, exporter: SpanExporter | None = None,
+                    service_name: str = "sparkgate") -> TracerProvider:
+    """A provider exporting to ``exporter`` (synchronously) or to OTLP/HTTP at ``otlp_endpoint`` (batched).
+
+    ``otlp_endpoint`` is the collector's full traces URL (``http://host:4318/v1/traces``).
+    Call ``shutdown()`` on the provider when done: it flushes the spans still batched.
+    """
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     if otlp_endpoint:

@@ -8,6 +8,7 @@ a running controller with ``--controller``).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -20,6 +21,7 @@ import uvicorn
 from collectors.ingest import Ingestor
 from collectors.metrics import Metrics
 from collectors.store import Store
+from collectors.tracing import tracer_provider
 from policies.rollout import DEFAULT_PATH, load_rollout_policy
 
 from .actuators import SGLangActuator
@@ -61,20 +63,24 @@ def evaluate_forever(controller: Controller, stop: threading.Event, snapshot_dir
 @click.option("--snapshot-dir", type=click.Path(file_okay=False), help="Publish Parquet snapshots after each tick.")
 @click.option("--cost-table-version", default=None, help="Announced to replicas in the policy.")
 @click.option("--sts-version", default=None, help="Announced to replicas in the policy.")
+@click.option("--otlp-endpoint", envvar="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", default=None,
+              help="OTLP/HTTP traces URL (e.g. http://localhost:4318/v1/traces): one span per ingested step.")
 def serve(db, policy_path, host, port, token, sglang_urls, prometheus, snapshot_dir, cost_table_version,
-          sts_version):
+          sts_version, otlp_endpoint):
     """Run the controller: policy and ingest API, gates, rollout, /metrics."""
     try:
         check_bind(host, token)
         policy = load_rollout_policy(policy_path)
-    except ValueError as exc:
+        provider = tracer_provider(otlp_endpoint, service_name="sparkgate-controller") if otlp_endpoint else None
+    except (ValueError, RuntimeError) as exc:
         raise click.UsageError(str(exc)) from None
     metrics = Metrics()
-    with Store(db) as store:
+    tracer = provider.get_tracer("sparkgate.collectors") if provider else None
+    with Store(db) as store, _flushed(provider):
         actuators = [SGLangActuator(sglang_urls)] if sglang_urls else []
         controller = Controller(store, policy, metrics=metrics, actuators=actuators, prometheus_url=prometheus,
                                 versions=Versions(cost_table_version, sts_version))
-        app = create_app(controller, Ingestor(store, metrics), token)
+        app = create_app(controller, Ingestor(store, metrics, tracer), token)
         stop = threading.Event()
         loop = threading.Thread(target=evaluate_forever, args=(controller, stop, snapshot_dir),
                                 name="sparkgate-evaluate", daemon=True)
@@ -86,6 +92,16 @@ def serve(db, policy_path, host, port, token, sglang_urls, prometheus, snapshot_
         finally:
             stop.set()
             loop.join()
+
+
+@contextlib.contextmanager
+def _flushed(provider):
+    """Shut ``provider`` down on the way out, so spans still batched are exported, not dropped."""
+    try:
+        yield
+    finally:
+        if provider is not None:
+            provider.shutdown()
 
 
 def _call(method: str, url: str, path: str, token: str | None = None, **kwargs) -> dict | list:

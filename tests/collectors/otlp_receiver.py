@@ -1,0 +1,77 @@
+"""A real OTLP/HTTP traces receiver on 127.0.0.1: decodes each protobuf export it is sent."""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Iterator
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
+                                                                     ExportTraceServiceResponse)
+
+
+class Received:
+    """Spans as ``(resource attributes, span)`` pairs, in arrival order."""
+
+    def __init__(self):
+        self.spans: list[tuple[dict, object]] = []
+        self._lock = threading.Lock()
+
+    def add(self, request: ExportTraceServiceRequest) -> None:
+        with self._lock:
+            for resource_spans in request.resource_spans:
+                resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
+                for scope_spans in resource_spans.scope_spans:
+                    self.spans.extend((resource, span) for span in scope_spans.spans)
+
+    def wait_for(self, n: int, timeout_s: float = 10.0) -> list[tuple[dict, object]]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if len(self.spans) >= n:
+                    return list(self.spans)
+            time.sleep(0.02)
+        raise AssertionError(f"received {len(self.spans)} spans, expected {n}")
+
+
+def attributes(span) -> dict:
+    return {a.key: _value(a.value) for a in span.attributes}
+
+
+def _value(v):
+    return getattr(v, v.WhichOneof("value"))
+
+
+@contextlib.contextmanager
+def otlp_receiver() -> Iterator[tuple[str, Received]]:
+    """Yields (traces URL, received spans)."""
+    received = Received()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's naming
+            body = self.rfile.read(int(self.headers["content-length"]))
+            if self.path != "/v1/traces" or self.headers["content-type"] != "application/x-protobuf":
+                self.send_error(404)
+                return
+            request = ExportTraceServiceRequest()
+            request.ParseFromString(body)
+            received.add(request)
+            reply = ExportTraceServiceResponse().SerializeToString()
+            self.send_response(200)
+            self.send_header("content-type", "application/x-protobuf")
+            self.send_header("content-length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces", received
+    finally:
+        server.shutdown()
+        server.server_close()
