@@ -14,13 +14,14 @@ import time
 import click
 import torch
 
+from .device_options import device_options, resolve_graphs
 from .kv_cache import KVCache
 from .tiers import TierGrid
 from .verify import TargetRunner
 
 
 def prepared_runner(batch: int, prompt_len: int, device: str, seed: int = 0) -> tuple[TargetRunner, list[int], int]:
-    """The default target (about 3.3M parameters) with ``batch`` prefilled random prompts."""
+    """The default target (the shipped one) with ``batch`` prefilled random prompts."""
     from .defaults import default_target
 
     torch.manual_seed(seed)
@@ -89,8 +90,7 @@ def run_verify_bench(batch: int, gamma: int, mean_window: float, steps: int, war
 @click.option("--steps", default=30, show_default=True, help="Timed steps per arm (median reported).")
 @click.option("--warmup", default=5, show_default=True)
 @click.option("--prompt-len", default=64, show_default=True)
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--graphs/--no-graphs", default=None, help="CUDA-graph tiers (default: on for CUDA).")
+@device_options
 @click.option("--threads", default=1, show_default=True,
               help="torch intra-op threads. One by default: at decode-sized row counts a second thread buys "
                    "little, and spin-waiting threads make timings collapse when any other process shares the cores.")
@@ -100,7 +100,7 @@ def bench_verify(batch, gamma, mean_window, steps, warmup, prompt_len, device, g
     torch.set_num_threads(threads)
     if not 0 <= mean_window <= gamma:
         raise click.BadParameter(f"must lie in [0, gamma={gamma}], got {mean_window}", param_hint="--mean-window")
-    graphs = device.startswith("cuda") if graphs is None else graphs
+    graphs = resolve_graphs(device, graphs)
     result = run_verify_bench(batch, gamma, mean_window, steps, warmup, prompt_len, device, graphs)
     if not as_json:
         click.echo(f"compact/static time {result['time_ratio']:.3f} vs rows {result['row_ratio']:.3f}", err=True)

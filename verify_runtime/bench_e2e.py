@@ -25,15 +25,17 @@ from collectors.schema import StepRecord
 from policies.cost_model import CostTable
 from policies.window import CostAwareScheduler, FixedWindow
 
+from .device_options import device_options, resolve_graphs
 from .engine import Engine, EngineConfig, Request
 from .summary import run_timed, summarize
 from .workload import mixed_workload
 
 
 def run_arm(target, drafter, policy, mode: str, batch: int, prompts, max_new_tokens: int, gamma: int,
-            calibrate=None) -> tuple[list[StepRecord], dict]:
+            calibrate=None, graphs: bool = False) -> tuple[list[StepRecord], dict]:
     """(step records, summary) of one timed run."""
-    engine = Engine(target, drafter, EngineConfig(gamma=gamma, max_batch=batch), policy=policy, calibrate=calibrate)
+    engine = Engine(target, drafter, EngineConfig(gamma=gamma, max_batch=batch), policy=policy, calibrate=calibrate,
+                    graphs=graphs)
     requests = [Request(f"{p.task}-{i}", p.tokens, max_new_tokens, mode=mode, task=p.task, seed=i, stop_at_eos=False)
                 for i, p in enumerate(prompts)]
     records, outputs, seconds = run_timed(engine, requests)
@@ -57,7 +59,7 @@ def foresight_decode_ratio(static_records: list[StepRecord], table: CostTable) -
 
 def run_e2e(target, drafter, table: CostTable, batches: tuple[int, ...], gamma: int, short_window: int,
             waves: int, max_new_tokens: int, rounds: int = 2, min_requests: int = 8, calibrate=None,
-            progress: bool = True) -> dict:
+            progress: bool = True, graphs: bool = False) -> dict:
     """Per batch size, each arm runs ``rounds`` times, interleaved; the median run is reported."""
     arms = {
         "static": ("static", FixedWindow(gamma)),
@@ -74,7 +76,7 @@ def run_e2e(target, drafter, table: CostTable, batches: tuple[int, ...], gamma: 
                 if progress:
                     print(f"bench e2e: batch {batch:>3} {name} (round {r + 1}/{rounds})", file=sys.stderr, flush=True)
                 records, summary = run_arm(target, drafter, policy, mode, batch, prompts, max_new_tokens, gamma,
-                                           calibrate)
+                                           calibrate, graphs)
                 runs[name].append(summary)
                 if name == "static" and r == 0:  # greedy: every static run commits the same tokens
                     foresight = foresight_decode_ratio(records, table)
@@ -100,20 +102,24 @@ def run_e2e(target, drafter, table: CostTable, batches: tuple[int, ...], gamma: 
 @click.option("--cost-table", "cost_table_path", type=click.Path(exists=True, dir_okay=False),
               help="Cost table JSON (default: the shipped one, or profile here if it does not match).")
 @click.option("--threads", default=1, show_default=True, help="torch intra-op threads (see bench verify).")
+@device_options
 @click.option("--json", "as_json", is_flag=True)
-def bench_e2e(batches, gamma, short_window, waves, max_new_tokens, rounds, cost_table_path, threads, as_json):
+def bench_e2e(batches, gamma, short_window, waves, max_new_tokens, rounds, cost_table_path, threads, device, graphs,
+              as_json):
     """Committed tokens/s: static vs fixed short window vs cost-aware compact."""
     torch.set_num_threads(threads)
+    graphs = resolve_graphs(device, graphs)
     from .defaults import default_calibration, default_cost_table, default_drafter, default_target
 
     torch.manual_seed(0)
-    target = default_target()
+    target = default_target().to(device)
     drafter = default_drafter(target)
-    table, table_source = default_cost_table(target, drafter, cost_table_path)
+    table, table_source = default_cost_table(target, drafter, cost_table_path, graphs=graphs)
     batch_sizes = tuple(int(b) for b in batches.split(","))
     results = run_e2e(target, drafter, table, batch_sizes, gamma, short_window, waves, max_new_tokens, rounds,
-                      calibrate=default_calibration(drafter))
-    summary = {"gamma": gamma, "short_window": short_window, "drafter": drafter.version,
+                      calibrate=default_calibration(drafter), graphs=graphs)
+    summary = {"gamma": gamma, "short_window": short_window, "drafter": drafter.version, "device": device,
+               "graphs": graphs,
                "cost_table": table_source, "threads": torch.get_num_threads(), "batches": results}
     if not as_json:
         for batch, row in results.items():

@@ -51,15 +51,16 @@ def default_calibration(drafter: Drafter) -> STS | None:
 
 
 def default_cost_table(target: Transformer, drafter: Drafter, path: str | Path | None = None, *,
-                       quick: bool = True) -> tuple[CostTable, str]:
-    """(table, where it came from). An explicit ``path`` must match or it is an error."""
+                       quick: bool = True, graphs: bool = False) -> tuple[CostTable, str]:
+    """(table, where it came from). An explicit ``path`` must match or it is an error; a table
+    profiled here times graph-replayed steps when ``graphs`` (the engines it serves use them)."""
     from .profiler import profile_model, step_version
 
     device = target.output.weight.device
     fingerprint = {"hardware": hardware_fingerprint(device), "model": step_version(target, drafter)}
     if path is not None:
         return load_cost_table(path, **fingerprint), str(path)
-    cached = CACHE_DIR / f"cost_table-{model_version(target)}-{drafter.version}.json"
+    cached = CACHE_DIR / f"cost_table-{model_version(target)}-{drafter.version}{'-graphs' * graphs}.json"
     for candidate in (SHIPPED_COST_TABLE, cached):
         if candidate.exists():
             try:
@@ -67,7 +68,7 @@ def default_cost_table(target: Transformer, drafter: Drafter, path: str | Path |
             except CostTableError:
                 continue  # measured elsewhere or for another model: profile here instead
     grid = dict(batches=(1, 8, 32, 64), fractions=(0.0, 0.3, 0.6, 1.0), repeats=3) if quick else {}
-    table = profile_model(target, drafter, **grid).table
+    table = profile_model(target, drafter, graphs=graphs, **grid).table
     cached.parent.mkdir(parents=True, exist_ok=True)
     save_cost_table(table, cached)
     return table, f"profiled here ({cached})"

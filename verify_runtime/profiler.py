@@ -33,6 +33,7 @@ from policies.cost_profile import StepSample, fit_additive_table, hardware_finge
 
 from policies.window import WindowContext, WindowDecision
 
+from .device_options import device_options, resolve_graphs
 from .drafters import Drafter
 from .engine import Engine, EngineConfig, Request
 from .model import Transformer, model_version
@@ -76,11 +77,11 @@ class ForcedWindows:
 
 
 def _step_sample(model: Transformer, drafter: Drafter, windows: list[int], gamma: int, repeats: int,
-                 context: int, grid: TierGrid, gen: torch.Generator) -> StepSample:
+                 context: int, grid: TierGrid, gen: torch.Generator, graphs: bool = False) -> StepSample:
     """The median recorded ``step_ms`` of a full batch whose every request verifies ``windows[i]`` drafts."""
     batch = len(windows)
     engine = Engine(model, drafter, EngineConfig(gamma=gamma, max_batch=batch, default_mode="compact"),
-                    policy=ForcedWindows(windows), tiers=grid)
+                    policy=ForcedWindows(windows), tiers=grid, graphs=graphs)
     prompts = torch.randint(0, model.args.vocab_size, (batch, context), generator=gen).tolist()
     for i, prompt in enumerate(prompts):  # long enough that nobody finishes while being timed
         engine.submit(Request(f"profile-{i}", prompt, (repeats + 1) * (gamma + 1), seed=i, stop_at_eos=False))
@@ -90,8 +91,9 @@ def _step_sample(model: Transformer, drafter: Drafter, windows: list[int], gamma
 
 def measure(model: Transformer, drafter: Drafter, batches: tuple[int, ...], fractions: tuple[float, ...],
             gamma: int, repeats: int, context: int = DEFAULT_CONTEXT, grid: TierGrid | None = None,
-            progress: bool = True) -> list[StepSample]:
-    """One ``StepSample`` per (batch size, budget fraction), in that order."""
+            progress: bool = True, graphs: bool = False) -> list[StepSample]:
+    """One ``StepSample`` per (batch size, budget fraction), in that order; ``graphs``: steps replay
+    CUDA-graph tiers, as a CUDA replica serves them."""
     grid = grid or TierGrid()
     gen = torch.Generator().manual_seed(0)
     samples = []
@@ -99,7 +101,7 @@ def measure(model: Transformer, drafter: Drafter, batches: tuple[int, ...], frac
     for batch in batches:
         for fraction in fractions:
             windows = even_windows(batch, gamma, round(fraction * batch * gamma))
-            sample = _step_sample(model, drafter, windows, gamma, repeats, context, grid, gen)
+            sample = _step_sample(model, drafter, windows, gamma, repeats, context, grid, gen, graphs)
             samples.append(sample)
             bar.set_postfix(bs=batch, rows=sample.verify_rows, ms=f"{sample.seconds * 1e3:.2f}")
             bar.update(1)
@@ -109,9 +111,10 @@ def measure(model: Transformer, drafter: Drafter, batches: tuple[int, ...], frac
 
 def profile_model(model: Transformer, drafter: Drafter, *, batches=DEFAULT_BATCHES, fractions=DEFAULT_FRACTIONS,
                   gamma: int = 7, repeats: int = 5, context: int = DEFAULT_CONTEXT, grid: TierGrid | None = None,
-                  progress: bool = True) -> Profile:
+                  progress: bool = True, graphs: bool = False) -> Profile:
     grid = grid or TierGrid()
-    samples = measure(model, drafter, batches, fractions, gamma, repeats, context, grid=grid, progress=progress)
+    samples = measure(model, drafter, batches, fractions, gamma, repeats, context, grid=grid, progress=progress,
+                      graphs=graphs)
     meta = CostMeta(hardware=hardware_fingerprint(model.output.weight.device), model=step_version(model, drafter),
                     tiers=tuple(grid.tiers), created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                     version=f"profile-{model_version(model)}-{int(time.time())}")
@@ -168,14 +171,15 @@ def _floats(text: str) -> tuple[float, ...]:
 @click.option("--repeats", default=5, show_default=True, help="Recorded steps per shape (the median is kept).")
 @click.option("--context", default=DEFAULT_CONTEXT, show_default=True, type=click.IntRange(min=1),
               help="Prompt tokens per profiled request (attention cost grows with context).")
-@click.option("--device", default="cpu", show_default=True)
+@device_options
 @click.option("--threads", default=1, show_default=True,
               help="torch intra-op threads; profile with the threading replicas serve with.")
 @click.option("--tiers", default=",".join(map(str, DEFAULT_TIERS)), show_default=True,
               help="Graph-tier row counts; recorded in the table so predictions step at tier boundaries.")
-def profile(out_path, plot_path, batch_sizes, fractions, gamma, repeats, context, device, threads, tiers):
+def profile(out_path, plot_path, batch_sizes, fractions, gamma, repeats, context, device, graphs, threads, tiers):
     """Measure decode step time over batch sizes × verify budgets and fit the additive cost table."""
     torch.set_num_threads(threads)
+    graphs = resolve_graphs(device, graphs)
     try:
         grid = TierGrid(parse_tiers(tiers))
     except ValueError as exc:
@@ -194,7 +198,7 @@ def profile(out_path, plot_path, batch_sizes, fractions, gamma, repeats, context
         raise click.BadParameter(f"--context {context} with --repeats {repeats} and --gamma {gamma} needs {need} "
                                  f"positions; the model holds {target.args.max_seq_len}", param_hint="--context")
     result = profile_model(target, default_drafter(target), batches=batches, fractions=fracs, gamma=gamma,
-                           repeats=repeats, context=context, grid=grid)
+                           repeats=repeats, context=context, grid=grid, graphs=graphs)
     save_cost_table(result.table, out_path)
     plot_path = plot_path or str(Path(out_path).with_suffix(".png"))
     plot_profile(result, plot_path)

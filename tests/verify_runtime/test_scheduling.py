@@ -137,3 +137,14 @@ def test_profile_command_takes_a_tier_grid(tmp_path):
     assert json.loads(out.read_text())["meta"]["tiers"] == [4, 16]
     bad = CliRunner().invoke(main, ["profile", "--out", str(out), "--tiers", "16,8"])
     assert bad.exit_code != 0 and "strictly increasing" in bad.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
+def test_graph_tiers_are_refused_off_cuda_with_a_usage_error(tmp_path):
+    for args in (["bench", "e2e", "--graphs"], ["profile", "--out", str(tmp_path / "t.json"), "--graphs"],
+                 ["bench", "verify", "--graphs"]):
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 2 and "CUDA-graph tiers need a CUDA device" in res.output, (args, res.output)
+    res = CliRunner().invoke(main, ["bench", "e2e", "--device", "tpu9"])
+    assert res.exit_code == 2 and "--device" in res.output
+    assert not (tmp_path / "t.json").exists()
