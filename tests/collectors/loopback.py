@@ -1,4 +1,4 @@
-"""A scripted HTTP server on 127.0.0.1 for poller tests: each GET answers the next payload."""
+"""Loopback HTTP servers for tests: ``serving`` runs any handler; ``scripted_server`` answers GETs in turn."""
 from __future__ import annotations
 
 import contextlib
@@ -29,7 +29,14 @@ def scripted_server(path: str, payloads: list, content_type: str = "application/
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    with serving(Handler) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Run ``handler`` on a free 127.0.0.1 port for the block; yields the base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
