@@ -15,6 +15,8 @@ from pathlib import Path
 
 import click
 
+from .model import ModelArgs
+
 LOOP_OPTIONS = [
     click.option("--out", "out", type=click.Path(file_okay=False), required=True, help="Run directory (resumable)."),
     click.option("--steps", default=1000, show_default=True),
@@ -54,6 +56,9 @@ def _finish(module, report: dict, out: Path, key: str, ship: bool) -> None:
     click.echo(json.dumps(report))
 
 
+_TARGET = ModelArgs()  # the target's shape defaults are the model's
+
+
 @click.group()
 def train() -> None:
     """Train the target LM and the DSpark block drafter on the stdlib corpus."""
@@ -61,17 +66,16 @@ def train() -> None:
 
 @train.command("target")
 @loop_options
-@click.option("--dim", default=256, show_default=True)
-@click.option("--layers", default=4, show_default=True)
-@click.option("--heads", default=8, show_default=True)
-@click.option("--kv-heads", default=4, show_default=True)
-@click.option("--ffn", default=768, show_default=True)
+@click.option("--dim", default=_TARGET.dim, show_default=True)
+@click.option("--layers", default=_TARGET.n_layers, show_default=True)
+@click.option("--heads", default=_TARGET.n_heads, show_default=True)
+@click.option("--kv-heads", default=_TARGET.n_kv_heads, show_default=True)
+@click.option("--ffn", default=_TARGET.ffn_hidden, show_default=True)
 def target(out, threads, ship, dim, layers, heads, kv_heads, ffn, **loop):
     """Train the byte-level target LM on the train split."""
     import torch
 
     from .corpus import stdlib_corpus
-    from .model import ModelArgs
     from .shipped import record_asset
     from .training import train_target
 
