@@ -8,7 +8,8 @@ The figure is committed tokens per second (wall clock, prefill included) and
 its ratio to ``static`` at the same batch size; ``decode_ratio_to_static`` is
 the same ratio over decode steps only (see ``summary``). Arms alternate per
 batch size so machine noise hits them alike; each figure is the median of the
-``rounds`` runs. ``foresight_decode_ratio`` puts the ratios in scale: static's
+``rounds`` runs, and each ratio the median of the per-round ratios (an arm
+against the static run of its own round). ``foresight_decode_ratio`` puts the ratios in scale: static's
 predicted decode time over that of a scheduler that knew each request's a*
 (see ``foresight_decode_ratio``).
 """
@@ -60,7 +61,8 @@ def foresight_decode_ratio(static_records: list[StepRecord], table: CostTable) -
 def run_e2e(target, drafter, table: CostTable, batches: tuple[int, ...], gamma: int, short_window: int,
             waves: int, max_new_tokens: int, rounds: int = 2, min_requests: int = 8, calibrate=None,
             progress: bool = True, graphs: bool = False) -> dict:
-    """Per batch size, each arm runs ``rounds`` times, interleaved; the median run is reported."""
+    """Per batch size, each arm runs ``rounds`` times, interleaved; the median run is reported, and each
+    ratio to static is the median of the per-round ratios."""
     arms = {
         "static": ("static", FixedWindow(gamma)),
         "fixed_short": ("compact", FixedWindow(short_window)),
@@ -86,7 +88,11 @@ def run_e2e(target, drafter, table: CostTable, batches: tuple[int, ...], gamma: 
                for name, arm in runs.items()}
         for name in ("fixed_short", "cost_aware"):
             for figure, ratio in (("tokens_per_s", "ratio_to_static"), ("decode_tokens_per_s", "decode_ratio_to_static")):
-                row[name][ratio] = round(row[name][figure] / row["static"][figure], 3)
+                # Paired by round: an arm and the static run just before it share the machine's state,
+                # so slow drift in this machine's speed cancels in their ratio.
+                paired = [arm[figure] / base[figure] for arm, base in zip(runs[name], runs["static"])]
+                row[name][ratio] = round(statistics.median(paired), 3)
+                row[name][f"{ratio}_runs"] = [round(x, 3) for x in paired]
         row["foresight_decode_ratio"] = round(foresight, 3)
         results[str(batch)] = row
     return results
@@ -98,7 +104,7 @@ def run_e2e(target, drafter, table: CostTable, batches: tuple[int, ...], gamma: 
 @click.option("--short-window", default=2, show_default=True)
 @click.option("--waves", default=2, show_default=True, help="Requests per batch slot (continuous batching refills).")
 @click.option("--max-new-tokens", default=128, show_default=True)
-@click.option("--rounds", default=3, show_default=True, help="Interleaved runs per arm; the median is reported.")
+@click.option("--rounds", default=5, show_default=True, help="Interleaved runs per arm; the median is reported.")
 @click.option("--cost-table", "cost_table_path", type=click.Path(exists=True, dir_okay=False),
               help="Cost table JSON (default: the shipped one, or profile here if it does not match).")
 @click.option("--threads", default=1, show_default=True, help="torch intra-op threads (see bench verify).")

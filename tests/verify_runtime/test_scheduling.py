@@ -116,7 +116,7 @@ def test_profile_command_rejects_bad_fractions_and_contexts(tmp_path):
 def test_bench_e2e_runs_and_reports_ratios(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARKGATE_CACHE", str(tmp_path))
     res = CliRunner().invoke(main, ["bench", "e2e", "--batches", "1,2", "--waves", "1", "--max-new-tokens", "4",
-                                    "--json"])
+                                    "--rounds", "2", "--json"])
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout.strip().splitlines()[-1])
     for batch in ("1", "2"):
@@ -125,6 +125,8 @@ def test_bench_e2e_runs_and_reports_ratios(tmp_path, monkeypatch):
         assert row["foresight_decode_ratio"] >= 1.0  # foresight never verifies more rows than static
         assert row["static"]["mean_window"] == 7.0 and row["fixed_short"]["mean_window"] <= 2.0
         assert row["cost_aware"]["ratio_to_static"] > 0 and row["cost_aware"]["decode_ratio_to_static"] > 0
+        paired = row["cost_aware"]["ratio_to_static_runs"]  # one per round; the reported ratio is their median
+        assert len(paired) == 2 and min(paired) <= row["cost_aware"]["ratio_to_static"] <= max(paired)
         # Decode steps are part of the wall time, so their rate is the higher one.
         assert all(row[arm]["decode_tokens_per_s"] >= row[arm]["tokens_per_s"] for arm in ("static", "cost_aware"))
 
