@@ -101,6 +101,14 @@ class IntervalOverlap(ValueError):
                          f"report for [{stored[0]}, {stored[1]})")
 
 
+class TooManyReports(ValueError):
+    """A span holds more aggregate reports than the caller will merge at once."""
+
+    def __init__(self, count: int, limit: int):
+        self.count, self.limit = count, limit
+        super().__init__(f"{count} aggregate reports in the span exceed the limit of {limit}; narrow since/until")
+
+
 class Store:
     """A DuckDB file holding the event tables; migrates it on open."""
 
@@ -316,11 +324,21 @@ class Store:
                  interval_end, aggregate.observed_labels, json.dumps(aggregate.to_dict())])
         return True
 
-    def aggregates(self, since: float | None = None, until: float | None = None) -> list[tuple[str, Aggregate]]:
-        """(replica_id, aggregate) of every report whose interval lies within [since, until)."""
-        rows = self.query("SELECT replica_id, payload FROM aggregates WHERE (? IS NULL OR interval_start >= ?) "
-                          "AND (? IS NULL OR interval_end <= ?) ORDER BY received_at, replica_id, interval_start",
-                          [since, since, until, until])
+    def aggregates(self, since: float | None = None, until: float | None = None,
+                   limit: int | None = None) -> list[tuple[str, Aggregate]]:
+        """(replica_id, aggregate) of every report whose interval lies within [since, until).
+
+        With ``limit``, a span holding more reports raises ``TooManyReports`` before
+        any is parsed: the caller asks for a narrower span instead of a slow answer.
+        """
+        where = "(? IS NULL OR interval_start >= ?) AND (? IS NULL OR interval_end <= ?)"
+        params = [since, since, until, until]
+        if limit is not None:
+            n = self.query(f"SELECT count(*) AS n FROM aggregates WHERE {where}", params).column("n")[0].as_py()
+            if n > limit:
+                raise TooManyReports(n, limit)
+        rows = self.query(f"SELECT replica_id, payload FROM aggregates WHERE {where} "
+                          "ORDER BY received_at, replica_id, interval_start", params)
         return [(r, Aggregate.from_dict(json.loads(p))) for r, p in
                 zip(rows.column("replica_id").to_pylist(), rows.column("payload").to_pylist())]
 

@@ -14,6 +14,7 @@ from collectors.wire import flatten
 from collectors.ingest_api import serve_in_thread
 from collectors.metrics import Metrics
 from collectors.synth import synthetic_wire
+import controller.service as service_module
 from controller.service import check_bind, create_app
 from controller.supervisor import Controller
 from policies.rollout import parse_rollout_policy
@@ -117,7 +118,7 @@ def _aggregate(seed: int) -> Aggregate:
     return Aggregate.from_tables(flat.requests, explode(flat), 7)
 
 
-def test_replicas_report_aggregates_and_the_fleet_view_merges_them(service, store, tmp_path):
+def test_replicas_report_aggregates_and_the_fleet_view_merges_them(service, store, tmp_path, monkeypatch):
     http, *_ = service
     parts = [_aggregate(seed) for seed in (1, 2)]
     for i, part in enumerate(parts):
@@ -134,6 +135,11 @@ def test_replicas_report_aggregates_and_the_fleet_view_merges_them(service, stor
     assert fleet["utilization"]["upper_bound"] == pytest.approx(merged.upper_bound_utilization())
     assert http.get("/v1/fleet", params={"since": T0 + 5}).json() == {"reports": 0, "replicas": []}
     assert http.get("/v1/fleet", params={"since": T0 + 5, "until": T0}).status_code == 422
+    with monkeypatch.context() as patch:  # a span too large to merge in one answer is refused, not slow
+        patch.setattr(service_module, "MAX_FLEET_REPORTS", 1)
+        too_many = http.get("/v1/fleet")
+        assert too_many.status_code == 422 and "2 aggregate reports" in too_many.json()["detail"]
+        assert http.get("/v1/fleet", params={"since": T0 + 10, "until": T0 + 10}).json()["reports"] == 0
 
     # Another interval of r1 sharing [T0+5, T0+10) would count those labels twice: refused, nothing written.
     overlap = http.post("/v1/aggregates", json={**body, "interval_start": T0 + 5, "interval_end": T0 + 20})
