@@ -12,6 +12,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import signal
 import threading
 
 import click
@@ -88,10 +89,30 @@ def serve(db, policy_path, host, port, token, sglang_urls, prometheus, snapshot_
         click.echo(json.dumps({"listening": f"http://{host}:{port}", "db": db, **controller.policy_payload()}),
                    err=True)
         try:
-            uvicorn.run(app, host=host, port=port, log_level="warning")
+            with _exit_on_sigterm():
+                uvicorn.run(app, host=host, port=port, log_level="warning")
         finally:
             stop.set()
             loop.join()
+
+
+@contextlib.contextmanager
+def _exit_on_sigterm():
+    """SIGTERM raises SystemExit, so the cleanup around the server runs.
+
+    uvicorn stops gracefully on SIGTERM, then raises the signal again under the
+    handler it found; the default one would end the process on the spot, before
+    the evaluator stops, batched spans are exported and the store is closed.
+    """
+    previous = signal.signal(signal.SIGTERM, _raise_exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_exit(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 @contextlib.contextmanager

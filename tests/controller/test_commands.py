@@ -2,12 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
@@ -18,9 +12,10 @@ from collectors.ingest_api import serve_in_thread
 from collectors.metrics import Metrics
 from collectors.store import Store
 from controller.cli import main
+from controller.demo_fleet import Fleet, free_port
 from controller.service import create_app
 from controller.supervisor import Controller
-from policies.rollout import load_rollout_policy
+from policies.rollout import DEFAULT_PATH, load_rollout_policy
 from tests.collectors.otlp_receiver import attributes, otlp_receiver
 from tests.collectors.strategies import compact_row, step
 from tests.controller.conftest import T0, ingest_synthetic
@@ -70,38 +65,19 @@ def test_serve_refuses_a_public_bind_without_a_token(tmp_path):
     assert result.exit_code == 2 and "needs a bearer token" in result.output
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def test_serve_exports_a_span_per_ingested_step_over_otlp(tmp_path):
+def test_serve_exports_a_span_per_ingested_step_over_otlp(tmp_path, monkeypatch):
     """The real command in its own process: records in over HTTP, spans out over OTLP, flushed on shutdown."""
-    port = _free_port()
     with otlp_receiver() as (traces_url, received):
-        proc = subprocess.Popen([sys.executable, "-m", "controller", "serve", "--db", str(tmp_path / "s.duckdb"),
-                                 "--port", str(port)], env={**os.environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces_url},
-                                stderr=subprocess.PIPE, text=True)
-        try:
-            base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert proc.poll() is None and time.monotonic() < deadline, "serve did not come up"
-                time.sleep(0.1)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", traces_url)
+        with Fleet(tmp_path / "logs") as fleet:
+            url = fleet.controller(tmp_path / "s.duckdb", DEFAULT_PATH, free_port())
             body = "".join(json.dumps(step(i, requests=[compact_row(request_id=f"r{i}")]).to_dict()) + "\n"
                            for i in (1, 2, 3))
-            posted = httpx.post(f"{base}/v1/records", content=body,
+            posted = httpx.post(f"{url}/v1/records", content=body,
                                 headers={"content-type": "application/x-ndjson"}, timeout=10)
             assert posted.status_code == 200, posted.text
-        finally:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=30)
+            # SIGTERM, as a process manager stops it: serve still exports the spans it batched.
+            assert fleet.stop("controller") == 143
         spans = received.wait_for(3)
     assert sorted(attributes(span)["sparkgate.step_id"] for _, span in spans) == [1, 2, 3]
     assert {resource["service.name"] for resource, _ in spans} == {"sparkgate-controller"}
