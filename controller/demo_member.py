@@ -167,7 +167,8 @@ def _fire(fault: str, node, arrivals: Arrivals, drift_temperature: float, out_di
     path.write_text(json.dumps(FOREIGN_COST_TABLE, indent=2) + "\n")
     engine = node.engine
     try:
-        table = load_cost_table(path, hardware=hardware_fingerprint(engine.device), model=step_version(engine.model, engine.drafter))
+        table = load_cost_table(path, hardware=hardware_fingerprint(engine.device),
+                                model=step_version(engine.model, engine.drafter))
         refused = "accepted"
     except FingerprintMismatch as exc:
         refused = f"refused ({exc}), forced"

@@ -9,9 +9,9 @@ its ratio to ``static`` at the same batch size; ``decode_ratio_to_static`` is
 the same ratio over decode steps only (see ``summary``). Arms alternate per
 batch size so machine noise hits them alike; each figure is the median of the
 ``rounds`` runs, and each ratio the median of the per-round ratios (an arm
-against the static run of its own round). ``foresight_decode_ratio`` puts the ratios in scale: static's
-predicted decode time over that of a scheduler that knew each request's a*
-(see ``foresight_decode_ratio``).
+against the static run of its own round). ``foresight_decode_ratio`` puts the
+ratios in scale: static's predicted decode time over that of a scheduler that
+knew each request's a* (see ``foresight_decode_ratio``).
 """
 from __future__ import annotations
 
@@ -125,8 +125,7 @@ def bench_e2e(batches, gamma, short_window, waves, max_new_tokens, rounds, cost_
     results = run_e2e(target, drafter, table, batch_sizes, gamma, short_window, waves, max_new_tokens, rounds,
                       calibrate=default_calibration(drafter), graphs=graphs)
     summary = {"gamma": gamma, "short_window": short_window, "drafter": drafter.version, "device": device,
-               "graphs": graphs,
-               "cost_table": table_source, "threads": torch.get_num_threads(), "batches": results}
+               "graphs": graphs, "cost_table": table_source, "threads": torch.get_num_threads(), "batches": results}
     if not as_json:
         for batch, row in results.items():
             click.echo(f"batch {batch:>3}: cost-aware {row['cost_aware']['ratio_to_static']}x static "

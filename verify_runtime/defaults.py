@@ -60,7 +60,8 @@ def default_cost_table(target: Transformer, drafter: Drafter, path: str | Path |
     fingerprint = {"hardware": hardware_fingerprint(device), "model": step_version(target, drafter)}
     if path is not None:
         return load_cost_table(path, **fingerprint), str(path)
-    cached = CACHE_DIR / f"cost_table-{model_version(target)}-{drafter.version}{'-graphs' * graphs}.json"
+    # step_version is TARGET+DRAFTER: reuse it rather than hash the target's weights again.
+    cached = CACHE_DIR / f"cost_table-{fingerprint['model'].replace('+', '-')}{'-graphs' * graphs}.json"
     for candidate in (SHIPPED_COST_TABLE, cached):
         if candidate.exists():
             try:

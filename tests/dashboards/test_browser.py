@@ -6,7 +6,6 @@ Screenshots of every page go to ``$SPARKGATE_TEST_ARTIFACTS`` (default
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 
 from collectors.store import Store
 from controller import ledger
+from controller.demo_fleet import free_port
 from dashboards.cli import streamlit_command
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -29,12 +29,6 @@ PAGES = {"Calibration": "Conditional ECE per depth", "Acceptance": "Window lengt
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed at /usr/bin/chromium "
                                                               "(apt-get install -y chromium)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
