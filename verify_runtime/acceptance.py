@@ -33,8 +33,11 @@ class AcceptInput:
     verified: torch.Tensor  # [B] int64 in [0, γ]
     limit: torch.Tensor  # [B] int64 in [0, verified]
     greedy: torch.Tensor  # [B] bool: temperature 0
-    u_accept: torch.Tensor  # [B, γ] uniforms for the accept test of draft k+1
-    u_sample: torch.Tensor  # [B, γ+1] uniforms for the token sampled at row k
+    # Uniforms for the accept test of draft k+1 ([B, γ]) and for the token sampled
+    # at row k ([B, γ+1]). None only when every request is greedy, which the
+    # caller knows on the host: then nothing is drawn and nothing is sampled.
+    u_accept: torch.Tensor | None = None
+    u_sample: torch.Tensor | None = None
 
 
 @dataclass
@@ -47,9 +50,11 @@ class AcceptResult:
 def draft_accepts(x: AcceptInput) -> torch.Tensor:
     """``[B, γ]`` bool: would draft k+1 pass its own test (ignoring earlier rejections)."""
     p_d = x.p[:, :-1].gather(-1, x.drafts.unsqueeze(-1)).squeeze(-1)
+    greedy = x.drafts == x.p[:, :-1].argmax(-1)
+    if x.u_accept is None:
+        return greedy
     q_d = x.q.gather(-1, x.drafts.unsqueeze(-1)).squeeze(-1)
     sampled = x.u_accept * q_d < p_d  # u < min(1, p/q) without dividing by q
-    greedy = x.drafts == x.p[:, :-1].argmax(-1)
     return torch.where(x.greedy.unsqueeze(-1), greedy, sampled)
 
 
@@ -68,6 +73,8 @@ def accept(x: AcceptInput, passes: Callable[[AcceptInput], torch.Tensor] = draft
 
     rows = accepted.view(-1, 1, 1).expand(-1, 1, x.p.shape[-1])
     p_row = x.p.gather(1, rows).squeeze(1)
+    if x.u_sample is None:
+        return AcceptResult(accepted=accepted, full=full, next_token=p_row.argmax(-1))
     q_pad = torch.cat([x.q, torch.zeros_like(x.q[:, :1])], dim=1)
     q_row = q_pad.gather(1, rows).squeeze(1)
     residual = (p_row - q_row).clamp(min=0)

@@ -36,6 +36,13 @@ class DraftContext:
     # drafter asks for them with a ``hidden_window`` attribute > 0.
     hidden: torch.Tensor | None = None
     hidden_len: torch.Tensor | None = None
+    # Whether any request samples (temperature > 0), as the host knows it: an
+    # all-greedy batch then skips the keyed sampler without reading the device.
+    # None: read it from ``temperatures``.
+    sampled: bool | None = None
+
+    def any_sampled(self) -> bool:
+        return bool((self.temperatures > 0).any()) if self.sampled is None else self.sampled
 
 
 @dataclass
@@ -60,6 +67,8 @@ def temperature_probs(logits: torch.Tensor, temperatures: torch.Tensor) -> torch
 
 def pick(probs: torch.Tensor, ctx: DraftContext, depth: int) -> torch.Tensor:
     """Draft token at ``depth`` (1-based): argmax for greedy requests, else a keyed sample."""
+    if not ctx.any_sampled():
+        return probs.argmax(-1)
     u = uniform(ctx.seeds, ctx.positions + depth, DRAFT)
     return torch.where(ctx.temperatures > 0, sample_from(probs, u), probs.argmax(-1))
 
@@ -143,5 +152,6 @@ class ModelDrafter:
 
 
 def _cpu(ctx: DraftContext) -> DraftContext:
-    return DraftContext(ctx.history, ctx.positions.cpu(), ctx.seeds.cpu(), ctx.temperatures.cpu(), ctx.gamma)
+    return DraftContext(ctx.history, ctx.positions.cpu(), ctx.seeds.cpu(), ctx.temperatures.cpu(), ctx.gamma,
+                        sampled=ctx.sampled)
 

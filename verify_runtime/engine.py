@@ -136,7 +136,8 @@ class Engine:
         return lagged
 
     def _draft_context(self, reqs: list[Request], positions, seeds, temps) -> DraftContext:
-        ctx = DraftContext([r.history for r in reqs], positions, seeds, temps, self.config.gamma)
+        ctx = DraftContext([r.history for r in reqs], positions, seeds, temps, self.config.gamma,
+                           sampled=any(r.temperature > 0 for r in reqs))
         window = self.drafter.hidden_window
         if window:
             ctx.hidden = torch.zeros(len(reqs), window, self.model.args.dim, device=self.device,
@@ -178,11 +179,12 @@ class Engine:
         clock.mark()
 
         depth = torch.arange(1, gamma + 2, device=dev)
+        sampled = any(r.temperature > 0 for r in reqs)
         result = accept(AcceptInput(
             p=temperature_probs(out.logits.float(), temps), q=draft.probs.to(dev).float(), drafts=draft.tokens.to(dev),
             verified=verified, limit=limit, greedy=temps <= 0,
-            u_accept=uniform(seeds[:, None], positions[:, None] + depth[:-1], ACCEPT),
-            u_sample=uniform(seeds[:, None], positions[:, None] + depth, SAMPLE),
+            u_accept=uniform(seeds[:, None], positions[:, None] + depth[:-1], ACCEPT) if sampled else None,
+            u_sample=uniform(seeds[:, None], positions[:, None] + depth, SAMPLE) if sampled else None,
         ), self.passes)
         accepted, full, nxt = (t.tolist() for t in (result.accepted, result.full, result.next_token))
         syncs += 1

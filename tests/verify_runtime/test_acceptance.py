@@ -1,6 +1,7 @@
 """Losslessness of speculative sampling, checked against the exact target distribution."""
 
 import pytest
+from hypothesis import given, settings, strategies as st
 import torch
 from scipy.stats import chi2
 
@@ -95,3 +96,34 @@ def test_greedy_acceptance_rule():
     x.limit = torch.tensor([1])
     out = accept(x)
     assert (out.accepted.item(), out.full.item(), out.next_token.item()) == (1, 2, 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 6), gamma=st.integers(1, 5))
+def test_greedy_batches_skip_the_sampler_and_commit_the_same(seed, batch, gamma):
+    """Without uniforms (an all-greedy batch) acceptance equals the full rule given any uniforms."""
+    from verify_runtime.acceptance import AcceptInput, accept
+    g = torch.Generator().manual_seed(seed)
+    p = torch.softmax(torch.randn(batch, gamma + 1, VOCAB, generator=g) * 3, -1)
+    q = torch.softmax(torch.randn(batch, gamma, VOCAB, generator=g) * 3, -1)
+    # Drafts that often match the target's argmax, so accepted lengths vary.
+    drafts = torch.where(torch.rand(batch, gamma, generator=g) < 0.7, p[:, :-1].argmax(-1),
+                         torch.randint(0, VOCAB, (batch, gamma), generator=g))
+    verified = torch.randint(0, gamma + 1, (batch,), generator=g)
+    limit = torch.minimum(verified, torch.randint(0, gamma + 1, (batch,), generator=g))
+    common = dict(p=p, q=q, drafts=drafts, verified=verified, limit=limit, greedy=torch.ones(batch, dtype=torch.bool))
+    full = accept(AcceptInput(**common, u_accept=torch.rand(batch, gamma, generator=g),
+                              u_sample=torch.rand(batch, gamma + 1, generator=g)))
+    fast = accept(AcceptInput(**common))
+    for name in ("accepted", "full", "next_token"):
+        assert torch.equal(getattr(full, name), getattr(fast, name)), name
+
+
+def test_greedy_drafts_skip_the_sampler_and_pick_the_same():
+    from verify_runtime.drafters import DraftContext, pick
+    probs = torch.softmax(torch.randn(4, VOCAB), -1)
+    ctx = DraftContext([[1]] * 4, torch.arange(4), torch.arange(4), torch.zeros(4), 3)
+    assert torch.equal(pick(probs, ctx, 1), probs.argmax(-1))
+    ctx.temperatures = torch.tensor([0.0, 1.0, 0.0, 1.0])  # sampled rows draw, greedy rows still take the argmax
+    mixed = pick(probs, ctx, 1)
+    assert torch.equal(mixed[[0, 2]], probs.argmax(-1)[[0, 2]])
