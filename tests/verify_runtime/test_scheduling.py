@@ -127,8 +127,16 @@ def test_bench_e2e_runs_and_reports_ratios(tmp_path, monkeypatch):
         assert row["cost_aware"]["ratio_to_static"] > 0 and row["cost_aware"]["decode_ratio_to_static"] > 0
         paired = row["cost_aware"]["ratio_to_static_runs"]  # one per round; the reported ratio is their median
         assert len(paired) == 2 and min(paired) <= row["cost_aware"]["ratio_to_static"] <= max(paired)
+        # The fastest-run ratio pits each arm's fastest run against static's fastest.
+        for arm in ("static", "cost_aware"):
+            assert row[arm]["best_tokens_per_s"] == max(row[arm]["tokens_per_s_runs"])
+        expected = row["cost_aware"]["best_tokens_per_s"] / row["static"]["best_tokens_per_s"]
+        assert row["cost_aware"]["best_ratio_to_static"] == pytest.approx(expected, abs=5e-4)
         # Decode steps are part of the wall time, so their rate is the higher one.
         assert all(row[arm]["decode_tokens_per_s"] >= row[arm]["tokens_per_s"] for arm in ("static", "cost_aware"))
+    # Every other round runs the arms in reverse, so a drift in machine speed does not favour one arm.
+    order = [line.split()[4] for line in res.stderr.splitlines() if line.startswith("bench e2e: batch   1")]
+    assert order == ["static", "fixed_short", "cost_aware", "cost_aware", "fixed_short", "static"]
 
 
 def test_profile_command_takes_a_tier_grid(tmp_path):
