@@ -121,8 +121,10 @@ def test_bench_e2e_runs_and_reports_ratios(tmp_path, monkeypatch):
     summary = json.loads(res.stdout.strip().splitlines()[-1])
     for batch in ("1", "2"):
         row = summary["batches"][batch]
-        assert set(row) == {"static", "fixed_short", "cost_aware", "foresight_decode_ratio"}
+        assert set(row) == {"static", "fixed_short", "cost_aware", "foresight_decode_ratio", "foresight_wall_ratio"}
         assert row["foresight_decode_ratio"] >= 1.0  # foresight never verifies more rows than static
+        # Prefill does not shrink, so the wall-clock bound lies between 1 and the decode-step bound.
+        assert 1.0 <= row["foresight_wall_ratio"] <= row["foresight_decode_ratio"]
         assert row["static"]["mean_window"] == 7.0 and row["fixed_short"]["mean_window"] <= 2.0
         assert row["cost_aware"]["ratio_to_static"] > 0 and row["cost_aware"]["decode_ratio_to_static"] > 0
         paired = row["cost_aware"]["ratio_to_static_runs"]  # one per round; the reported ratio is their median
@@ -137,6 +139,14 @@ def test_bench_e2e_runs_and_reports_ratios(tmp_path, monkeypatch):
     # Every other round runs the arms in reverse, so a drift in machine speed does not favour one arm.
     order = [line.split()[4] for line in res.stderr.splitlines() if line.startswith("bench e2e: batch   1")]
     assert order == ["static", "fixed_short", "cost_aware", "cost_aware", "fixed_short", "static"]
+
+
+def test_foresight_wall_ratio_dilutes_the_decode_gain_by_what_no_policy_changes():
+    from verify_runtime.bench_e2e import foresight_wall_ratio
+    assert foresight_wall_ratio(1.3, 1.0) == pytest.approx(1.3)  # all decode: the decode gain
+    assert foresight_wall_ratio(1.3, 0.0) == pytest.approx(1.0)  # no decode: nothing to gain
+    # 80% decode at 1.25x: 0.2 + 0.8 / 1.25 = 0.84 of static's time.
+    assert foresight_wall_ratio(1.25, 0.8) == pytest.approx(1 / 0.84)
 
 
 def test_profile_command_takes_a_tier_grid(tmp_path):
