@@ -49,10 +49,10 @@ class AcceptResult:
 
 def draft_accepts(x: AcceptInput) -> torch.Tensor:
     """``[B, γ]`` bool: would draft k+1 pass its own test (ignoring earlier rejections)."""
-    p_d = x.p[:, :-1].gather(-1, x.drafts.unsqueeze(-1)).squeeze(-1)
     greedy = x.drafts == x.p[:, :-1].argmax(-1)
     if x.u_accept is None:
         return greedy
+    p_d = x.p[:, :-1].gather(-1, x.drafts.unsqueeze(-1)).squeeze(-1)
     q_d = x.q.gather(-1, x.drafts.unsqueeze(-1)).squeeze(-1)
     sampled = x.u_accept * q_d < p_d  # u < min(1, p/q) without dividing by q
     return torch.where(x.greedy.unsqueeze(-1), greedy, sampled)

@@ -24,7 +24,8 @@ time over that of a scheduler that knew each request's a* (see
 would reach on the wall clock, where prefill does not shrink. The cost-aware
 arm's ``replay_decode_ratio`` is the same estimate for the scheduler itself:
 its windows replayed on static's recorded survivals and a* (see
-``replay_decode_ratio``), a figure machine noise cannot move.
+``replay_decode_ratio``). These three are computed from the cost table, not
+timed, so they hold still between runs; they are as good as the table.
 """
 from __future__ import annotations
 

@@ -135,9 +135,8 @@ class Engine:
             r.past_survival = (r.past_survival + [s])[-lag:]
         return lagged
 
-    def _draft_context(self, reqs: list[Request], positions, seeds, temps) -> DraftContext:
-        ctx = DraftContext([r.history for r in reqs], positions, seeds, temps, self.config.gamma,
-                           sampled=any(r.temperature > 0 for r in reqs))
+    def _draft_context(self, reqs: list[Request], positions, seeds, temps, sampled: bool) -> DraftContext:
+        ctx = DraftContext([r.history for r in reqs], positions, seeds, temps, self.config.gamma, sampled=sampled)
         window = self.drafter.hidden_window
         if window:
             ctx.hidden = torch.zeros(len(reqs), window, self.model.args.dim, device=self.device,
@@ -161,8 +160,9 @@ class Engine:
         positions = torch.tensor([self.cache.lengths[r.slot] for r in reqs], device=dev)
         seeds = torch.tensor([r.seed for r in reqs], device=dev)
         temps = torch.tensor([r.temperature for r in reqs], device=dev, dtype=torch.float32)
+        sampled = any(r.temperature > 0 for r in reqs)  # on the host: greedy batches skip the sampler
 
-        draft = self.drafter.propose(self._draft_context(reqs, positions, seeds, temps))
+        draft = self.drafter.propose(self._draft_context(reqs, positions, seeds, temps, sampled))
         clock.mark()
 
         confidence = torch.sigmoid(draft.confidence_logits.float())
@@ -179,7 +179,6 @@ class Engine:
         clock.mark()
 
         depth = torch.arange(1, gamma + 2, device=dev)
-        sampled = any(r.temperature > 0 for r in reqs)
         result = accept(AcceptInput(
             p=temperature_probs(out.logits.float(), temps), q=draft.probs.to(dev).float(), drafts=draft.tokens.to(dev),
             verified=verified, limit=limit, greedy=temps <= 0,
