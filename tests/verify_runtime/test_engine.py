@@ -68,6 +68,25 @@ def test_cap_accept_and_compact_commit_identical_tokens(target, drafter):
     assert other != compact
 
 
+def test_greedy_and_sampled_requests_share_a_batch_without_changing_each_other(target):
+    """A batch with any sampled request draws uniforms for all; an all-greedy batch draws none.
+    Either way greedy requests decode greedily and a sampled request commits what it commits alone.
+    (The n-gram drafter drafts each request from its own history; ``ModelDrafter`` reads a window
+    as wide as the batch's shortest history, so its drafts depend on the batch.)"""
+    def run(reqs):
+        engine = Engine(target, NGramDrafter(32), EngineConfig(gamma=4, max_batch=3), policy=SurvivalWindows())
+        for r in reqs:
+            engine.submit(r)
+        return engine.run()
+
+    sampled = dict(prompt=[5, 11, 7, 5, 11, 7, 5], max_new_tokens=24, temperature=0.9, seed=3, mode="compact", stop_at_eos=False)
+    alone = run([Request("s", **sampled)])["s"]
+    mixed = run([Request("g0", [1, 2, 3], 16, mode="static", stop_at_eos=False), Request("s", **sampled),
+                 Request("g1", [4, 4], 16, mode="compact", stop_at_eos=False)])
+    assert mixed["s"] == alone != greedy_decode(target, sampled["prompt"], 24)  # it did sample
+    assert mixed["g0"] == greedy_decode(target, [1, 2, 3], 16) and mixed["g1"] == greedy_decode(target, [4, 4], 16)
+
+
 def test_state_after_a_step_equals_replaying_committed_tokens(target, drafter):
     """Next-step logits from the cache agree with a dense forward over the committed tokens."""
     engine = Engine(target, drafter, EngineConfig(gamma=5, max_batch=4), policy=SurvivalWindows())
