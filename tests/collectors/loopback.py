@@ -1,4 +1,6 @@
-"""Loopback HTTP servers for tests: ``serving`` runs any handler; ``scripted_server`` answers GETs in turn."""
+"""Loopback HTTP servers for tests: ``serving`` runs any handler; ``scripted_server`` answers GETs in turn.
+
+Handlers subclass ``QuietHandler``: it answers with ``reply`` and keeps request logs off the test output."""
 from __future__ import annotations
 
 import contextlib
@@ -8,26 +10,30 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    def reply(self, body: bytes, content_type: str, status: int = 200) -> None:
+        self.send_response(status)
+        self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
 @contextlib.contextmanager
 def scripted_server(path: str, payloads: list, content_type: str = "application/json") -> Iterator[str]:
     """Serve ``payloads`` in order at ``path`` (the last one repeats); yields the base URL."""
     remaining = list(payloads)
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self):  # noqa: N802 - http.server's naming
             if self.path != path:
                 self.send_error(404)
                 return
             payload = remaining.pop(0) if len(remaining) > 1 else remaining[0]
-            body = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
-            self.send_response(200)
-            self.send_header("content-type", content_type)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
+            self.reply(payload.encode() if isinstance(payload, str) else json.dumps(payload).encode(), content_type)
 
     with serving(Handler) as url:
         yield url

@@ -4,13 +4,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from http.server import BaseHTTPRequestHandler
 from typing import Iterator
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
                                                                      ExportTraceServiceResponse)
 
-from tests.collectors.loopback import serving
+from tests.collectors.loopback import QuietHandler, serving
 
 
 class Received:
@@ -50,7 +49,7 @@ def otlp_receiver() -> Iterator[tuple[str, Received]]:
     """Yields (traces URL, received spans)."""
     received = Received()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self):  # noqa: N802 - http.server's naming
             body = self.rfile.read(int(self.headers["content-length"]))
             if self.path != "/v1/traces" or self.headers["content-type"] != "application/x-protobuf":
@@ -59,15 +58,7 @@ def otlp_receiver() -> Iterator[tuple[str, Received]]:
             request = ExportTraceServiceRequest()
             request.ParseFromString(body)
             received.add(request)
-            reply = ExportTraceServiceResponse().SerializeToString()
-            self.send_response(200)
-            self.send_header("content-type", "application/x-protobuf")
-            self.send_header("content-length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
-
-        def log_message(self, *args):
-            pass
+            self.reply(ExportTraceServiceResponse().SerializeToString(), "application/x-protobuf")
 
     with serving(Handler) as url:
         yield f"{url}/v1/traces", received

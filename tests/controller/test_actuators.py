@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from controller.actuators import FORCE_KEY, ActuatorError, SGLangActuator, budget_fractions
 from controller.promql import PromQLError, query
+from tests.collectors.loopback import QuietHandler, serving
 
 
 @contextlib.contextmanager
@@ -17,34 +16,20 @@ def stand_in(answer):
     """A server on 127.0.0.1 recording JSON POST bodies and GET queries; ``answer(path, body)`` -> (status, obj)."""
     seen = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def _reply(self, status, obj):
-            data = json.dumps(obj).encode()
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    class Handler(QuietHandler):
+        def _answer(self, body):
+            seen.append((self.path, body))
+            status, obj = answer(self.path, body)
+            self.reply(json.dumps(obj).encode(), "application/json", status)
 
         def do_POST(self):  # noqa: N802 - http.server's naming
-            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-            seen.append((self.path, body))
-            self._reply(*answer(self.path, body))
+            self._answer(json.loads(self.rfile.read(int(self.headers["content-length"]))))
 
         def do_GET(self):  # noqa: N802
-            seen.append((self.path, None))
-            self._reply(*answer(self.path, None))
+            self._answer(None)
 
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield url, seen
 
 
 def sglang_ok(path, body):
