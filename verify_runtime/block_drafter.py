@@ -12,7 +12,10 @@ The sequential head restores in-block dependence cheaply: depth k's logits get
 a low-rank Markov transition bias from the token drafted at depth k − 1,
 ``(A[x_{k−1}] ⊙ G h_k) B`` with rank ``markov_rank``, so the only serial work per
 depth is an embedding lookup, an elementwise product, a ``rank × V`` matmul and
-the token pick. The confidence head is ``c_k = σ(wᵀ[h_k; e(x_{k−1})])``.
+the token pick. The confidence head is a small MLP,
+``c_k = σ(MLP([h_k; e(x_{k−1}); stats_k]))``, where ``stats_k`` describe the
+distribution depth k's token was drafted from (see ``draft_stats``): how sure the
+drafter was is the strongest single sign of whether the target will agree.
 
 ``DSparkNet`` is the trainable module; ``BlockDrafter`` wraps it in the runtime's
 ``Drafter`` protocol (drafts drawn with ``pick``, so they are deterministic per
@@ -44,12 +47,14 @@ class DrafterArgs:
     window: int = 8  # target hidden states read per request (the engine's ``hidden_window``)
     max_gamma: int = 8
     markov_rank: int = 48
+    confidence_hidden: int = 64  # width of the confidence MLP
     sequential: bool = True  # False: pure parallel drafting (the ablation)
     norm_eps: float = 1e-5
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
-        for name in ("target_dim", "dim", "n_layers", "window", "max_gamma", "markov_rank", "vocab_size"):
+        for name in ("target_dim", "dim", "n_layers", "window", "max_gamma", "markov_rank", "confidence_hidden",
+                     "vocab_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"DrafterArgs.{name} must be >= 1, got {getattr(self, name)}")
         self.layer_args()  # validates heads against dim
@@ -59,6 +64,20 @@ class DrafterArgs:
         return ModelArgs(dim=self.dim, n_layers=self.n_layers, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
                          ffn_hidden=self.ffn_hidden, vocab_size=self.vocab_size,
                          max_seq_len=self.window + 1 + self.max_gamma, norm_eps=self.norm_eps, init_std=self.init_std)
+
+
+N_DRAFT_STATS = 3
+
+
+def draft_stats(logits: torch.Tensor) -> torch.Tensor:
+    """``[..., V]`` draft logits -> ``[..., 3]``: the logit of the top token's probability, the
+    entropy (nats) and the top-1 minus top-2 probability margin, at temperature 1 and without
+    gradient (the confidence loss must not reshape the drafts it judges)."""
+    logp = torch.log_softmax(logits.detach().float(), dim=-1)
+    top = logp.topk(2, dim=-1).values
+    p1 = top[..., 0].exp().clamp(1e-6, 1 - 1e-6)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return torch.stack([torch.log(p1) - torch.log1p(-p1), entropy, p1 - top[..., 1].exp()], -1)
 
 
 class DraftLayer(nn.Module):
@@ -100,7 +119,8 @@ class DSparkNet(nn.Module):
         self.layers = nn.ModuleList(DraftLayer(layer_args) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
-        self.confidence_head = nn.Linear(2 * args.dim, 1)
+        self.confidence_head = nn.Sequential(nn.Linear(2 * args.dim + N_DRAFT_STATS, args.confidence_hidden),
+                                             nn.SiLU(), nn.Linear(args.confidence_hidden, 1))
         if args.sequential:
             self.markov_prev = nn.Embedding(args.vocab_size, args.markov_rank)
             self.markov_gate = nn.Linear(args.dim, args.markov_rank, bias=False)
@@ -154,9 +174,14 @@ class DSparkNet(nn.Module):
         """Markov logit bias ``[..., V]`` from the previous tokens ``[...]`` and their gates ``[..., rank]``."""
         return self.markov_out(self.markov_prev(prev) * gate)
 
-    def confidence(self, h: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-        """Raw confidence logits ``wᵀ[h_k; e(x_{k−1})]``, shape of ``prev``."""
-        return self.confidence_head(torch.cat([h, self.tok_embeddings(prev)], -1)).squeeze(-1)
+    def confidence_input(self, h: torch.Tensor, prev: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """The head's input ``[h_k; e(x_{k−1}); draft_stats(logits_k)]``, ``[..., 2·dim + 3]``."""
+        return torch.cat([h, self.tok_embeddings(prev), draft_stats(logits).to(h.dtype)], -1)
+
+    def confidence(self, h: torch.Tensor, prev: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Raw confidence logits of depths whose representations are ``h``, previous tokens ``prev``
+        and draft logits ``logits`` (the ones each depth's token was drafted from); shape of ``prev``."""
+        return self.confidence_head(self.confidence_input(h, prev, logits)).squeeze(-1)
 
     def forward(self, hidden: torch.Tensor, hidden_len: torch.Tensor, prev: torch.Tensor,
                 sequential: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,10 +190,15 @@ class DSparkNet(nn.Module):
         Returns draft logits ``[N, γ, V]`` and confidence logits ``[N, γ]``.
         """
         h = self.backbone(hidden, hidden_len, prev[:, 0], prev.shape[1])
+        logits = self.draft_logits(h, prev, sequential)
+        return logits, self.confidence(h, prev, logits)
+
+    def draft_logits(self, h: torch.Tensor, prev: torch.Tensor, sequential: bool = True) -> torch.Tensor:
+        """Each depth's draft logits ``[N, γ, V]`` given the tokens before it, ``prev [N, γ]``."""
         logits = self.output(h)
         if sequential and self.args.sequential:
             logits = logits + self.transition(prev, self.transition_gate(h))
-        return logits, self.confidence(h, prev)
+        return logits
 
     @property
     def num_params(self) -> int:
@@ -194,7 +224,7 @@ class BlockDrafter:
         logits = self.net.output(h).float()
         gate = self.net.transition_gate(h) if self.sequential else None
         temps = ctx.temperatures.to(device)
-        tokens, probs, prev = [], [], pending
+        tokens, probs, drafted_from, prev = [], [], [], pending
         for k in range(ctx.gamma):
             step_logits = logits[:, k]
             if gate is not None:
@@ -203,9 +233,10 @@ class BlockDrafter:
             prev = pick(p, ctx, k + 1).to(device)
             tokens.append(prev)
             probs.append(p)
+            drafted_from.append(step_logits)
         tokens_t = torch.stack(tokens, 1)
         previous = torch.cat([pending[:, None], tokens_t[:, :-1]], 1)
-        confidence = self.net.confidence(h, previous).float()
+        confidence = self.net.confidence(h, previous, torch.stack(drafted_from, 1)).float()
         out_device = ctx.positions.device
         return DraftOutput(tokens_t.to(out_device), torch.stack(probs, 1).to(out_device), confidence.to(out_device))
 

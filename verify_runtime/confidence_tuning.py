@@ -6,8 +6,9 @@ judged alone. At serving time ``c_k`` means "depth k is accepted given depths
 survived is usually in easy text), so the teacher-forced head under-states
 survival more and more with depth. Here the engine drafts greedy blocks on
 train-split prompts in ``static`` mode, which labels every depth; the head
-``wᵀ[h_k; e(x_{k−1})]`` is then refitted on the depths at risk (``a* >= k − 1``)
-against the realised accept indicator ``1[a* >= k]``, with the backbone frozen.
+(``DSparkNet.confidence``) is then refitted on the depths at risk
+(``a* >= k − 1``) against the realised accept indicator ``1[a* >= k]``, with the
+backbone frozen.
 """
 from __future__ import annotations
 
@@ -63,19 +64,20 @@ def collect_own_blocks(target: Transformer, net: DSparkNet, prompts: list[list[i
     return OwnBlocks(hidden, hidden_len, prev, full_accept)
 
 
-def fit_confidence_head(net: DSparkNet, blocks: OwnBlocks, steps: int = 300, lr: float = 0.02,
+def fit_confidence_head(net: DSparkNet, blocks: OwnBlocks, steps: int = 600, lr: float = 0.02,
                         weight_decay: float = 1e-3) -> dict:
     """Refit ``net.confidence_head`` in place (full-batch Adam, backbone frozen); BCE before and after."""
     gamma = blocks.prev.shape[1]
-    with torch.no_grad():
-        h = net.backbone(blocks.hidden, blocks.hidden_len, blocks.prev[:, 0], gamma)
     depth = torch.arange(1, gamma + 1)
-    labels = (blocks.full_accept[:, None] >= depth).float()
     at_risk = blocks.full_accept[:, None] >= depth - 1
+    labels = (blocks.full_accept[:, None] >= depth).float()[at_risk]
+    with torch.no_grad():  # teacher-forced on its own drafts, the net redrafts each block exactly
+        h = net.backbone(blocks.hidden, blocks.hidden_len, blocks.prev[:, 0], gamma)
+        drafted_from = net.draft_logits(h, blocks.prev)
+        head_input = net.confidence_input(h, blocks.prev, drafted_from)[at_risk]
 
     def loss() -> torch.Tensor:
-        logits = net.confidence(h, blocks.prev)
-        return F.binary_cross_entropy_with_logits(logits[at_risk], labels[at_risk])
+        return F.binary_cross_entropy_with_logits(net.confidence_head(head_input).squeeze(-1), labels)
 
     head = net.confidence_head
     net.requires_grad_(False)

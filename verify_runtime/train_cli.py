@@ -136,31 +136,32 @@ def drafter(out, threads, ship, target_path, window, layers, ffn, rank, sequenti
               help="Target checkpoint (default: the shipped target).")
 @click.option("--drafter", "drafter_path", type=click.Path(dir_okay=False, exists=True), required=True,
               help="The distilled drafter (`train drafter`'s checkpoint).")
-@click.option("--prompts", default=256, show_default=True, help="Train-split prompts per domain.")
+@click.option("--prompts", default=512, show_default=True,
+              help="Train-split prompts, mixed as the serving workload is (code, prose, shuffled 'hard' prose).")
 @click.option("--prompt-len", default=128, show_default=True)
 @click.option("--max-new-tokens", default=128, show_default=True)
 @click.option("--gamma", default=7, show_default=True)
-@click.option("--steps", default=300, show_default=True)
+@click.option("--steps", default=600, show_default=True)
 @click.option("--threads", default=0, help="torch CPU threads (0: torch's default).")
-@click.option("--ship", is_flag=True, help="Install the result as the shipped drafter.")
+@click.option("--ship", is_flag=True, help="Install the result as the shipped drafter (or its pure-parallel ablation).")
 def confidence(out, target_path, drafter_path, prompts, prompt_len, max_new_tokens, gamma, steps, threads, ship):
     """Refit the drafter's confidence head on its own greedy blocks (train split)."""
     import torch
 
     from .block_drafter import load_drafter
     from .confidence_tuning import collect_own_blocks, fit_confidence_head
-    from .corpus import DOMAINS, stdlib_corpus
     from .model import load_checkpoint, model_version
     from .shipped import load_shipped_target
+    from .workload import mixed_workload
 
     if threads:
         torch.set_num_threads(threads)
     target_model = load_checkpoint(target_path)[0].eval() if target_path else load_shipped_target()
     net, distilled = load_drafter(drafter_path)
-    corpus = stdlib_corpus()
-    train_prompts = [p for d in DOMAINS for p in corpus.prompts("train", d, prompts, prompt_len)]
+    # The serving mix, hard prompts included: the head must learn what an unpredictable block looks like.
+    train_prompts = [p.tokens for p in mixed_workload(prompts, seed=0, prompt_len=prompt_len, split="train")]
     blocks = collect_own_blocks(target_model, net, train_prompts, max_new_tokens, gamma)
     report = {**distilled, "distilled_version": model_version(net),
               "confidence_tuning": fit_confidence_head(net, blocks, steps)}
     Path(out).mkdir(parents=True, exist_ok=True)
-    _finish(net, report, Path(out), "drafter", ship)
+    _finish(net, report, Path(out), "drafter" if net.args.sequential else "drafter_parallel", ship)

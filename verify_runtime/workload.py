@@ -1,4 +1,4 @@
-"""A mixed serving workload from the corpus's test split (never trained on).
+"""A mixed serving workload, from the corpus's test split (never trained on) unless told otherwise.
 
 Three tasks, as the benchmarks and the demo need them:
 - ``code`` — standard-library source (predictable, repetitive);
@@ -23,13 +23,14 @@ class Prompt:
 
 
 def mixed_workload(n: int, seed: int = 0, prompt_len: int = 96,
-                   mix: tuple[float, float, float] = (0.5, 0.35, 0.15)) -> list[Prompt]:
-    """``n`` prompts of ``prompt_len`` tokens, tasks drawn with weights ``mix``."""
+                   mix: tuple[float, float, float] = (0.5, 0.35, 0.15), split: str = "test") -> list[Prompt]:
+    """``n`` prompts of ``prompt_len`` tokens from ``split``, tasks drawn with weights ``mix``."""
     if n < 0 or prompt_len < 1:
         raise ValueError(f"need n >= 0 and prompt_len >= 1, got n={n}, prompt_len={prompt_len}")
     rng = random.Random(seed)
     corpus = stdlib_corpus()
-    pools = {domain: corpus.prompts("test", domain, 512, prompt_len) for domain in ("code", "prose")}
+    # Prompts are drawn with replacement: a pool of at least n keeps repeats rare.
+    pools = {domain: corpus.prompts(split, domain, max(512, n), prompt_len) for domain in ("code", "prose")}
     prompts = []
     for task in rng.choices(TASKS, weights=mix, k=n):
         tokens = list(rng.choice(pools["code" if task == "code" else "prose"]))

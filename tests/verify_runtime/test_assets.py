@@ -46,9 +46,11 @@ def test_shipped_models_load_and_generate(manifest):
         assert out[str(i)] == greedy_decode(target, prompt, 24)
     rows = [row for rec in records for row in rec.requests]
     assert sum(row.accepted for row in rows) > 0  # the trained drafter gets drafts accepted
-    for row in rows:
-        assert all(0 < c < 1 for c in row.confidence)
+    for row in rows:  # a sure draft may round to 1.0 in float32; STS clamps it before taking logits
+        assert all(0 <= c <= 1 for c in row.confidence)
         assert all(a >= b for a, b in zip(row.survival, row.survival[1:]))
+    confidences = [c for row in rows for c in row.confidence]
+    assert min(confidences) < 0.5 < max(confidences)  # the head tells sure drafts from unsure ones
 
 
 def test_parallel_ablation_is_shipped_too():

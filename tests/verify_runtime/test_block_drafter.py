@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from verify_runtime.block_drafter import BlockDrafter, DrafterArgs, DSparkNet, load_drafter
+from verify_runtime.block_drafter import BlockDrafter, DrafterArgs, DSparkNet, draft_stats, load_drafter
 from verify_runtime.drafters import DraftContext
 from verify_runtime.engine import Engine, EngineConfig, Request
 from verify_runtime.model import forward_full, model_version, save_checkpoint
@@ -76,6 +76,31 @@ def test_sequential_head_matches_the_teacher_forced_training_pass(target):
     base, _ = net(ctx.hidden, ctx.hidden_len, prev, sequential=False)
     assert torch.equal(parallel.tokens, base.argmax(-1))
     assert not torch.equal(parallel.tokens, out.tokens)
+
+
+def test_draft_stats_describe_how_sure_the_drafter_was():
+    vocab = 32
+    uniform = torch.zeros(vocab)
+    peaked = torch.full((vocab,), -20.0).index_fill_(0, torch.tensor([7]), 20.0)
+    two_way = torch.full((vocab,), -50.0).index_fill_(0, torch.tensor([3, 9]), 0.0)  # a coin flip between two
+    stats = draft_stats(torch.stack([uniform, peaked, two_way]).requires_grad_())
+    assert stats.shape == (3, 3) and not stats.requires_grad
+    logit_top, entropy, margin = stats.T
+    torch.testing.assert_close(entropy, torch.tensor([torch.log(torch.tensor(32.0)), 0.0, torch.log(torch.tensor(2.0))]),
+                               atol=1e-4, rtol=0)
+    torch.testing.assert_close(margin, torch.tensor([0.0, 1.0, 0.0]), atol=1e-4, rtol=0)
+    assert logit_top[1] > 13 and abs(logit_top[2]) < 1e-4 and logit_top[0] < -3  # p_top 1, 1/2, 1/32
+
+
+def test_confidence_reads_the_distribution_each_depth_was_drafted_from():
+    """Same representation and previous token, a sharper draft distribution: another confidence."""
+    net = tiny_net()
+    h = torch.randn(2, 5, 32, dtype=torch.float64)
+    prev = torch.randint(0, 32, (2, 5))
+    flat = torch.zeros(2, 5, 32, dtype=torch.float64)
+    sharp = flat.clone()
+    sharp[..., 4] = 30.0
+    assert not torch.allclose(net.confidence(h, prev, flat), net.confidence(h, prev, sharp))
 
 
 @pytest.mark.parametrize("mode", ["static", "compact"])
