@@ -28,6 +28,11 @@ FILES = {"target": "target.pt", "drafter": "drafter.pt", "drafter_parallel": "dr
 DRAFTER_VARIANTS = ("drafter", "drafter_parallel")
 
 
+def drafter_variant(sequential: bool) -> str:
+    """The asset key of a drafter: the DSpark drafter, or its pure-parallel ablation."""
+    return DRAFTER_VARIANTS[0] if sequential else DRAFTER_VARIANTS[1]
+
+
 class Shipped(NamedTuple):
     target: Transformer
     drafter: BlockDrafter

@@ -112,7 +112,7 @@ def drafter(out, threads, ship, target_path, window, layers, ffn, rank, sequenti
     from .block_drafter import DrafterArgs
     from .corpus import stdlib_corpus
     from .model import load_checkpoint, model_version
-    from .shipped import load_shipped_target
+    from .shipped import drafter_variant, load_shipped_target
     from .training import DraftObjective, train_drafter
 
     if threads:
@@ -127,7 +127,7 @@ def drafter(out, threads, ship, target_path, window, layers, ffn, rank, sequenti
                                confidence_weight=confidence_weight)
     net, report = train_drafter(corpus, target_model, args, _config(**loop), objective, out)
     report.update(corpus_hash=corpus.content_hash, target_version=model_version(target_model))
-    _finish(net, report, Path(out), "drafter" if sequential else "drafter_parallel", ship)
+    _finish(net, report, Path(out), drafter_variant(sequential), ship)
 
 
 @train.command("confidence")
@@ -151,7 +151,7 @@ def confidence(out, target_path, drafter_path, prompts, prompt_len, max_new_toke
     from .block_drafter import load_drafter
     from .confidence_tuning import collect_own_blocks, fit_confidence_head
     from .model import load_checkpoint, model_version
-    from .shipped import load_shipped_target
+    from .shipped import drafter_variant, load_shipped_target
     from .workload import mixed_workload
 
     if threads:
@@ -164,4 +164,4 @@ def confidence(out, target_path, drafter_path, prompts, prompt_len, max_new_toke
     report = {**distilled, "distilled_version": model_version(net),
               "confidence_tuning": fit_confidence_head(net, blocks, steps)}
     Path(out).mkdir(parents=True, exist_ok=True)
-    _finish(net, report, Path(out), "drafter" if net.args.sequential else "drafter_parallel", ship)
+    _finish(net, report, Path(out), drafter_variant(net.args.sequential), ship)

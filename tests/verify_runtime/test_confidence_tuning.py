@@ -1,7 +1,14 @@
+import json
+
 import torch
+from click.testing import CliRunner
 
+from controller.cli import main
+from verify_runtime.block_drafter import DrafterArgs, DSparkNet, load_drafter
 from verify_runtime.confidence_tuning import collect_own_blocks, fit_confidence_head
+from verify_runtime.model import BYTE_VOCAB, save_checkpoint
 
+from .conftest import tiny_model
 from .test_block_drafter import tiny_net
 
 
@@ -24,16 +31,6 @@ def test_own_blocks_line_up_with_the_engine_and_the_head_fit_lowers_bce(target):
 def test_train_confidence_refits_the_variant_it_was_given(tmp_path):
     """The command keeps a pure-parallel drafter the ablation it is (its own file name, no Markov
     head) and refits only its head, on byte prompts of the serving mix."""
-    import json
-
-    from click.testing import CliRunner
-
-    from controller.cli import main
-    from verify_runtime.block_drafter import DrafterArgs, DSparkNet, load_drafter
-    from verify_runtime.model import BYTE_VOCAB, save_checkpoint
-
-    from .conftest import tiny_model
-
     target = tiny_model(vocab=BYTE_VOCAB).float()
     save_checkpoint(target, tmp_path / "target.pt")
     torch.manual_seed(0)
