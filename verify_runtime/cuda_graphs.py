@@ -58,7 +58,7 @@ class GraphTiers:
         self.model, self.cache = model, cache
         self.shapes = StaticLayouts(cache, gamma, max_batch)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, PackedLayout, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        for rows in grid.captured_tiers:
+        for rows in grid.reachable(max_batch * (gamma + 1)):
             self._capture(rows)
 
     @torch.inference_mode()

@@ -43,6 +43,13 @@ class TierGrid:
     def captured_tiers(self) -> tuple[int, ...]:
         return self.tiers if self.captured is None else tuple(t for t in self.tiers if t in self.captured)
 
+    def reachable(self, max_rows: int) -> tuple[int, ...]:
+        """The captured tiers a step of at most ``max_rows`` rows can select: larger ones
+        would cost capture time and graph memory and never replay."""
+        cover = bisect.bisect_left(self.tiers, max_rows)
+        limit = self.tiers[min(cover, len(self.tiers) - 1)]
+        return tuple(t for t in self.captured_tiers if t <= limit)
+
     def select(self, rows: int) -> TierChoice:
         if rows < 1:
             raise ValueError(f"a step needs at least one row, got {rows}")

@@ -20,6 +20,16 @@ def test_misses_carry_their_reason_and_run_unpadded():
     assert (forced.tier_rows, forced.miss_reason) == (4, "forced_eager")
 
 
+def test_only_tiers_a_full_batch_can_select_are_reachable():
+    grid = TierGrid((8, 16, 32, 64))
+    assert grid.reachable(8) == (8,)
+    assert grid.reachable(9) == grid.reachable(16) == (8, 16)
+    assert grid.reachable(500) == (8, 16, 32, 64)  # past the grid: every tier, the rest miss
+    for rows in range(1, 17):  # whatever a batch of at most 16 rows selects was kept
+        assert grid.select(rows).tier_rows in grid.reachable(16)
+    assert TierGrid((8, 16, 32), captured=frozenset({8, 32})).reachable(20) == (8, 32)
+
+
 def test_bad_grids_fail_clearly():
     with pytest.raises(ValueError, match="strictly increasing"):
         TierGrid((16, 8))
