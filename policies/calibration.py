@@ -116,6 +116,9 @@ class STS:
     def __post_init__(self) -> None:
         _validate(asdict(self), "STS")
         self.temperatures = [float(t) for t in self.temperatures]
+        # Not a field (asdict and equality skip it): the temperatures already on each device,
+        # so a step copies nothing from the host and the stage stays graph-capturable.
+        self._on_device: dict[tuple, torch.Tensor] = {}
 
     @property
     def gamma(self) -> int:
@@ -130,7 +133,11 @@ class STS:
         """Calibrated conditional confidences ``c'`` for raw ``confidence [..., γ]``."""
         if confidence.shape[-1] != self.gamma:
             raise ValueError(f"confidence has {confidence.shape[-1]} depths, this STS has gamma={self.gamma}")
-        t = torch.tensor(self.temperatures, dtype=confidence.dtype, device=confidence.device)
+        key = (confidence.device, confidence.dtype, tuple(self.temperatures))
+        t = self._on_device.get(key)
+        if t is None:
+            t = self._on_device[key] = torch.tensor(self.temperatures, dtype=confidence.dtype,
+                                                    device=confidence.device)
         return scale_confidence(confidence, t)
 
     def __call__(self, confidence: torch.Tensor) -> torch.Tensor:

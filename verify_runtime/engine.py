@@ -74,10 +74,11 @@ class Engine:
         self.cache = KVCache(model.args, self.config.max_batch, self.config.cache_len, self.device,
                              model.output.weight.dtype)
         grid = tiers or TierGrid()
-        runner_graphs = None
+        runner_graphs = self.schedule_graphs = None
         if graphs:
-            from .cuda_graphs import GraphTiers
+            from .cuda_graphs import GraphTiers, ScheduleGraphs
             runner_graphs = GraphTiers(model, self.cache, grid, self.config.gamma, self.config.max_batch)
+            self.schedule_graphs = ScheduleGraphs()
         self.runner = TargetRunner(model, self.cache, grid, runner_graphs)
         self.policy = policy or FixedWindow(self.config.gamma)
         self.sink = sink
@@ -124,16 +125,27 @@ class Engine:
             old = new[:0] if request.hidden is None else request.hidden
             request.hidden = torch.cat([old, new])[-window:]
 
-    def _lagged(self, reqs: list[Request], survival: torch.Tensor) -> torch.Tensor | None:
-        """Survivals from ``policy.lag`` steps ago (ones for younger requests); remembers this step's."""
+    def _lagged(self, reqs: list[Request]) -> torch.Tensor | None:
+        """Survivals from ``policy.lag`` steps ago (ones for requests younger than that)."""
         lag = getattr(self.policy, "lag", 0)
         if not lag:
             return None
-        ones = torch.ones_like(survival[0])
-        lagged = torch.stack([r.past_survival[0] if len(r.past_survival) == lag else ones for r in reqs])
-        for r, s in zip(reqs, survival):
-            r.past_survival = (r.past_survival + [s])[-lag:]
-        return lagged
+        ones = torch.ones(self.config.gamma, device=self.device)
+        return torch.stack([r.past_survival[0] if len(r.past_survival) == lag else ones for r in reqs])
+
+    def _remember(self, reqs: list[Request], survival: torch.Tensor) -> None:
+        lag = getattr(self.policy, "lag", 0)
+        if lag:
+            survival = survival.clone()  # a graph replay overwrites its output buffers next step
+            for r, s in zip(reqs, survival):
+                r.past_survival = (r.past_survival + [s])[-lag:]
+
+    def _schedule(self, logits: torch.Tensor, lagged: torch.Tensor | None):
+        """Confidence logits -> (confidences, calibrated survivals, the policy's decision): fixed shapes and
+        no host syncs, so on CUDA the whole stage is one graph replay (``ScheduleGraphs``)."""
+        confidence = torch.sigmoid(logits.float())
+        survival = self.calibrate(confidence)
+        return confidence, survival, self.policy(survival, WindowContext(logits.shape[0], logits.shape[1], lagged))
 
     def _draft_context(self, reqs: list[Request], positions, seeds, temps, sampled: bool) -> DraftContext:
         ctx = DraftContext([r.history for r in reqs], positions, seeds, temps, self.config.gamma, sampled=sampled)
@@ -165,9 +177,13 @@ class Engine:
         draft = self.drafter.propose(self._draft_context(reqs, positions, seeds, temps, sampled))
         clock.mark()
 
-        confidence = torch.sigmoid(draft.confidence_logits.float())
-        survival = self.calibrate(confidence)
-        decision = self.policy(survival, WindowContext(len(reqs), gamma, self._lagged(reqs, survival)))
+        logits, lagged = draft.confidence_logits.to(dev), self._lagged(reqs)
+        if self.schedule_graphs is None:
+            confidence, survival, decision = self._schedule(logits, lagged)
+        else:
+            confidence, survival, decision = self.schedule_graphs(self._schedule, (self.policy, self.calibrate),
+                                                                  logits, lagged)
+        self._remember(reqs, survival)
         modes = [self.mode_for(r) for r in reqs]
         verified, limit = verify_plan(mode_codes(modes, dev), decision.windows.to(dev), gamma)
         lens = (verified + 1).tolist()  # the row count sizes the step: one host read

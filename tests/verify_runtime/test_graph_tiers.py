@@ -2,6 +2,9 @@
 import pytest
 import torch
 
+from policies.calibration import STS
+from policies.cost_model import AdditiveCostTable
+from policies.window import CostAwareScheduler, FixedWindow
 from verify_runtime.cuda_graphs import StaticLayouts
 from verify_runtime.drafters import ModelDrafter
 from verify_runtime.engine import Engine, EngineConfig, Request
@@ -52,3 +55,31 @@ def test_cuda_graph_tiers_reproduce_greedy_decoding():
     for i, p in enumerate(prompts):
         assert out[str(i)] == greedy_decode(model, p, 16)
     assert all(r.graph_hit for r in records) and all(r.host_syncs >= 1 for r in records)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_schedule_graphs_decide_as_the_eager_stage_and_follow_a_policy_swap():
+    model = tiny_model(seed=8).float().cuda()
+    # Rows cost more past 8, so the scheduler cuts windows and they differ by request.
+    table = AdditiveCostTable(bias_seconds=0.01, bs_probes=(1,), alpha_seconds=(0.0,), m_probes=(1, 8, 64),
+                              theta_seconds=(0.0, 0.0005, 0.03))
+    runs = {}
+    for graphs in (False, True):
+        records = []
+        engine = Engine(model, ModelDrafter(model, noise=1.5), EngineConfig(gamma=4, max_batch=4, default_mode="compact"),
+                        policy=CostAwareScheduler(table, lag=1), calibrate=STS([1.3, 0.8, 1.1, 0.9]), graphs=graphs,
+                        sink=records.append)
+        for i, p in enumerate([[1, 2, 3], [7], [9, 9, 9, 9], [4, 5]]):  # retiring at different steps: batch 4..1
+            engine.submit(Request(str(i), p, 40 - 12 * i, stop_at_eos=False))
+        engine.run(max_steps=8)
+        engine.policy = FixedWindow(2)  # a rollout swapping the policy: the captured stage must follow
+        out = engine.run()
+        runs[graphs] = out, [[q.window_suggested for q in r.requests] for r in records], \
+            torch.tensor([q.survival for r in records for q in r.requests])
+    (eager_out, eager_windows, eager_survival), (out, windows, survival) = runs[False], runs[True]
+    assert out == eager_out and windows == eager_windows
+    torch.testing.assert_close(survival, eager_survival)
+    # Both policies ran at several batch sizes, each its own captured graph.
+    assert len({len(step) for step in windows[:8]}) > 1 and len({len(step) for step in windows[8:]}) > 1
+    assert len({w for step in windows[:8] for w in step}) > 1
+    assert all(w == 2 for step in windows[8:] for w in step)
