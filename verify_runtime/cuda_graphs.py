@@ -17,6 +17,7 @@ at batch 32, a tenth of the step), so it is captured once per batch size.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Callable
 
 import torch
@@ -106,28 +107,43 @@ class GraphTiers:
 
 
 class ScheduleGraphs:
-    """The schedule stage captured once per batch size and replayed.
+    """The schedule stage captured for every batch size ``1..max_batch`` and replayed.
 
-    ``owner`` names what the captured graphs baked in (the engine's policy and
-    calibration): when either is swapped, as a rollout does, every graph is
-    dropped and recaptured on first use. The stage must be capturable: fixed
-    shapes, no host syncs, no host-to-device copies after a warm-up call (the
-    shipped policies and STS are). Outputs live in the graph's static buffers,
-    valid until the next replay at the same batch size: clone what must outlive
-    the step.
+    All sizes are captured up front (``prepare``), not on first use: a serving
+    batch drifts through every size as requests finish, and a capture inside a
+    step costs as much as many steps of scheduling. ``owner`` names what the
+    graphs baked in (the engine's policy and calibration); when either is
+    swapped, as a rollout does, the next call recaptures every size. The stage
+    must be capturable: fixed shapes, no host syncs, no host-to-device copies
+    after a warm-up call (the shipped policies and STS are). One that is not
+    still runs, eagerly, with a warning and ``eager_reason`` saying why.
+    Outputs live in the graph's static buffers, valid until the next replay at
+    the same batch size: clone what must outlive the step.
     """
 
-    def __init__(self):
+    def __init__(self, max_batch: int, gamma: int, device: torch.device):
+        self.max_batch, self.gamma, self.device = max_batch, gamma, device
         self.owner: tuple = ()
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple, tuple]] = {}
+        self.eager_reason: str | None = None
+
+    def prepare(self, schedule: Schedule, owner: tuple, lagged: bool) -> None:
+        """Capture ``schedule`` at every batch size; ``lagged``: it takes lagged survivals."""
+        self.owner, self.graphs, self.eager_reason = owner, {}, None
+        try:
+            for batch in range(1, self.max_batch + 1):
+                logits = torch.zeros(batch, self.gamma, device=self.device)
+                self.graphs[batch] = _capture(schedule, logits, torch.ones_like(logits) if lagged else None)
+        except RuntimeError as exc:
+            self.graphs, self.eager_reason = {}, str(exc).splitlines()[0]
+            warnings.warn(f"the schedule stage runs eagerly: it could not be captured ({self.eager_reason})")
 
     def __call__(self, schedule: Schedule, owner: tuple, logits: torch.Tensor, lagged: torch.Tensor | None):
         if len(owner) != len(self.owner) or any(a is not b for a, b in zip(owner, self.owner)):
-            self.owner, self.graphs = owner, {}
-        entry = self.graphs.get(logits.shape[0])
-        if entry is None:
-            entry = self.graphs[logits.shape[0]] = _capture(schedule, logits, lagged)
-        graph, inputs, outputs = entry
+            self.prepare(schedule, owner, lagged is not None)
+        if self.eager_reason is not None:
+            return schedule(logits, lagged)
+        graph, inputs, outputs = self.graphs[logits.shape[0]]
         for static, value in zip(inputs, (logits, lagged)):
             if static is not None:
                 static.copy_(value)

@@ -78,12 +78,15 @@ class Engine:
         if graphs:
             from .cuda_graphs import GraphTiers, ScheduleGraphs
             runner_graphs = GraphTiers(model, self.cache, grid, self.config.gamma, self.config.max_batch)
-            self.schedule_graphs = ScheduleGraphs()
+            self.schedule_graphs = ScheduleGraphs(self.config.max_batch, self.config.gamma, self.device)
         self.runner = TargetRunner(model, self.cache, grid, runner_graphs)
         self.policy = policy or FixedWindow(self.config.gamma)
         self.sink = sink
         # Without STS the survival is the plain running product of raw confidences.
         self.calibrate = calibrate or (lambda conf: conf.cumprod(-1))
+        if self.schedule_graphs is not None:
+            self.schedule_graphs.prepare(self._schedule, (self.policy, self.calibrate),
+                                         bool(getattr(self.policy, "lag", 0)))
         self.config.sts_version = self.config.sts_version or getattr(calibrate, "version", None)
         self.mode_for = mode_for or (lambda r: r.mode or self.config.default_mode)
         self.passes = passes

@@ -21,7 +21,7 @@ import datetime as dt
 import json
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
@@ -71,9 +71,14 @@ class ForcedWindows:
     """A window policy that verifies the same per-request windows every step (a forced budget)."""
 
     windows: list[int]
+    # Built once per device: a step that copies from the host could not be graph-captured.
+    _on_device: dict = field(default_factory=dict, init=False, repr=False)
 
     def __call__(self, survival: torch.Tensor, ctx: WindowContext) -> WindowDecision:
-        return WindowDecision(torch.tensor(self.windows, dtype=torch.long, device=survival.device))
+        windows = self._on_device.get(survival.device)
+        if windows is None:
+            windows = self._on_device[survival.device] = torch.tensor(self.windows, device=survival.device)
+        return WindowDecision(windows)
 
 
 def _step_sample(model: Transformer, drafter: Drafter, windows: list[int], gamma: int, repeats: int,

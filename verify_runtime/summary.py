@@ -42,4 +42,7 @@ def summarize(records: list[StepRecord], outputs: dict[str, list[int]], seconds:
         "mean_verify_rows": round(sum(rec.verify_rows for rec in records) / len(records), 2),
         "steps": len(records),
         "tier_misses": sum(not rec.graph_hit for rec in records),
+        # Where a decode step's time goes, mean ms per step by stage.
+        "stage_ms": {stage: round(sum(getattr(rec, f"{stage}_ms") for rec in records) / len(records), 3)
+                     for stage in ("draft", "schedule", "verify", "accept")},
     }

@@ -4,7 +4,7 @@ import torch
 
 from policies.calibration import STS
 from policies.cost_model import AdditiveCostTable
-from policies.window import CostAwareScheduler, FixedWindow
+from policies.window import CostAwareScheduler, FixedWindow, WindowDecision
 from verify_runtime.cuda_graphs import StaticLayouts
 from verify_runtime.drafters import ModelDrafter
 from verify_runtime.engine import Engine, EngineConfig, Request
@@ -83,3 +83,23 @@ def test_schedule_graphs_decide_as_the_eager_stage_and_follow_a_policy_swap():
     assert len({len(step) for step in windows[:8]}) > 1 and len({len(step) for step in windows[8:]}) > 1
     assert len({w for step in windows[:8] for w in step}) > 1
     assert all(w == 2 for step in windows[8:] for w in step)
+
+
+class HostListWindows:
+    """Builds its windows from a host list every call: a copy no CUDA graph can capture."""
+
+    def __call__(self, survival, ctx):
+        return WindowDecision(torch.tensor([1] * ctx.batch_size, device=survival.device))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_schedule_stage_that_cannot_be_captured_runs_eagerly_and_says_why():
+    model = tiny_model(seed=8).float().cuda()
+    with pytest.warns(UserWarning, match="runs eagerly"):
+        engine = Engine(model, ModelDrafter(model, noise=1.5), EngineConfig(gamma=4, max_batch=2, default_mode="compact"),
+                        policy=HostListWindows(), graphs=True)
+    assert "captur" in engine.schedule_graphs.eager_reason.lower()
+    for i, p in enumerate([[1, 2, 3], [7]]):
+        engine.submit(Request(str(i), p, 12, stop_at_eos=False))
+    out = engine.run()
+    assert out == {str(i): greedy_decode(model, p, 12) for i, p in enumerate([[1, 2, 3], [7]])}
