@@ -62,3 +62,16 @@ def test_parallel_ablation_is_shipped_too():
     ctx = DraftContext([[65, 66]], torch.tensor([1]), torch.tensor([0]), torch.tensor([0.0]), 7, hidden,
                        torch.tensor([0]))
     assert drafter.propose(ctx).tokens.shape == (1, 7)
+
+
+def test_shipped_cost_tables_were_measured_for_the_shipped_models():
+    from policies.cost_model import load_cost_table
+    from verify_runtime.defaults import SHIPPED_COST_TABLES, default_drafter
+    from verify_runtime.profiler import step_version
+
+    target = load_shipped("drafter").target
+    shipped = step_version(target, default_drafter(target))
+    for path in SHIPPED_COST_TABLES:
+        table = load_cost_table(path, force=True)  # parses and validates; measured on other hardware
+        assert table.meta.model == shipped, path.name
+        assert path.with_suffix(".png").exists()
