@@ -30,6 +30,7 @@ timed, so they hold still between runs; they are as good as the table.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 from typing import Callable
@@ -48,10 +49,10 @@ from .workload import mixed_workload
 
 
 def run_arm(target, drafter, policy, mode: str, batch: int, prompts, max_new_tokens: int, gamma: int,
-            calibrate=None, graphs: bool = False) -> tuple[list[StepRecord], dict]:
+            calibrate=None, graphs: bool = False, prefill_threads: int | None = None) -> tuple[list[StepRecord], dict]:
     """(step records, summary) of one timed run."""
-    engine = Engine(target, drafter, EngineConfig(gamma=gamma, max_batch=batch), policy=policy, calibrate=calibrate,
-                    graphs=graphs)
+    config = EngineConfig(gamma=gamma, max_batch=batch, prefill_threads=prefill_threads)
+    engine = Engine(target, drafter, config, policy=policy, calibrate=calibrate, graphs=graphs)
     requests = [Request(f"{p.task}-{i}", p.tokens, max_new_tokens, mode=mode, task=p.task, seed=i, stop_at_eos=False)
                 for i, p in enumerate(prompts)]
     records, outputs, seconds = run_timed(engine, requests)
@@ -108,7 +109,7 @@ def foresight_wall_ratio(decode_ratio: float, decode_share: float) -> float:
 
 def run_e2e(target, drafter, table: CostTable, batches: tuple[int, ...], gamma: int, short_window: int,
             waves: int, max_new_tokens: int, rounds: int = 2, min_requests: int = 8, calibrate=None,
-            progress: bool = True, graphs: bool = False) -> dict:
+            progress: bool = True, graphs: bool = False, prefill_threads: int | None = None) -> dict:
     """Per batch size, each arm runs ``rounds`` times, interleaved; the median run is reported, and each
     ratio to static is the median of the per-round ratios."""
     arms = {
@@ -126,7 +127,7 @@ def run_e2e(target, drafter, table: CostTable, batches: tuple[int, ...], gamma: 
                 if progress:
                     print(f"bench e2e: batch {batch:>3} {name} (round {r + 1}/{rounds})", file=sys.stderr, flush=True)
                 records, summary = run_arm(target, drafter, policy, mode, batch, prompts, max_new_tokens, gamma,
-                                           calibrate, graphs)
+                                           calibrate, graphs, prefill_threads)
                 runs[name].append(summary)
                 if name == "static" and r == 0:  # greedy: every static run commits the same tokens
                     foresight = foresight_decode_ratio(records, table)
@@ -162,10 +163,12 @@ def run_e2e(target, drafter, table: CostTable, batches: tuple[int, ...], gamma: 
 @click.option("--cost-table", "cost_table_path", type=click.Path(exists=True, dir_okay=False),
               help="Cost table JSON (default: the shipped one, or profile here if it does not match).")
 @click.option("--threads", default=1, show_default=True, help="torch intra-op threads (see bench verify).")
+@click.option("--prefill-threads", default=os.cpu_count(), show_default=True, type=click.IntRange(min=1),
+              help="torch intra-op threads while prefilling prompts (CPU; EngineConfig.prefill_threads).")
 @device_options
 @click.option("--json", "as_json", is_flag=True)
-def bench_e2e(batches, gamma, short_window, waves, max_new_tokens, rounds, cost_table_path, threads, device, graphs,
-              as_json):
+def bench_e2e(batches, gamma, short_window, waves, max_new_tokens, rounds, cost_table_path, threads, prefill_threads,
+              device, graphs, as_json):
     """Committed tokens/s: static vs fixed short window vs cost-aware compact."""
     torch.set_num_threads(threads)
     graphs = resolve_graphs(device, graphs)
@@ -177,9 +180,10 @@ def bench_e2e(batches, gamma, short_window, waves, max_new_tokens, rounds, cost_
     table, table_source = default_cost_table(target, drafter, cost_table_path, graphs=graphs)
     batch_sizes = tuple(int(b) for b in batches.split(","))
     results = run_e2e(target, drafter, table, batch_sizes, gamma, short_window, waves, max_new_tokens, rounds,
-                      calibrate=default_calibration(drafter), graphs=graphs)
+                      calibrate=default_calibration(drafter), graphs=graphs, prefill_threads=prefill_threads)
     summary = {"gamma": gamma, "short_window": short_window, "drafter": drafter.version, "device": device,
-               "graphs": graphs, "cost_table": table_source, "threads": torch.get_num_threads(), "batches": results}
+               "graphs": graphs, "cost_table": table_source, "threads": torch.get_num_threads(), "prefill_threads": prefill_threads,
+               "batches": results}
     if not as_json:
         for batch, row in results.items():
             cost = row["cost_aware"]

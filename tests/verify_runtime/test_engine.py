@@ -44,6 +44,25 @@ def test_ngram_drafter_also_reproduces_greedy(target):
     assert out["b"] == greedy_decode(target, prompt[:3], 20)
 
 
+def test_prefill_threads_apply_while_prefilling_only(target, drafter, monkeypatch):
+    seen = []
+    real_prefill = Engine(target, drafter).runner.prefill.__func__
+
+    def prefill(runner, *args, **kw):
+        seen.append(torch.get_num_threads())
+        return real_prefill(runner, *args, **kw)
+
+    monkeypatch.setattr("verify_runtime.verify.TargetRunner.prefill", prefill)
+    before = torch.get_num_threads()
+    wanted = before + 1
+    engine = Engine(target, drafter, EngineConfig(gamma=3, max_batch=2, prefill_threads=wanted))
+    for i, p in enumerate([[1, 2, 3], [4, 5], [6]]):  # the third is admitted later, by a second prefill
+        engine.submit(Request(str(i), p, 6 + 4 * i, stop_at_eos=False))
+    out = engine.run()
+    assert seen == [wanted, wanted] and torch.get_num_threads() == before
+    assert out == {str(i): greedy_decode(target, p, 6 + 4 * i) for i, p in enumerate([[1, 2, 3], [4, 5], [6]])}
+
+
 def run_sampled(target, drafter, mode, seed_base=0):
     records = []
     engine = Engine(target, drafter, EngineConfig(gamma=4, max_batch=3), policy=SurvivalWindows(), sink=records.append)

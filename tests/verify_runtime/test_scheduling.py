@@ -2,6 +2,7 @@
 import dataclasses
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -120,6 +121,7 @@ def test_bench_e2e_runs_and_reports_ratios(tmp_path, monkeypatch):
                                     "--rounds", "2", "--json"])
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["prefill_threads"] == os.cpu_count() and summary["threads"] == 1
     for batch in ("1", "2"):
         row = summary["batches"][batch]
         assert set(row) == {"static", "fixed_short", "cost_aware", "foresight_decode_ratio", "foresight_wall_ratio"}
@@ -136,6 +138,8 @@ def test_bench_e2e_runs_and_reports_ratios(tmp_path, monkeypatch):
             assert row[arm]["best_tokens_per_s"] == max(row[arm]["tokens_per_s_runs"])
         expected = row["cost_aware"]["best_tokens_per_s"] / row["static"]["best_tokens_per_s"]
         assert row["cost_aware"]["best_ratio_to_static"] == pytest.approx(expected, abs=5e-4)
+        stages = row["static"]["stage_ms"]
+        assert set(stages) == {"draft", "schedule", "verify", "accept"} and min(stages.values()) > 0
         # Decode steps are part of the wall time, so their rate is the higher one.
         assert all(row[arm]["decode_tokens_per_s"] >= row[arm]["tokens_per_s"] for arm in ("static", "cost_aware"))
     # Every other round runs the arms in reverse, so a drift in machine speed does not favour one arm.
