@@ -182,8 +182,8 @@ def bench_e2e(batches, gamma, short_window, waves, max_new_tokens, rounds, cost_
     results = run_e2e(target, drafter, table, batch_sizes, gamma, short_window, waves, max_new_tokens, rounds,
                       calibrate=default_calibration(drafter), graphs=graphs, prefill_threads=prefill_threads)
     summary = {"gamma": gamma, "short_window": short_window, "drafter": drafter.version, "device": device,
-               "graphs": graphs, "cost_table": table_source, "threads": torch.get_num_threads(), "prefill_threads": prefill_threads,
-               "batches": results}
+               "graphs": graphs, "cost_table": table_source, "threads": torch.get_num_threads(),
+               "prefill_threads": prefill_threads, "batches": results}
     if not as_json:
         for batch, row in results.items():
             cost = row["cost_aware"]

@@ -90,8 +90,7 @@ class Engine:
         # Without STS the survival is the plain running product of raw confidences.
         self.calibrate = calibrate or (lambda conf: conf.cumprod(-1))
         if self.schedule_graphs is not None:
-            self.schedule_graphs.prepare(self._schedule, (self.policy, self.calibrate),
-                                         bool(getattr(self.policy, "lag", 0)))
+            self.schedule_graphs.prepare(self._schedule, (self.policy, self.calibrate), self._lag > 0)
         self.config.sts_version = self.config.sts_version or getattr(calibrate, "version", None)
         self.mode_for = mode_for or (lambda r: r.mode or self.config.default_mode)
         self.passes = passes
@@ -136,16 +135,22 @@ class Engine:
             old = new[:0] if request.hidden is None else request.hidden
             request.hidden = torch.cat([old, new])[-window:]
 
+    @property
+    def _lag(self) -> int:
+        """Steps a lagged policy decides behind (0: it reads this step's survivals); read each
+        time, since a rollout may swap the policy."""
+        return getattr(self.policy, "lag", 0)
+
     def _lagged(self, reqs: list[Request]) -> torch.Tensor | None:
         """Survivals from ``policy.lag`` steps ago (ones for requests younger than that)."""
-        lag = getattr(self.policy, "lag", 0)
+        lag = self._lag
         if not lag:
             return None
         ones = torch.ones(self.config.gamma, device=self.device)
         return torch.stack([r.past_survival[0] if len(r.past_survival) == lag else ones for r in reqs])
 
     def _remember(self, reqs: list[Request], survival: torch.Tensor) -> None:
-        lag = getattr(self.policy, "lag", 0)
+        lag = self._lag
         if lag:
             survival = survival.clone()  # a graph replay overwrites its output buffers next step
             for r, s in zip(reqs, survival):

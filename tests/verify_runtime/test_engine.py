@@ -7,6 +7,7 @@ from verify_runtime.drafters import ModelDrafter, NGramDrafter
 from verify_runtime.engine import Engine, EngineConfig, Request
 from verify_runtime.model import EOS, forward_full
 from verify_runtime.reference import greedy_decode
+from verify_runtime.verify import TargetRunner
 
 from .conftest import SurvivalWindows, tiny_model
 
@@ -46,7 +47,7 @@ def test_ngram_drafter_also_reproduces_greedy(target):
 
 def test_prefill_threads_apply_while_prefilling_only(target, drafter, monkeypatch):
     seen = []
-    real_prefill = Engine(target, drafter).runner.prefill.__func__
+    real_prefill = TargetRunner.prefill
 
     def prefill(runner, *args, **kw):
         seen.append(torch.get_num_threads())
