@@ -17,9 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collectors.labels import ACCEPTED, CENSORED, REJECTED, mode_codes
-from collectors.schema import MODES, Problem
-from collectors.validate import MAX_GAMMA
+from sparkgate.collectors.labels import ACCEPTED, CENSORED, REJECTED, mode_codes
+from sparkgate.collectors.schema import MODES, Problem
+from sparkgate.collectors.validate import MAX_GAMMA
 
 N_BINS = 15
 EDGES = np.arange(N_BINS + 1) / N_BINS

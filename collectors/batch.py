@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from collectors.labels import explode
-from collectors.schema import REQUEST_SCHEMA, Problem
-from collectors.validate import validate_steps
-from collectors.wire import Flat, Parsed, flatten
+from sparkgate.collectors.labels import explode
+from sparkgate.collectors.schema import REQUEST_SCHEMA, Problem
+from sparkgate.collectors.validate import validate_steps
+from sparkgate.collectors.wire import Flat, Parsed, flatten
 
 QUARANTINE_SCHEMA = pa.schema([
     pa.field("received_at", pa.float64()),

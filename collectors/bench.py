@@ -27,12 +27,12 @@ import click
 import httpx
 import pyarrow as pa
 
-from collectors.ingest import Ingestor
-from collectors.ingest_api import ingest_app, serve_in_thread
-from collectors.labels import explode
-from collectors.store import Store
-from collectors.synth import synthetic_wire
-from collectors.wire import flatten, from_wire
+from sparkgate.collectors.ingest import Ingestor
+from sparkgate.collectors.ingest_api import ingest_app, serve_in_thread
+from sparkgate.collectors.labels import explode
+from sparkgate.collectors.store import Store
+from sparkgate.collectors.synth import synthetic_wire
+from sparkgate.collectors.wire import flatten, from_wire
 
 GAMMA, BATCH = 7, 32
 _ROWS_PER_STEP = GAMMA * BATCH

@@ -12,11 +12,11 @@ from typing import IO, Iterator
 
 import click
 
-from collectors.ingest import Ingestor
-from collectors.sglang import SGLangPoller
-from collectors.store import Store
-from collectors.vllm import VLLMScraper
-from collectors.wire import Parsed, from_ndjson
+from sparkgate.collectors.ingest import Ingestor
+from sparkgate.collectors.sglang import SGLangPoller
+from sparkgate.collectors.store import Store
+from sparkgate.collectors.vllm import VLLMScraper
+from sparkgate.collectors.wire import Parsed, from_ndjson
 
 _SHOWN_PROBLEMS = 20
 

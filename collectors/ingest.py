@@ -15,11 +15,11 @@ from typing import Callable, Iterable, Iterator
 
 from opentelemetry.trace import Tracer
 
-from collectors.metrics import Metrics
-from collectors.schema import StepRecord
-from collectors.store import IngestResult, Store
-from collectors.tracing import emit_step_spans
-from collectors.wire import Parsed, from_records
+from sparkgate.collectors.metrics import Metrics
+from sparkgate.collectors.schema import StepRecord
+from sparkgate.collectors.store import IngestResult, Store
+from sparkgate.collectors.tracing import emit_step_spans
+from sparkgate.collectors.wire import Parsed, from_records
 
 log = logging.getLogger(__name__)
 

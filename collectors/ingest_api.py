@@ -21,8 +21,8 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
-from collectors.ingest import Ingestor
-from collectors.wire import Parsed, from_ipc, from_ndjson
+from sparkgate.collectors.ingest import Ingestor
+from sparkgate.collectors.wire import Parsed, from_ipc, from_ndjson
 
 NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/json")
 ARROW_TYPES = ("application/vnd.apache.arrow.stream",)

@@ -18,8 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collectors.schema import FULL_BLOCK_MODES, LABEL_SCHEMA, MODES, STATUSES
-from collectors.wire import Flat
+from sparkgate.collectors.schema import FULL_BLOCK_MODES, LABEL_SCHEMA, MODES, STATUSES
+from sparkgate.collectors.wire import Flat
 
 ACCEPTED, REJECTED, NOT_AT_RISK, CENSORED = range(len(STATUSES))
 

@@ -6,19 +6,20 @@ several stores or tests never share counters. Counting is vectorised: one
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from collectors.aggregate import Aggregate
-from collectors.batch import Prepared
-from collectors.labels import ACCEPTED, CENSORED, REJECTED, mode_codes
-from collectors.schema import MODES, STATUSES
+from sparkgate.collectors.aggregate import Aggregate
+from sparkgate.collectors.batch import Prepared, prepare
+from sparkgate.collectors.labels import ACCEPTED, CENSORED, REJECTED, mode_codes
+from sparkgate.collectors.schema import MODES, STATUSES, StepRecord
+from sparkgate.collectors.wire import from_records
+from sparkgate.policies.vocabulary import Phase
 
 # Steps take milliseconds; Prometheus' defaults start at 5 ms and would lump them together.
 STEP_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024)
-PHASES = ("baseline", "shadow", "canary", "compact", "adaptive", "fallback", "paused")
 _STEP_PARTS = ("draft", "schedule", "verify", "accept")
 
 
@@ -67,6 +68,10 @@ class Metrics:
         if steps.num_rows:
             self._count_steps(steps)
 
+    def observe_records(self, records: Sequence[StepRecord], source: str) -> None:
+        """Count step records this process produced (a replica's own ``/metrics``), as if ingested."""
+        self.observe(prepare(from_records(records)), source)
+
     def _count_depths(self, labels) -> None:
         mode = mode_codes(labels.column("mode").cast("string"))
         depth = labels.column("depth").to_numpy().astype(np.int64)
@@ -113,10 +118,10 @@ class Metrics:
         self.utilization.set(value)
 
     def set_phase(self, current: str) -> None:
-        """Mark ``current`` as the rollout phase (one-hot over ``PHASES``)."""
-        if current not in PHASES:
-            raise ValueError(f"phase={current!r}: unknown; known: {list(PHASES)}")
-        for phase in PHASES:
+        """Mark ``current`` as the rollout phase (one-hot over every ``Phase``)."""
+        if current not in set(Phase):
+            raise ValueError(f"phase={current!r}: unknown; known: {[str(p) for p in Phase]}")
+        for phase in Phase:
             self.phase.labels(phase).set(1.0 if phase == current else 0.0)
 
     def exposition(self) -> bytes:

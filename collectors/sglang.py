@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import httpx
 
-from collectors.ingest import Ingestor
-from collectors.schema import SCHEMA_VERSION
-from collectors.store import IngestResult
-from collectors.wire import from_dicts
+from sparkgate.collectors.ingest import Ingestor
+from sparkgate.collectors.schema import SCHEMA_VERSION
+from sparkgate.collectors.store import IngestResult
+from sparkgate.collectors.wire import from_dicts
 
 EPOCH_SHIFT = 40
 _MODES = {"static": "static", "compact": "compact", "cap-accept": "cap_accept", "cap_accept": "cap_accept"}

@@ -32,10 +32,10 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from collectors.aggregate import Aggregate
-from collectors.batch import Prepared, prepare
-from collectors.migrations import migrate
-from collectors.wire import Flat, Parsed, flatten
+from sparkgate.collectors.aggregate import Aggregate
+from sparkgate.collectors.batch import Prepared, prepare
+from sparkgate.collectors.migrations import migrate
+from sparkgate.collectors.wire import Flat, Parsed, flatten
 
 EVENT_TABLES = ("steps", "requests", "depth_labels")
 SNAPSHOT_TABLES = EVENT_TABLES + ("quarantine", "decisions", "consistency_checks", "aggregates")

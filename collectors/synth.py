@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from collectors.schema import MODES, REQUEST_TYPE, SCHEMA_VERSION, WIRE_SCHEMA
+from sparkgate.collectors.schema import MODES, REQUEST_TYPE, SCHEMA_VERSION, WIRE_SCHEMA
 
 
 def _lists(values: np.ndarray, width: np.ndarray | int, n: int, type_: pa.DataType) -> pa.ListArray:

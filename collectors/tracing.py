@@ -13,9 +13,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace import SpanKind, Tracer
 
-from collectors.labels import mode_codes
-from collectors.schema import MODES
-from collectors.wire import Flat
+from sparkgate.collectors.labels import mode_codes
+from sparkgate.collectors.schema import MODES
+from sparkgate.collectors.wire import Flat
 
 _STEP_ATTRIBUTES = ("replica_id", "step_id", "batch_size", "gamma", "verify_rows", "tier_rows", "tier",
                     "graph_hit", "phase", "policy_revision")

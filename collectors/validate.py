@@ -15,11 +15,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collectors.schema import (
+from sparkgate.collectors.schema import (
     MISS_REASONS, MODES, NULLABLE_REQUEST_FIELDS, NULLABLE_STEP_FIELDS, REQUEST_TYPE,
     SCHEMA_VERSION, STEP_SCHEMA, Problem, StepRecord,
 )
-from collectors.wire import Flat, flatten, from_dicts
+from sparkgate.collectors.wire import Flat, flatten, from_dicts
 
 # Bounds the explode: a step yields batch rows x gamma depth labels.
 MAX_GAMMA = 64

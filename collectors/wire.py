@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
-from collectors.schema import REQUEST_TYPE, STEP_SCHEMA, WIRE_SCHEMA, Problem, StepRecord
+from sparkgate.collectors.schema import REQUEST_TYPE, STEP_SCHEMA, WIRE_SCHEMA, Problem, StepRecord
 
 # Larger than any sane body, so one block parses it (a line straddling blocks fails).
 _JSON_BLOCK = 1 << 26

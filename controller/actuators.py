@@ -18,6 +18,9 @@ import math
 
 import httpx
 
+from sparkgate.policies.payload import PolicyPayload
+from sparkgate.policies.vocabulary import Phase
+
 FORCE_KEY = "dspark_force_budget_frac"
 
 
@@ -25,13 +28,13 @@ class ActuatorError(RuntimeError):
     """Some servers did not take the setting; the message lists them with the reason."""
 
 
-def budget_fractions(urls: list[str], payload: dict) -> dict[str, float | None]:
+def budget_fractions(urls: list[str], payload: PolicyPayload) -> dict[str, float | None]:
     """The forced budget fraction per server for a policy payload (None: the scheduler decides)."""
     ordered = sorted(urls)
-    if payload["phase"] == "fallback":
-        forced = payload["fallback_window"] / payload["gamma"]
+    if payload.phase is Phase.FALLBACK:
+        forced = payload.fallback_window / payload.gamma
         return {url: forced for url in ordered}
-    compact = math.ceil(payload["compact_fraction"] * len(ordered) - 1e-9)
+    compact = math.ceil(payload.compact_fraction * len(ordered) - 1e-9)
     return {url: (None if i < compact else 1.0) for i, url in enumerate(ordered)}
 
 
@@ -44,7 +47,7 @@ class SGLangActuator:
         self.urls = [u.rstrip("/") for u in urls]
         self.timeout_s = timeout_s
 
-    def __call__(self, payload: dict) -> dict[str, float | None]:
+    def __call__(self, payload: PolicyPayload) -> dict[str, float | None]:
         """Push ``payload``'s setting to every server; returns what each was set to."""
         settings = budget_fractions(self.urls, payload)
         failed = []

@@ -26,12 +26,12 @@ import click
 import numpy as np
 import pyarrow as pa
 
-from collectors.aggregate import Aggregate
-from collectors.labels import explode
-from collectors.store import Store
-from collectors.synth import synthetic_wire
-from collectors.wire import Parsed, flatten, from_wire
-from policies.rollout import load_rollout_policy
+from sparkgate.collectors.aggregate import Aggregate
+from sparkgate.collectors.labels import explode
+from sparkgate.collectors.store import Store
+from sparkgate.collectors.synth import synthetic_wire
+from sparkgate.collectors.wire import Parsed, flatten, from_wire
+from sparkgate.policies.rollout import load_rollout_policy
 
 from .fleet import merge_aggregates
 from .gates import judge_all

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collectors.aggregate import N_BINS, UNCENSORED_MODES, CalibrationStats
-from collectors.schema import MODES
+from sparkgate.collectors.aggregate import N_BINS, UNCENSORED_MODES, CalibrationStats
+from sparkgate.collectors.schema import MODES
 
 FINE_PER_BIN = 64
 FINE_BINS = N_BINS * FINE_PER_BIN

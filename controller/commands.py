@@ -19,11 +19,11 @@ import click
 import httpx
 import uvicorn
 
-from collectors.ingest import Ingestor
-from collectors.metrics import Metrics
-from collectors.store import Store
-from collectors.tracing import tracer_provider
-from policies.rollout import DEFAULT_PATH, load_rollout_policy
+from sparkgate.collectors.ingest import Ingestor
+from sparkgate.collectors.metrics import Metrics
+from sparkgate.collectors.store import Store
+from sparkgate.collectors.tracing import tracer_provider
+from sparkgate.policies.rollout import DEFAULT_PATH, load_rollout_policy
 
 from .actuators import SGLangActuator
 from .metrics import evaluate
@@ -86,7 +86,7 @@ def serve(db, policy_path, host, port, token, sglang_urls, prometheus, snapshot_
         loop = threading.Thread(target=evaluate_forever, args=(controller, stop, snapshot_dir),
                                 name="sparkgate-evaluate", daemon=True)
         loop.start()
-        click.echo(json.dumps({"listening": f"http://{host}:{port}", "db": db, **controller.policy_payload()}),
+        click.echo(json.dumps({"listening": f"http://{host}:{port}", "db": db, **controller.policy_payload().model_dump(mode="json")}),
                    err=True)
         try:
             with _exit_on_sigterm():

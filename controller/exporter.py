@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
-from collectors.metrics import Metrics
+from sparkgate.collectors.metrics import Metrics
 
 from .gates import FAIL, INCONCLUSIVE, PASS, Verdict
 from .metrics import Evaluation

@@ -13,8 +13,8 @@ from typing import Sequence
 
 import numpy as np
 
-from collectors.aggregate import HISTOGRAMS, Aggregate, CalibrationStats
-from collectors.schema import MODES
+from sparkgate.collectors.aggregate import HISTOGRAMS, Aggregate, CalibrationStats
+from sparkgate.collectors.schema import MODES
 
 from .metrics import acceptance
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Iterable, Mapping
 
-from policies.rollout import Gate, RolloutPolicy
+from sparkgate.policies.rollout import Gate, RolloutPolicy
 
 from .metrics import Measurement
 

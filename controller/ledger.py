@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 
-from collectors.store import Store
-from policies.rollout import RolloutPolicy
+from sparkgate.collectors.store import Store
+from sparkgate.policies.rollout import RolloutPolicy
 
 from .rollout import CHANGES_POLICY, Decision, RolloutState, replay, stage_of
 

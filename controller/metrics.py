@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from collectors.aggregate import Aggregate
-from collectors.labels import ACCEPTED, CENSORED, REJECTED
-from collectors.schema import MODES
-from collectors.store import Store
+from sparkgate.collectors.aggregate import Aggregate
+from sparkgate.collectors.labels import ACCEPTED, CENSORED, REJECTED
+from sparkgate.collectors.schema import MODES
+from sparkgate.collectors.store import Store
 
 from . import queries
 from .calibration import KindStats, bootstrap_ece

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pyarrow as pa
 
-from collectors.store import Store
+from sparkgate.collectors.store import Store
 
 from .calibration import REQUEST_GROUPS
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable
 
-from policies.rollout import RolloutPolicy
+from sparkgate.policies.rollout import RolloutPolicy
 
 from .gates import CRITICAL, FAIL, INCONCLUSIVE, PASS, Verdict, interval_outcome
 

@@ -28,11 +28,12 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
-from collectors.aggregate import Aggregate, AggregateError
-from collectors.ingest import Ingestor
-from collectors.ingest_api import ARROW_TYPES, NDJSON_TYPES, ingest_router
-from collectors.schema import Problem
-from collectors.store import IntervalOverlap, TooManyReports
+from sparkgate.collectors.aggregate import Aggregate, AggregateError
+from sparkgate.collectors.ingest import Ingestor
+from sparkgate.collectors.ingest_api import ARROW_TYPES, NDJSON_TYPES, ingest_router
+from sparkgate.collectors.schema import Problem
+from sparkgate.collectors.store import IntervalOverlap, TooManyReports
+from sparkgate.policies.payload import PolicyPayload
 
 from . import ledger
 from .fleet import fleet_report, merge_aggregates
@@ -45,17 +46,6 @@ from .supervisor import Controller
 TOKEN_LIMIT = 2 ** 62
 # Reports one /v1/fleet call merges (~20 ms per 1000): past it the caller narrows the span.
 MAX_FLEET_REPORTS = 20_000
-
-
-class Policy(BaseModel):
-    revision: int
-    phase: str
-    compact_fraction: float
-    observe_fraction: float
-    fallback_window: int
-    gamma: int
-    cost_table_version: str | None
-    sts_version: str | None
 
 
 class Check(BaseModel):
@@ -136,7 +126,7 @@ def create_app(controller: Controller, ingestor: Ingestor, token: str | None = N
     def healthz() -> dict:
         return {"ok": True, "revision": controller.state.revision}
 
-    @app.get("/v1/policy", response_model=Policy)
+    @app.get("/v1/policy", response_model=PolicyPayload)
     def policy() -> dict:
         return controller.policy_payload()
 

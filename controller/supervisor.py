@@ -18,9 +18,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from collectors.metrics import Metrics
-from collectors.store import Store
-from policies.rollout import RolloutPolicy
+from sparkgate.collectors.metrics import Metrics
+from sparkgate.collectors.store import Store
+from sparkgate.policies.payload import PolicyPayload
+from sparkgate.policies.rollout import RolloutPolicy
 
 from . import ledger, promql, rollout
 from .exporter import ControllerMetrics
@@ -85,13 +86,14 @@ class Controller:
         return new
 
     # -- policy served to replicas --------------------------------------------
-    def policy_payload(self) -> dict:
-        """``GET /v1/policy`` (DESIGN §6)."""
+    def policy_payload(self) -> PolicyPayload:
+        """``GET /v1/policy`` (docs/design.md §6)."""
         state = self.state
-        return {"revision": state.revision, "phase": state.phase, "compact_fraction": state.compact_fraction,
-                "observe_fraction": self.policy.observe_fraction, "fallback_window": self.policy.fallback_window_value,
-                "gamma": self.policy.gamma, "cost_table_version": self.versions.cost_table_version,
-                "sts_version": self.versions.sts_version}
+        return PolicyPayload(revision=state.revision, phase=state.phase, compact_fraction=state.compact_fraction,
+                             observe_fraction=self.policy.observe_fraction,
+                             fallback_window=self.policy.fallback_window_value, gamma=self.policy.gamma,
+                             cost_table_version=self.versions.cost_table_version,
+                             sts_version=self.versions.sts_version)
 
     def _actuate(self) -> None:
         payload = self.policy_payload()
@@ -99,7 +101,7 @@ class Controller:
             try:
                 actuator(payload)
             except Exception:  # noqa: BLE001 - one unreachable fleet must not stop the others or the controller
-                log.exception("actuator %r failed at revision %s", actuator, payload["revision"])
+                log.exception("actuator %r failed at revision %s", actuator, payload.revision)
 
     # -- one interval ------------------------------------------------------------
     def window(self, state: RolloutState, now: float) -> Window:
@@ -161,7 +163,7 @@ class Controller:
     def status(self) -> dict:
         """``GET /v1/status``: the policy in force, counters of the stage, and the last verdicts."""
         state = self.state
-        return {"policy": self.policy_payload(), "stage": state.stage, "entered_at": state.entered_at,
+        return {"policy": self.policy_payload().model_dump(mode="json"), "stage": state.stage, "entered_at": state.entered_at,
                 "passes": state.passes, "needed_passes": self.policy.consecutive_passes,
                 "failures": state.failures, "failure_limit": self.policy.failure_limit,
                 "last_conclusive_at": state.last_conclusive_at,

@@ -6,7 +6,7 @@ import sys
 
 import streamlit as st
 
-from dashboards import context
+from sparkgate.dashboards import context
 
 st.set_page_config(page_title="sparkgate", layout="wide")
 PAGES = [

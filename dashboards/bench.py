@@ -27,11 +27,11 @@ T0 = 1.75e9
 
 def build_store(root: Path, labels: int) -> dict:
     """A DuckDB store and its snapshot with about ``labels`` depth labels; returns what was built."""
-    from collectors.store import Store
-    from collectors.synth import synthetic_wire
-    from collectors.wire import from_wire
-    from controller.supervisor import Controller
-    from policies.rollout import load_rollout_policy
+    from sparkgate.collectors.store import Store
+    from sparkgate.collectors.synth import synthetic_wire
+    from sparkgate.collectors.wire import from_wire
+    from sparkgate.controller.supervisor import Controller
+    from sparkgate.policies.rollout import load_rollout_policy
 
     steps = max(1, labels // (GAMMA * BATCH * REPLICAS))
     now = [T0]
@@ -70,7 +70,7 @@ def measure(args: list[str]) -> dict[str, float]:
 
 
 def _measure_fresh(args: list[str]) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-m", "dashboards.bench", *args], check=True, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "sparkgate.dashboards.bench", *args], check=True, capture_output=True,
                          text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from policies.rollout import DEFAULT_PATH
+from sparkgate.policies.rollout import DEFAULT_PATH
 
 APP = Path(__file__).with_name("app.py")
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import streamlit as st
 
-from controller.queries import Slice
-from controller.rollout import CHANGES_POLICY
-from policies.rollout import DEFAULT_PATH, RolloutPolicy, load_rollout_policy
+from sparkgate.controller.queries import Slice
+from sparkgate.controller.rollout import CHANGES_POLICY
+from sparkgate.policies.rollout import DEFAULT_PATH, RolloutPolicy, load_rollout_policy
 
 from . import data, series
 from .source import ControllerClient, NoData, SourceError, SourceSpec, StoreReader

@@ -16,13 +16,13 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from collectors.aggregate import UNCENSORED_MODES
-from collectors.schema import MODES
-from controller import ledger
-from controller.metrics import evaluate
-from controller.queries import SLICE_COLUMNS, Slice, Window, slice_values
-from controller.rollout import CHANGES_POLICY
-from policies.rollout import RolloutPolicy
+from sparkgate.collectors.aggregate import UNCENSORED_MODES
+from sparkgate.collectors.schema import MODES
+from sparkgate.controller import ledger
+from sparkgate.controller.metrics import evaluate
+from sparkgate.controller.queries import SLICE_COLUMNS, Slice, Window, slice_values
+from sparkgate.controller.rollout import CHANGES_POLICY
+from sparkgate.policies.rollout import RolloutPolicy
 
 from .series import time_where
 

@@ -18,12 +18,12 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from collectors.aggregate import Aggregate, CalibrationStats
-from collectors.schema import MODES
-from controller import queries
-from controller.calibration import FINE_BINS, FINE_PER_BIN
-from controller.metrics import acceptance, step_report
-from controller.queries import Slice, Window
+from sparkgate.collectors.aggregate import Aggregate, CalibrationStats
+from sparkgate.collectors.schema import MODES
+from sparkgate.controller import queries
+from sparkgate.controller.calibration import FINE_BINS, FINE_PER_BIN
+from sparkgate.controller.metrics import acceptance, step_report
+from sparkgate.controller.queries import Slice, Window
 
 BUCKETS = 24
 MODE_CODES = {mode: i for i, mode in enumerate(MODES)}

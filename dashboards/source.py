@@ -27,8 +27,8 @@ import duckdb
 import httpx
 import pyarrow as pa
 
-from collectors.schema import MODES, STATUSES
-from collectors.store import open_snapshot
+from sparkgate.collectors.schema import MODES, STATUSES
+from sparkgate.collectors.store import open_snapshot
 
 # Parquet keeps enums as plain strings; the controller's queries use enum_code, so the
 # views put the store's enum types back (declared in the order of MODES / STATUSES).

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from policies.cost_model import (
+from sparkgate.policies.cost_model import (
     AdditiveCostTable,
     CostMeta,
     CostTable,

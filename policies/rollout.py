@@ -1,25 +1,34 @@
-"""The rollout policy file (DESIGN §5, §6): phases, traffic steps, gates, timing.
+"""The rollout policy file (docs/design.md §5, §6): phases, traffic steps, gates, timing.
 
 One YAML file, every key optional (missing keys take the defaults below, which
-``default_rollout.yaml`` spells out in full), unknown keys rejected. Errors
-name the key path and the bad value, e.g. ``gates[2].threshold: expected a
-number, got 'high'``. Loading is pure: the controller decides what to do with
-the policy; nothing here evaluates metrics or holds state.
+``default_rollout.yaml`` spells out in full), unknown keys rejected. The file is a
+pydantic model, so ``sparkgate policy schema`` can hand editors its JSON Schema;
+errors name the key path and the bad value, e.g. ``gates[2].threshold: expected
+a number, got 'high'``, and ``problems`` lists every one at once. Loading is
+pure: the controller decides what to do with the policy; nothing here evaluates
+metrics or holds state.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, Mapping, get_args
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
-PHASES = ("baseline", "shadow", "canary", "compact", "adaptive")
-SERVING_PHASES = PHASES[1:]  # phases gates judge; baseline only measures the reference
-DIRECTIONS = ("at_most", "at_least")
+from sparkgate.policies.vocabulary import LADDER, SERVING_PHASES, Phase
+
+Direction = Literal["at_most", "at_least"]
+LadderPhase = Literal["baseline", "shadow", "canary", "compact", "adaptive"]
+ServingPhase = Literal["shadow", "canary", "compact", "adaptive"]
+# The Literals spell the vocabulary out for the JSON Schema; they must be the vocabulary.
+assert get_args(LadderPhase) == tuple(LADDER) and get_args(ServingPhase) == tuple(SERVING_PHASES)
+# Booleans are never numbers here (YAML's `yes` must not pass for 1).
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict()]
+Bool = Annotated[bool, Strict()]
 METRICS = {
     "survival_ece": "worst per-depth survival ECE on uncensored traffic",
     "survival_ece_upper": "bootstrap upper bound of survival_ece",
@@ -31,21 +40,27 @@ METRICS = {
     "state_rollback_failures": "state-after-rollback check failures",
 }
 DEFAULT_PATH = Path(__file__).with_name("default_rollout.yaml")
+_FROZEN = ConfigDict(extra="forbid", frozen=True)
 
 
 class RolloutPolicyError(ValueError):
-    """A bad rollout policy; the message starts with the key path."""
+    """A bad rollout policy; the message starts with the key path. ``problems`` holds every one found."""
 
-    def at(self, prefix: str) -> RolloutPolicyError:
-        return RolloutPolicyError(f"{prefix}.{self}" if prefix else str(self))
-
-
-def _fail(key: str, value: Any, want: str) -> RolloutPolicyError:
-    return RolloutPolicyError(f"{key}: expected {want}, got {value!r}")
+    def __init__(self, problems: list[str] | str):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
 
 
-@dataclass(frozen=True)
-class Gate:
+def _want(key: str, value: Any, want: str) -> str:
+    return f"{key}: expected {want}, got {value!r}"
+
+
+def _raise_all(problems: list[str]) -> None:
+    if problems:
+        raise ValueError("\n".join(problems))
+
+
+class Gate(BaseModel):
     """One check per evaluation interval: ``metric`` compared with ``threshold``.
 
     Inconclusive (neither pass nor fail) below ``min_samples``. A failing
@@ -54,32 +69,39 @@ class Gate:
     a Prometheus query instead of the store, and then ``metric`` is a free label.
     """
 
-    metric: str
-    threshold: float
-    direction: str
-    name: str = ""
-    min_samples: int = 0
-    critical: bool = False
-    dry_run: bool = False
-    phases: tuple[str, ...] = SERVING_PHASES
-    promql: str | None = None
+    model_config = _FROZEN
 
-    def __post_init__(self) -> None:
+    metric: str = Field(description="What is measured: " + "; ".join(f"{k}: {v}" for k, v in METRICS.items())
+                        + " (any label when promql is set).")
+    threshold: Float = Field(description="The value compared with; equality passes.")
+    direction: Direction = Field(description="at_most: pass when value <= threshold; at_least: value >= threshold.")
+    name: str = Field("", description="Unique gate name [default: the metric].")
+    min_samples: Int = Field(0, description="Below this many samples the gate is inconclusive.")
+    critical: Bool = Field(False, description="A failure rolls back at once.")
+    dry_run: Bool = Field(False, description="Evaluated and recorded, never acts.")
+    phases: tuple[ServingPhase, ...] = Field(SERVING_PHASES, description="Serving phases the gate judges.")
+    promql: str | None = Field(None, description="Read the value from this Prometheus query instead of the store.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_defaults_to_metric(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("name") and isinstance(data.get("metric"), str):
+            return {**data, "name": data["metric"]}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> Gate:
+        problems = []
         if self.promql is None and self.metric not in METRICS:
-            raise _fail("metric", self.metric, f"one of {', '.join(METRICS)} (or set promql)")
+            problems.append(_want("metric", self.metric, f"one of {', '.join(METRICS)} (or set promql)"))
         if self.promql is not None and not self.promql.strip():
-            raise _fail("promql", self.promql, "a non-empty query")
+            problems.append(_want("promql", self.promql, "a non-empty query"))
         if not math.isfinite(self.threshold):
-            raise _fail("threshold", self.threshold, "a finite number")
-        if self.direction not in DIRECTIONS:
-            raise _fail("direction", self.direction, f"one of {', '.join(DIRECTIONS)}")
+            problems.append(_want("threshold", self.threshold, "a finite number"))
         if self.min_samples < 0:
-            raise _fail("min_samples", self.min_samples, "an integer >= 0")
-        for i, phase in enumerate(self.phases):
-            if phase not in SERVING_PHASES:
-                raise _fail(f"phases[{i}]", phase, f"one of {', '.join(SERVING_PHASES)}")
-        if not self.name:
-            object.__setattr__(self, "name", self.metric)
+            problems.append(_want("min_samples", self.min_samples, "an integer >= 0"))
+        _raise_all(problems)
+        return self
 
     def passes(self, value: float) -> bool:
         """Whether ``value`` is on the good side of the threshold (equality passes)."""
@@ -87,30 +109,29 @@ class Gate:
 
 
 DEFAULT_GATES = (
-    Gate("survival_ece", 0.05, "at_most", min_samples=2000),
-    Gate("survival_ece_upper", 0.08, "at_most", min_samples=2000),
-    Gate("upper_bound_utilization", 0.85, "at_least", min_samples=500),
-    Gate("tier_miss_rate", 0.02, "at_most", min_samples=200),
-    Gate("p99_step_ratio", 1.10, "at_most", min_samples=200),
-    Gate("tokens_per_s_ratio", 0.98, "at_least", min_samples=200),
-    Gate("consistency_mismatches", 0, "at_most", critical=True),
-    Gate("state_rollback_failures", 0, "at_most", critical=True),
+    Gate(metric="survival_ece", threshold=0.05, direction="at_most", min_samples=2000),
+    Gate(metric="survival_ece_upper", threshold=0.08, direction="at_most", min_samples=2000),
+    Gate(metric="upper_bound_utilization", threshold=0.85, direction="at_least", min_samples=500),
+    Gate(metric="tier_miss_rate", threshold=0.02, direction="at_most", min_samples=200),
+    Gate(metric="p99_step_ratio", threshold=1.10, direction="at_most", min_samples=200),
+    Gate(metric="tokens_per_s_ratio", threshold=0.98, direction="at_least", min_samples=200),
+    Gate(metric="consistency_mismatches", threshold=0, direction="at_most", critical=True),
+    Gate(metric="state_rollback_failures", threshold=0, direction="at_most", critical=True),
 )
 
 
 @dataclass(frozen=True)
 class Stage:
-    """One rung of the ladder: a phase and the fraction of traffic served compact."""
+    """One rung of the ladder (derived from the file, not part of it): a phase and its compact fraction."""
 
-    phase: str
+    phase: Phase
     compact_fraction: float
 
 
-@dataclass(frozen=True)
-class RolloutPolicy:
+class RolloutPolicy(BaseModel):
     """The whole file. Invariants (checked on construction):
 
-    - ``phases`` is ``baseline`` followed by phases of ``PHASES`` in that order;
+    - ``phases`` is ``baseline`` followed by ladder phases in ladder order;
     - ``canary_steps`` strictly increasing in (0, 1), non-empty when canary runs;
     - ``0 < observe_fraction < 1``; ``fallback_window`` in [0, gamma] or None (static);
     - advance after ``consecutive_passes`` all-pass intervals; roll back when a
@@ -120,57 +141,59 @@ class RolloutPolicy:
     - gate names are unique.
     """
 
-    gamma: int = 7
-    phases: tuple[str, ...] = PHASES
-    canary_steps: tuple[float, ...] = (0.05, 0.25, 0.5)
-    observe_fraction: float = 0.05
-    consecutive_passes: int = 3
-    failure_limit: int = 2
-    evaluation_interval_s: float = 60.0
-    progress_deadline_s: float = 3600.0
-    stale_after_s: float = 300.0
-    fallback_window: int | None = None
-    gates: tuple[Gate, ...] = field(default=DEFAULT_GATES)
+    model_config = _FROZEN
 
-    def __post_init__(self) -> None:
+    gamma: Int = Field(7, description="Draft tokens per request per step.")
+    phases: tuple[LadderPhase, ...] = Field(LADDER, description="The ladder, in order; baseline first.")
+    canary_steps: tuple[Float, ...] = Field((0.05, 0.25, 0.5), description="Compact fractions of the canary rungs.")
+    observe_fraction: Float = Field(0.05, description="Fraction of compact traffic verified in full (cap_accept).")
+    consecutive_passes: Int = Field(3, description="All-pass intervals in a row that advance a stage.")
+    failure_limit: Int = Field(2, description="Failed intervals a phase may have; one more rolls back.")
+    evaluation_interval_s: Float = Field(60.0, description="Seconds between evaluations.")
+    progress_deadline_s: Float = Field(3600.0, description="Roll back when a serving phase stays inconclusive "
+                                       "this long.")
+    stale_after_s: Float = Field(300.0, description="Data older than this makes a gate inconclusive.")
+    fallback_window: Int | None = Field(None, description="Window served in fallback; null: static (gamma).")
+    gates: tuple[Gate, ...] = Field(DEFAULT_GATES, description="The checks every evaluation interval runs.")
+
+    @model_validator(mode="after")
+    def _check(self) -> RolloutPolicy:
+        problems = self._phase_problems()
         if self.gamma < 1:
-            raise _fail("gamma", self.gamma, "an integer >= 1")
-        self._check_phases()
+            problems.append(_want("gamma", self.gamma, "an integer >= 1"))
         if "canary" in self.phases and not self.canary_steps:
-            raise _fail("canary_steps", list(self.canary_steps), "at least one step when canary runs")
+            problems.append(_want("canary_steps", list(self.canary_steps), "at least one step when canary runs"))
         for i, step in enumerate(self.canary_steps):
             low = self.canary_steps[i - 1] if i else 0.0
             if not (low < step < 1.0):
-                raise _fail(f"canary_steps[{i}]", step, f"a fraction in ({low}, 1), increasing")
+                problems.append(_want(f"canary_steps[{i}]", step, f"a fraction in ({low}, 1), increasing"))
         if not (0.0 < self.observe_fraction < 1.0):
-            raise _fail("observe_fraction", self.observe_fraction, "a fraction in (0, 1)")
+            problems.append(_want("observe_fraction", self.observe_fraction, "a fraction in (0, 1)"))
         if self.consecutive_passes < 1:
-            raise _fail("consecutive_passes", self.consecutive_passes, "an integer >= 1")
+            problems.append(_want("consecutive_passes", self.consecutive_passes, "an integer >= 1"))
         if self.failure_limit < 0:
-            raise _fail("failure_limit", self.failure_limit, "an integer >= 0")
+            problems.append(_want("failure_limit", self.failure_limit, "an integer >= 0"))
         for key in ("evaluation_interval_s", "stale_after_s"):
             if not (math.isfinite(getattr(self, key)) and getattr(self, key) > 0):
-                raise _fail(key, getattr(self, key), "a finite number of seconds > 0")
+                problems.append(_want(key, getattr(self, key), "a finite number of seconds > 0"))
         if not (self.progress_deadline_s >= self.evaluation_interval_s):
-            raise _fail("progress_deadline_s", self.progress_deadline_s,
-                        f"at least evaluation_interval_s ({self.evaluation_interval_s})")
+            problems.append(_want("progress_deadline_s", self.progress_deadline_s,
+                                  f"at least evaluation_interval_s ({self.evaluation_interval_s})"))
         if self.fallback_window is not None and not (0 <= self.fallback_window <= self.gamma):
-            raise _fail("fallback_window", self.fallback_window,
-                        f"an integer in [0, gamma={self.gamma}] or null")
+            problems.append(_want("fallback_window", self.fallback_window,
+                                  f"an integer in [0, gamma={self.gamma}] or null"))
         names = [g.name for g in self.gates]
-        for i, name in enumerate(names):
-            if name in names[:i]:
-                raise _fail(f"gates[{i}].name", name, "a name no other gate uses")
+        problems += [_want(f"gates[{i}].name", name, "a name no other gate uses")
+                     for i, name in enumerate(names) if name in names[:i]]
+        _raise_all(problems)
+        return self
 
-    def _check_phases(self) -> None:
-        if not self.phases or self.phases[0] != "baseline":
-            raise _fail("phases", list(self.phases), "a list starting with baseline")
-        for i, phase in enumerate(self.phases):
-            if phase not in PHASES:
-                raise _fail(f"phases[{i}]", phase, f"one of {', '.join(PHASES)}")
-            if i and PHASES.index(phase) <= PHASES.index(self.phases[i - 1]):
-                raise _fail(f"phases[{i}]", phase,
-                            f"a phase after {self.phases[i - 1]} in {' -> '.join(PHASES)}")
+    def _phase_problems(self) -> list[str]:
+        if not self.phases or self.phases[0] != Phase.BASELINE:
+            return [_want("phases", list(self.phases), "a list starting with baseline")]
+        return [_want(f"phases[{i}]", phase, f"a phase after {self.phases[i - 1]} in {' -> '.join(LADDER)}")
+                for i, phase in enumerate(self.phases)
+                if i and LADDER.index(Phase(phase)) <= LADDER.index(Phase(self.phases[i - 1]))]
 
     @property
     def fallback_window_value(self) -> int:
@@ -181,81 +204,88 @@ class RolloutPolicy:
         """The ladder the controller walks, one rung per canary step."""
         fractions = {"baseline": (0.0,), "shadow": (0.0,), "canary": self.canary_steps,
                      "compact": (1.0,), "adaptive": (1.0,)}
-        return tuple(Stage(phase, f) for phase in self.phases for f in fractions[phase])
+        return tuple(Stage(Phase(phase), f) for phase in self.phases
+                     for f in fractions[phase])
 
     def gates_for(self, phase: str) -> tuple[Gate, ...]:
         return tuple(g for g in self.gates if phase in g.phases)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (lists, not tuples) that ``parse_rollout_policy`` reads back."""
-        return _plain(dataclasses.asdict(self))
+        return self.model_dump(mode="json")
+
+    def replace(self, **changes: Any) -> RolloutPolicy:
+        """A copy with ``changes``, validated like a file."""
+        return parse_rollout_policy({**self.to_dict(), **changes})
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
 
 
-def _coerce(value: Any, hint: Any, key: str) -> Any:
-    """``value`` checked against the annotated type (bools are never numbers)."""
-    origin = get_origin(hint)
-    if origin in (Union, types.UnionType):
-        if value is None:
-            return None
-        return _coerce(value, next(a for a in get_args(hint) if a is not type(None)), key)
-    if origin is tuple:
-        if not isinstance(value, list):
-            raise _fail(key, value, "a list")
-        return tuple(_coerce(v, get_args(hint)[0], f"{key}[{i}]") for i, v in enumerate(value))
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value, key)
-    if hint is bool and isinstance(value, bool):
-        return value
-    if hint is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if hint is str and isinstance(value, str):
-        return value
-    want = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[hint]
-    raise _fail(key, value, want)
+def _message(error: Mapping[str, Any]) -> list[str]:
+    """Our wording of one pydantic error: ``key.path: what was expected, got what``."""
+    loc, kind, value = tuple(error["loc"]), error["type"], error.get("input")
+    key = _path(loc)
+    if kind == "value_error":  # our own checks: each line already names its key relative to the model
+        return [f"{key}.{line}" if key else line for line in str(error["ctx"]["error"]).split("\n")]
+    if kind == "missing":
+        return [f"{key}: missing"]
+    if kind == "extra_forbidden":
+        model = Gate if "gates" in loc[:-1] else RolloutPolicy
+        return [f"{key}: unknown key (known: {', '.join(model.model_fields)})"]
+    if kind == "literal_error":
+        want = "one of " + error["ctx"]["expected"].replace("'", "").replace(" or ", ", ")
+    else:
+        want = {"float_type": "a number", "int_type": "an integer", "bool_type": "true or false",
+                "string_type": "a string", "tuple_type": "a list", "model_type": "a mapping",
+                "finite_number": "a finite number"}.get(kind, error["msg"])
+    return [_want(key or "rollout policy", value, want)]
 
 
-def _build(cls: type, raw: Any, key: str) -> Any:
+def problems(raw: Any) -> list[str]:
+    """Every problem of decoded YAML as a rollout policy, each naming its key and value; [] when valid."""
+    if raw is None:
+        return []
     if not isinstance(raw, dict):
-        raise _fail(key or "rollout policy", raw, "a mapping")
-    hints = get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    for name in raw:
-        if name not in names:
-            where = f"{key}.{name}" if key else str(name)
-            raise RolloutPolicyError(f"{where}: unknown key (known: {', '.join(names)})")
-    missing = [f.name for f in dataclasses.fields(cls) if f.name not in raw
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-    if missing:
-        raise RolloutPolicyError(f"{key}.{missing[0]}: missing" if key else f"{missing[0]}: missing")
-    kwargs = {n: _coerce(v, hints[n], f"{key}.{n}" if key else n) for n, v in raw.items()}
+        return [_want("rollout policy", raw, "a mapping")]
     try:
-        return cls(**kwargs)
-    except RolloutPolicyError as exc:
-        raise exc.at(key) from None
+        RolloutPolicy.model_validate(raw)
+    except ValidationError as exc:
+        return [line for error in exc.errors() for line in _message(error)]
+    return []
 
 
 def parse_rollout_policy(raw: Mapping[str, Any] | None) -> RolloutPolicy:
     """A validated policy from decoded YAML; ``None`` (an empty file) gives the defaults."""
-    return _build(RolloutPolicy, {} if raw is None else raw, "")
+    found = problems(raw)
+    if found:
+        raise RolloutPolicyError(found)
+    return RolloutPolicy.model_validate({} if raw is None else raw)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Decoded YAML of a policy file; RolloutPolicyError naming the file when it is not YAML."""
+    try:
+        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise RolloutPolicyError(f"{path}: not valid YAML ({exc})") from exc
 
 
 def load_rollout_policy(path: str | Path = DEFAULT_PATH) -> RolloutPolicy:
     """Read and validate a policy file (the packaged defaults when no path is given)."""
-    try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise RolloutPolicyError(f"{path}: not valid YAML ({exc})") from exc
-    try:
-        return parse_rollout_policy(raw)
-    except RolloutPolicyError as exc:
-        raise RolloutPolicyError(f"{path}: {exc}") from None
+    raw = read_yaml(path)
+    found = problems(raw)
+    if found:
+        raise RolloutPolicyError([f"{path}: {line}" for line in found])
+    return RolloutPolicy.model_validate({} if raw is None else raw)
+
+
+def json_schema() -> dict[str, Any]:
+    """The policy file's JSON Schema (editors use it for YAML completion and checks)."""
+    schema = RolloutPolicy.model_json_schema()
+    schema["title"] = "sparkgate rollout policy"
+    return schema

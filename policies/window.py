@@ -13,8 +13,8 @@ from typing import Protocol
 
 import torch
 
-from policies.cost_model import CostTable
-from policies.scheduler import (
+from sparkgate.policies.cost_model import CostTable
+from sparkgate.policies.scheduler import (
     admission_order,
     assign_windows,
     best_budget,

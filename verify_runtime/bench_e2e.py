@@ -38,9 +38,9 @@ from typing import Callable
 import click
 import torch
 
-from collectors.schema import StepRecord
-from policies.cost_model import CostTable
-from policies.window import CostAwareScheduler, FixedWindow, WindowContext, WindowPolicy
+from sparkgate.collectors.schema import StepRecord
+from sparkgate.policies.cost_model import CostTable
+from sparkgate.policies.window import CostAwareScheduler, FixedWindow, WindowContext, WindowPolicy
 
 from .device_options import device_options, resolve_graphs
 from .engine import Engine, EngineConfig, Request

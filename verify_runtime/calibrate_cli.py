@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 import torch
 
-from collectors.schema import FULL_BLOCK_MODES, StepRecord
+from sparkgate.collectors.schema import FULL_BLOCK_MODES, StepRecord
 
 
 def read_labels(paths: list[str | Path]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,7 +55,7 @@ def read_labels(paths: list[str | Path]) -> tuple[torch.Tensor, torch.Tensor]:
 @click.option("--ship", is_flag=True, help="Install as the shipped STS (verify_runtime/assets/sts.json).")
 def calibrate(paths, out, dataset, ship):
     """Fit per-depth STS temperatures (left to right, survival ECE) and write SGLang's STS JSON."""
-    from policies.calibration import fit_sts
+    from sparkgate.policies.calibration import fit_sts
 
     from .shipped import ship_sts
 

@@ -5,7 +5,7 @@ import json
 
 import click
 
-from policies.window import FixedWindow
+from sparkgate.policies.window import FixedWindow
 
 from .defaults import default_drafter, default_target
 from .engine import Engine, EngineConfig, Request

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from policies.window import FixedWindow
+from sparkgate.policies.window import FixedWindow
 
 from .drafters import Drafter
 from .engine import Engine, EngineConfig, Request

@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from policies.window import WindowDecision
+from sparkgate.policies.window import WindowDecision
 
 from .kv_cache import KVCache
 from .model import Transformer, forward_packed

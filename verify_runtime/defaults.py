@@ -13,10 +13,10 @@ import os
 from pathlib import Path
 import torch
 
-from policies.cost_model import CostTable, CostTableError, load_cost_table, save_cost_table
-from policies.cost_profile import hardware_fingerprint
+from sparkgate.policies.cost_model import CostTable, CostTableError, load_cost_table, save_cost_table
+from sparkgate.policies.cost_profile import hardware_fingerprint
 
-from policies.calibration import STS
+from sparkgate.policies.calibration import STS
 
 from .block_drafter import BlockDrafter, load_drafter
 from .drafters import Drafter, NGramDrafter

@@ -15,8 +15,8 @@ from typing import Callable
 
 import torch
 
-from collectors.schema import RequestRow, StepRecord
-from policies.window import FixedWindow, WindowContext, WindowPolicy
+from sparkgate.collectors.schema import RequestRow, StepRecord
+from sparkgate.policies.window import FixedWindow, WindowContext, WindowPolicy
 
 from .acceptance import AcceptInput, accept, draft_accepts
 from .drafters import DraftContext, Drafter, temperature_probs

@@ -38,7 +38,7 @@ def drafter(split, prompts, prompt_len, max_new_tokens, gamma, batch, target_pat
     """Acceptance by depth, sequential-head ablation, draft cost and calibration (before/after STS)."""
     import torch
 
-    from policies.calibration import STS
+    from sparkgate.policies.calibration import STS
 
     from .block_drafter import BlockDrafter, load_drafter
     from .corpus import stdlib_corpus

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from collectors.schema import StepRecord
-from policies.calibration import STS, auroc_per_depth, batched_ece, brier_per_depth, ece_per_depth
+from sparkgate.collectors.schema import StepRecord
+from sparkgate.policies.calibration import STS, auroc_per_depth, batched_ece, brier_per_depth, ece_per_depth
 
 from .corpus import Corpus
 from .drafters import DraftContext, Drafter

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from collectors.schema import MODES
+from sparkgate.collectors.schema import MODES
 
 def mode_codes(modes: list[str], device: torch.device | str = "cpu") -> torch.Tensor:
     unknown = sorted(set(modes) - set(MODES))

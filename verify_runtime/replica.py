@@ -1,4 +1,4 @@
-"""``sparkgate replica``: a runtime replica that follows a controller (DESIGN §6, §7).
+"""A runtime replica that follows a controller (docs/design.md §6, §7); ``replica_cli`` runs it.
 
 The replica polls ``GET /v1/policy`` and, when the revision changes, sets the
 engine's phase, revision, window policy and per-request mode. A request's arm is
@@ -18,16 +18,15 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import os
-import socket
 import time
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
-import click
 import httpx
 
-from collectors.schema import StepRecord
-from policies.window import FixedWindow, WindowPolicy
+from sparkgate.collectors.schema import StepRecord
+from sparkgate.policies.payload import PolicyPayload
+from sparkgate.policies.vocabulary import Mode, Phase
+from sparkgate.policies.window import FixedWindow, WindowPolicy
 
 from .consistency import GreedyReplay, state_check, unit_hash, wanted
 from .engine import Engine, Request
@@ -36,7 +35,7 @@ log = logging.getLogger(__name__)
 MAX_PENDING_RECORDS = 10_000
 
 
-def mode_for(request_id: str, policy: dict) -> str:
+def mode_for(request_id: str, policy: PolicyPayload) -> Mode:
     """The verify mode of a request under a policy payload.
 
     baseline: static. fallback: static, or compact with the fallback window when it
@@ -45,14 +44,13 @@ def mode_for(request_id: str, policy: dict) -> str:
     cap_accept (full verification, so gates keep uncensored labels); the rest of
     the traffic runs shadow (full verification with the suggestion logged).
     """
-    phase = policy["phase"]
-    if phase == "baseline":
-        return "static"
-    if phase == "fallback":
-        return "static" if policy["fallback_window"] >= policy["gamma"] else "compact"
-    if unit_hash(request_id, "arm") >= policy["compact_fraction"]:
-        return "shadow"
-    return "cap_accept" if unit_hash(request_id, "observe") < policy["observe_fraction"] else "compact"
+    if policy.phase is Phase.BASELINE:
+        return Mode.STATIC
+    if policy.phase is Phase.FALLBACK:
+        return Mode.STATIC if policy.fallback_window >= policy.gamma else Mode.COMPACT
+    if unit_hash(request_id, "arm") >= policy.compact_fraction:
+        return Mode.SHADOW
+    return Mode.CAP_ACCEPT if unit_hash(request_id, "observe") < policy.observe_fraction else Mode.COMPACT
 
 
 class ControllerClient:
@@ -65,12 +63,13 @@ class ControllerClient:
     def close(self) -> None:
         self.http.close()
 
-    def _json(self, response: httpx.Response):
+    def _json(self, response: httpx.Response) -> Any:
         response.raise_for_status()
         return response.json()
 
-    def policy(self) -> dict:
-        return self._json(self.http.get("/v1/policy"))
+    def policy(self) -> PolicyPayload:
+        """The served policy, validated: a payload this replica cannot follow raises, naming the field."""
+        return PolicyPayload.model_validate(self._json(self.http.get("/v1/policy")))
 
     def next_step_id(self, replica_id: str) -> int:
         return self._json(self.http.get(f"/v1/replicas/{replica_id}"))["next_step_id"]
@@ -101,7 +100,7 @@ class Replica:
         self.engine, self.client, self.scheduler, self.replay = engine, client, scheduler, replay
         self.consistency_fraction, self.state_every, self.poll_s, self.flush_steps, self.clock = \
             consistency_fraction, state_every, poll_s, flush_steps, clock
-        self.payload: dict | None = None
+        self.payload: PolicyPayload | None = None
         self.pending: list[StepRecord] = []
         self.compact_ids: set[str] = set()
         self.to_check: list[Request] = []
@@ -115,14 +114,14 @@ class Replica:
         self.compact_ids.update(r.request_id for r in record.requests if r.mode == "compact")
 
     # -- policy ----------------------------------------------------------------
-    def follow(self, payload: dict) -> None:
+    def follow(self, payload: PolicyPayload) -> None:
         """Serve under ``payload`` from the next step on."""
         config = self.engine.config
-        if payload["gamma"] != config.gamma:
-            raise RuntimeError(f"policy gamma={payload['gamma']} but this replica runs gamma={config.gamma}; "
+        if payload.gamma != config.gamma:
+            raise RuntimeError(f"policy gamma={payload.gamma} but this replica runs gamma={config.gamma}; "
                                "restart it with the policy's gamma")
-        config.phase, config.policy_revision = payload["phase"], payload["revision"]
-        self.engine.policy = FixedWindow(payload["fallback_window"]) if payload["phase"] == "fallback" \
+        config.phase, config.policy_revision = payload.phase, payload.revision
+        self.engine.policy = FixedWindow(payload.fallback_window) if payload.phase is Phase.FALLBACK \
             else self.scheduler
         self.engine.mode_for = lambda request: mode_for(request.request_id, payload)
         self.payload = payload
@@ -136,9 +135,9 @@ class Replica:
         except httpx.HTTPError as exc:
             if self.payload is None:
                 raise
-            log.warning("policy poll failed (%s); keeping revision %s", exc, self.payload["revision"])
+            log.warning("policy poll failed (%s); keeping revision %s", exc, self.payload.revision)
             return
-        if self.payload is None or payload["revision"] != self.payload["revision"]:
+        if self.payload is None or payload.revision != self.payload.revision:
             self.follow(payload)
 
     # -- records and checks ----------------------------------------------------
@@ -207,7 +206,8 @@ class Replica:
             if len(self.pending) >= self.flush_steps:
                 self.flush()
         self.flush()
-        return {**self.stats, "revision": self.payload["revision"], "phase": self.payload["phase"]}
+        assert self.payload is not None  # serve polls (force=True) before its first step
+        return {**self.stats, "revision": self.payload.revision, "phase": str(self.payload.phase)}
 
 
 def workload_requests(replica_id: str, count: int, max_new_tokens: int, temperature: float,
@@ -220,59 +220,3 @@ def workload_requests(replica_id: str, count: int, max_new_tokens: int, temperat
     for i in numbers:
         prompt = prompts[i % len(prompts)]
         yield Request(f"{replica_id}-{i}", prompt.tokens, max_new_tokens, temperature, seed + i, task=prompt.task)
-
-
-@click.command()
-@click.option("--controller", "url", default="http://127.0.0.1:8470", show_default=True,
-              envvar="SPARKGATE_CONTROLLER", help="Controller base URL.")
-@click.option("--replica-id", default=None, help="Replica name [default: replica-HOST-PID].")
-@click.option("--requests", "count", default=0, show_default=True, help="Requests to serve (0: until interrupted).")
-@click.option("--max-new-tokens", default=48, show_default=True)
-@click.option("--max-batch", default=16, show_default=True)
-@click.option("--temperature", default=0.0, show_default=True, help="0 is greedy (consistency checks need it).")
-@click.option("--seed", default=0, show_default=True)
-@click.option("--window", default=None, type=int, help="Serve compact with this fixed window instead of the "
-              "cost-aware scheduler.")
-@click.option("--cost-table", default=None, type=click.Path(exists=True, dir_okay=False),
-              help="Cost table for the scheduler [default: shipped or profiled here].")
-@click.option("--consistency-fraction", default=0.05, show_default=True,
-              help="Fraction of greedy compact requests replayed in static.")
-@click.option("--state-every", default=50, show_default=True,
-              help="Check one active request's cache state every this many steps (0: never).")
-@click.option("--poll-s", default=1.0, show_default=True, help="Seconds between policy polls.")
-@click.option("--threads", default=1, show_default=True,
-              help="Torch threads; replicas usually share a machine, and extra threads only contend.")
-def replica(url, replica_id, count, max_new_tokens, max_batch, temperature, seed, window, cost_table,
-            consistency_fraction, state_every, poll_s, threads):
-    """Serve the mixed workload with the runtime, following the controller's policy; prints counters as JSON."""
-    import torch
-
-    from policies.window import CostAwareScheduler
-
-    from .defaults import default_calibration, default_cost_table, default_drafter, default_target
-    from .engine import EngineConfig
-
-    torch.set_num_threads(threads)
-    replica_id = replica_id or f"replica-{socket.gethostname()}-{os.getpid()}"
-    client = ControllerClient(url)
-    try:
-        gamma = client.policy()["gamma"]
-        target = default_target()
-        drafter = default_drafter(target)
-        scheduler = FixedWindow(window) if window is not None else \
-            CostAwareScheduler(default_cost_table(target, drafter, cost_table)[0])
-        engine = Engine(target, drafter, EngineConfig(gamma=gamma, max_batch=max_batch, replica_id=replica_id),
-                        calibrate=default_calibration(drafter))
-        engine.step_id = client.next_step_id(replica_id)
-        node = Replica(engine, client, scheduler, replay=GreedyReplay(target, drafter, gamma),
-                       consistency_fraction=consistency_fraction, state_every=state_every, poll_s=poll_s)
-        try:
-            summary = node.serve(workload_requests(replica_id, count, max_new_tokens, temperature, seed))
-        except KeyboardInterrupt:
-            node.flush()
-            summary = node.stats
-    except httpx.HTTPError as exc:
-        raise click.ClickException(f"controller {url}: {exc}") from None
-    finally:
-        client.close()
-    click.echo(json.dumps({"replica_id": replica_id, **summary}))

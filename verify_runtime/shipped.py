@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from policies.calibration import STS
+from sparkgate.policies.calibration import STS
 
 from .block_drafter import BlockDrafter, load_drafter
 from .model import Transformer, load_checkpoint, model_version, save_checkpoint

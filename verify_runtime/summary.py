@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from collectors.schema import StepRecord
+from sparkgate.collectors.schema import StepRecord
 
 from .engine import Engine, Request
 

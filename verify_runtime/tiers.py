@@ -69,3 +69,9 @@ def parse_tiers(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         raise ValueError(f"tiers must be comma-separated integers, got {text!r}") from None
+
+
+def measured_grid(tiers: tuple[int, ...] | list[int] | None) -> TierGrid:
+    """The tiers a replica captures: those its cost table was measured at (``meta.tiers``), so the
+    table prices exactly the shapes the runtime runs; the default grid when the table names none."""
+    return TierGrid(tuple(tiers)) if tiers else TierGrid()

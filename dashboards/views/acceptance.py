@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from controller.queries import Slice
-from dashboards import charts, data, series
-from dashboards.context import windowed_page
+from sparkgate.controller.queries import Slice
+from sparkgate.dashboards import charts, data, series
+from sparkgate.dashboards.context import windowed_page
 
 KINDS = {"conditional": "c_k (conditional, rows at risk)", "survival": "S_k (prefix survival, observed rows)"}
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from collectors.aggregate import UNCENSORED_MODES
-from controller.queries import SLICE_COLUMNS
-from dashboards import charts, data, series
-from dashboards.context import windowed_page
+from sparkgate.collectors.aggregate import UNCENSORED_MODES
+from sparkgate.controller.queries import SLICE_COLUMNS
+from sparkgate.dashboards import charts, data, series
+from sparkgate.dashboards.context import windowed_page
 
 UNCENSORED = f"Uncensored ({', '.join(UNCENSORED_MODES)}): gated"
 COMPACT = "Compact (censored): labels beyond the window are unknown; never gated"

@@ -6,8 +6,8 @@ import time
 
 import streamlit as st
 
-from dashboards import charts, steps
-from dashboards.context import current, when
+from sparkgate.dashboards import charts, steps
+from sparkgate.dashboards.context import current, when
 
 VERSIONS = ("model_version", "drafter_version", "sts_version", "cost_table_version")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from controller.commands import DEFAULT_URL
-from controller.rollout import CHANGES_POLICY, OPERATOR_ACTIONS, RolloutState, TransitionError, command
-from dashboards import charts, data
-from dashboards.context import current, when
+from sparkgate.controller.commands import DEFAULT_URL
+from sparkgate.controller.rollout import CHANGES_POLICY, OPERATOR_ACTIONS, RolloutState, TransitionError, command
+from sparkgate.dashboards import charts, data
+from sparkgate.dashboards.context import current, when
 
 SYMBOL = {"at_most": "≤", "at_least": "≥"}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboards import charts, series, steps
-from dashboards.context import windowed_page
+from sparkgate.dashboards import charts, series, steps
+from sparkgate.dashboards.context import windowed_page
 
 
 def summary(ctx, report: dict) -> None:

@@ -5,7 +5,7 @@ import dataclasses
 
 from hypothesis import strategies as st
 
-from collectors.schema import MODES, RequestRow, StepRecord
+from sparkgate.collectors.schema import MODES, RequestRow, StepRecord
 
 probability = st.floats(0.0, 1.0, allow_nan=False)
 

@@ -8,10 +8,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.aggregate import N_BINS, Aggregate, bin_index
-from collectors.batch import prepare
-from collectors.synth import synthetic_wire
-from collectors.wire import from_records, from_wire
+from sparkgate.collectors.aggregate import N_BINS, Aggregate, bin_index
+from sparkgate.collectors.batch import prepare
+from sparkgate.collectors.synth import synthetic_wire
+from sparkgate.collectors.wire import from_records, from_wire
 from tests.collectors.strategies import step_records
 
 

@@ -5,8 +5,8 @@ import json
 
 from click.testing import CliRunner
 
-from collectors.store import Store
-from controller.cli import main
+from sparkgate.collectors.store import Store
+from sparkgate.cli import main
 from tests.collectors.loopback import scripted_server
 from tests.collectors.strategies import compact_row, step
 from tests.collectors.test_pollers import R1, R2, server_info

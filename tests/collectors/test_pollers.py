@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from collectors.ingest import Ingestor
-from collectors.sglang import EPOCH_SHIFT, SGLangPoller
-from collectors.vllm import VLLMScraper, parse_counters, survival_curve
+from sparkgate.collectors.ingest import Ingestor
+from sparkgate.collectors.sglang import EPOCH_SHIFT, SGLangPoller
+from sparkgate.collectors.vllm import VLLMScraper, parse_counters, survival_curve
 from tests.collectors.loopback import scripted_server
 
 GAMMA = 4

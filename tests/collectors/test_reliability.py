@@ -13,9 +13,9 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collectors.store import Store
-from collectors.synth import synthetic_wire
-from collectors.wire import from_ndjson
+from sparkgate.collectors.store import Store
+from sparkgate.collectors.synth import synthetic_wire
+from sparkgate.collectors.wire import from_ndjson
 from tests.collectors.strategies import step_records
 
 JUNK = st.one_of(st.none(), st.text(max_size=5), st.integers(-10**20, 10**20), st.floats(allow_nan=True),
@@ -67,9 +67,9 @@ def test_malformed_events_are_quarantined_and_never_half_written(store, lines):
 
 WRITER = """
 import sys, time
-from collectors.ingest import Ingestor
-from collectors.ingest_api import ingest_app, serve_in_thread
-from collectors.store import Store
+from sparkgate.collectors.ingest import Ingestor
+from sparkgate.collectors.ingest_api import ingest_app, serve_in_thread
+from sparkgate.collectors.store import Store
 with serve_in_thread(ingest_app(Ingestor(Store(sys.argv[1])))) as url:
     print(url, flush=True)
     while True:

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.aggregate import Aggregate
-from collectors.labels import explode
-from collectors.migrations import MIGRATIONS
-from collectors.store import IntervalOverlap, Store, open_snapshot, stage
-from collectors.synth import synthetic_wire
-from collectors.wire import flatten, from_dicts, from_records
+from sparkgate.collectors.aggregate import Aggregate
+from sparkgate.collectors.labels import explode
+from sparkgate.collectors.migrations import MIGRATIONS
+from sparkgate.collectors.store import IntervalOverlap, Store, open_snapshot, stage
+from sparkgate.collectors.synth import synthetic_wire
+from sparkgate.collectors.wire import flatten, from_dicts, from_records
 from tests.collectors.strategies import compact_row, step
 
 

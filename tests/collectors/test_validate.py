@@ -7,8 +7,8 @@ import math
 import pytest
 from hypothesis import given, settings
 
-from collectors.schema import RequestRow, StepRecord
-from collectors.validate import validate
+from sparkgate.collectors.schema import RequestRow, StepRecord
+from sparkgate.collectors.validate import validate
 from tests.collectors.strategies import compact_row, step, step_records
 
 

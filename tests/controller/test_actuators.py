@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from controller.actuators import FORCE_KEY, ActuatorError, SGLangActuator, budget_fractions
-from controller.promql import PromQLError, query
+from sparkgate.controller.actuators import FORCE_KEY, ActuatorError, SGLangActuator, budget_fractions
+from sparkgate.controller.promql import PromQLError, query
+from sparkgate.policies.payload import PolicyPayload
 from tests.collectors.loopback import QuietHandler, serving
 
 
@@ -37,7 +38,8 @@ def sglang_ok(path, body):
 
 
 def payload(phase, fraction, fallback_window=7, gamma=7):
-    return {"phase": phase, "compact_fraction": fraction, "fallback_window": fallback_window, "gamma": gamma}
+    return PolicyPayload(revision=1, phase=phase, compact_fraction=fraction, observe_fraction=0.05,
+                         fallback_window=fallback_window, gamma=gamma, cost_table_version=None, sts_version=None)
 
 
 def test_compact_fraction_is_spread_over_servers_in_a_stable_order():

@@ -6,12 +6,12 @@ import pytest
 from sklearn.calibration import calibration_curve
 from sklearn.metrics import roc_auc_score
 
-from collectors.aggregate import Aggregate
-from collectors.labels import explode
-from collectors.schema import MODES
-from collectors.synth import synthetic_wire
-from collectors.wire import flatten
-from controller.calibration import REQUEST_GROUPS, KindStats, bootstrap_ece, fine_bin
+from sparkgate.collectors.aggregate import Aggregate
+from sparkgate.collectors.labels import explode
+from sparkgate.collectors.schema import MODES
+from sparkgate.collectors.synth import synthetic_wire
+from sparkgate.collectors.wire import flatten
+from sparkgate.controller.calibration import REQUEST_GROUPS, KindStats, bootstrap_ece, fine_bin
 
 STATIC = MODES.index("static")
 

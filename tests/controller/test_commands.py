@@ -7,18 +7,18 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from collectors.ingest import Ingestor
-from collectors.ingest_api import serve_in_thread
-from collectors.metrics import Metrics
-from collectors.store import Store
-from controller.cli import main
-from controller.demo_fleet import Fleet, free_port
-from controller.service import create_app
-from controller.supervisor import Controller
-from policies.rollout import DEFAULT_PATH, load_rollout_policy
+from sparkgate.collectors.ingest import Ingestor
+from sparkgate.collectors.ingest_api import serve_in_thread
+from sparkgate.collectors.metrics import Metrics
+from sparkgate.collectors.store import Store
+from sparkgate.cli import main
+from sparkgate.demo.fleet import Fleet, free_port
+from sparkgate.controller.service import create_app
+from sparkgate.controller.supervisor import Controller
+from sparkgate.policies.rollout import DEFAULT_PATH, load_rollout_policy
 from tests.collectors.otlp_receiver import attributes, otlp_receiver
 from tests.collectors.strategies import compact_row, step
-from tests.controller.conftest import T0, ingest_synthetic
+from tests.conftest import T0, ingest_synthetic
 
 TOKEN = "cli-token"
 

@@ -6,12 +6,12 @@ import functools
 import numpy as np
 import pytest
 
-from collectors.aggregate import Aggregate
-from collectors.labels import explode
-from collectors.synth import synthetic_wire
-from collectors.wire import flatten
-from controller.bench import run
-from controller.fleet import fleet_report, merge_aggregates
+from sparkgate.collectors.aggregate import Aggregate
+from sparkgate.collectors.labels import explode
+from sparkgate.collectors.synth import synthetic_wire
+from sparkgate.collectors.wire import flatten
+from sparkgate.controller.bench import run
+from sparkgate.controller.fleet import fleet_report, merge_aggregates
 
 
 def aggregate(seed: int, gamma: int) -> Aggregate:

@@ -7,13 +7,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from collectors.aggregate import Aggregate
-from collectors.labels import explode
-from collectors.synth import synthetic_wire
-from collectors.wire import flatten, from_dicts
-from controller.metrics import evaluate
-from controller.queries import Slice, Window, slice_values
-from tests.controller.conftest import T0, ingest_synthetic, with_columns
+from sparkgate.collectors.aggregate import Aggregate
+from sparkgate.collectors.labels import explode
+from sparkgate.collectors.synth import synthetic_wire
+from sparkgate.collectors.wire import flatten, from_dicts
+from sparkgate.controller.metrics import evaluate
+from sparkgate.controller.queries import Slice, Window, slice_values
+from tests.conftest import T0, ingest_synthetic, with_columns
 
 
 def test_store_metrics_equal_the_collectors_aggregate_of_the_same_records(store):

@@ -6,13 +6,13 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 
-from collectors.ingest import Ingestor
-from collectors.ingest_api import serve_in_thread
-from collectors.metrics import Metrics
-from collectors.store import Store
-from controller.service import create_app
-from controller.supervisor import Controller
-from policies.rollout import load_rollout_policy
+from sparkgate.collectors.ingest import Ingestor
+from sparkgate.collectors.ingest_api import serve_in_thread
+from sparkgate.collectors.metrics import Metrics
+from sparkgate.collectors.store import Store
+from sparkgate.controller.service import create_app
+from sparkgate.controller.supervisor import Controller
+from sparkgate.policies.rollout import load_rollout_policy
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ histograms) with a value Prometheus computed.
 """
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import time
 
@@ -16,9 +15,10 @@ import httpx
 import pytest
 import yaml
 
-from controller.demo import demo_policy
-from controller.demo_fleet import Fleet, answers, free_port
-from policies.rollout import PHASES, Gate
+from sparkgate.demo.command import demo_policy
+from sparkgate.demo.fleet import Fleet, answers, free_port
+from sparkgate.policies.rollout import Gate
+from sparkgate.policies.vocabulary import LADDER
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus binary "
@@ -57,9 +57,9 @@ def _wait(what: str, fleet: Fleet, probe):
 
 def test_prometheus_scrapes_the_fleet_and_a_gate_reads_p99_through_promql(tmp_path):
     policy = demo_policy(None, quick=True)
-    gate = Gate("p99_step_seconds", 1.0, "at_most", name="p99_step_seconds", promql=P99_QUERY)
+    gate = Gate(metric="p99_step_seconds", threshold=1.0, direction="at_most", name="p99_step_seconds", promql=P99_QUERY)
     policy_file = tmp_path / "rollout.yaml"
-    policy_file.write_text(yaml.safe_dump(dataclasses.replace(policy, gates=policy.gates + (gate,)).to_dict()))
+    policy_file.write_text(yaml.safe_dump(policy.replace(gates=[*policy.to_dict()["gates"], gate.model_dump(mode="json")]).to_dict()))
     ports = {name: free_port() for name in ("controller", "prometheus", "replica-a", "replica-b")}
     config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "scrape_configs": [
         {"job_name": "controller", "static_configs": [{"targets": [f"127.0.0.1:{ports['controller']}"]}]},
@@ -89,7 +89,7 @@ def test_prometheus_scrapes_the_fleet_and_a_gate_reads_p99_through_promql(tmp_pa
     assert all(0 < float(r["value"][1]) <= 1 for r in acceptance)
     served = {(r["metric"]["job"], r["metric"]["instance"]): r["metric"]["phase"] for r in phases}
     assert {job for job, _ in served} == {"controller", "replicas"} and len(served) == 3
-    assert set(served.values()) <= set(PHASES) | {"fallback"}
+    assert set(served.values()) <= set(LADDER) | {"fallback"}
     assert len(p99) == 1 and 0 < float(p99[0]["value"][1]) <= 1.0
 
 

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from collectors.store import Store
-from controller import ledger
-from controller.gates import judge_all, judge_baseline
-from controller.metrics import Measurement
-from controller.rollout import (FALLBACK, PAUSED, TransitionError, apply, command, decide, fall_back, start,
+from sparkgate.collectors.store import Store
+from sparkgate.controller import ledger
+from sparkgate.controller.gates import judge_all, judge_baseline
+from sparkgate.controller.metrics import Measurement
+from sparkgate.controller.rollout import (FALLBACK, PAUSED, TransitionError, apply, command, decide, fall_back, start,
                                 stage_of)
-from policies.rollout import parse_rollout_policy
+from sparkgate.policies.rollout import parse_rollout_policy
 
 POLICY = parse_rollout_policy({"canary_steps": [0.05, 0.5], "consecutive_passes": 2, "failure_limit": 1,
                                "evaluation_interval_s": 60, "progress_deadline_s": 300})

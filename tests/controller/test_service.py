@@ -6,32 +6,24 @@ import json
 import httpx
 import pytest
 
-from collectors.aggregate import Aggregate
-from collectors.ingest import Ingestor
-from collectors.labels import explode
-from collectors.store import Store
-from collectors.wire import flatten
-from collectors.ingest_api import serve_in_thread
-from collectors.metrics import Metrics
-from collectors.synth import synthetic_wire
-import controller.service as service_module
-from controller.service import check_bind, create_app
-from controller.supervisor import Controller
-from policies.rollout import parse_rollout_policy
-from tests.controller.conftest import T0, with_columns
+from sparkgate.collectors.aggregate import Aggregate
+from sparkgate.collectors.ingest import Ingestor
+from sparkgate.collectors.labels import explode
+from sparkgate.collectors.store import Store
+from sparkgate.collectors.wire import flatten
+from sparkgate.collectors.ingest_api import serve_in_thread
+from sparkgate.collectors.metrics import Metrics
+from sparkgate.collectors.synth import synthetic_wire
+import sparkgate.controller.service as service_module
+from sparkgate.controller.service import check_bind, create_app
+from sparkgate.controller.supervisor import Controller
+from sparkgate.policies.rollout import parse_rollout_policy
+from tests.conftest import Clock, T0, with_columns
 
 TOKEN = "s3cret-token"
 POLICY = parse_rollout_policy({"gates": [
     {"metric": "survival_ece", "threshold": 0.5, "direction": "at_most"},
     {"metric": "consistency_mismatches", "threshold": 0, "direction": "at_most", "critical": True}]})
-
-
-class Clock:
-    def __init__(self, now: float):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -82,7 +74,7 @@ def test_operator_routes_need_the_bearer_token(service):
     promoted = http.post(**operator("promote"))
     assert promoted.status_code == 200 and promoted.json()["phase_to"] == "shadow"
     assert promoted.json()["operator"] == "alice"
-    assert pushed[-1]["phase"] == "shadow" and pushed[-1]["revision"] == 2
+    assert pushed[-1].phase == "shadow" and pushed[-1].revision == 2
     conflict = http.post(**operator("resume"))
     assert conflict.status_code == 409 and "only from fallback or paused" in conflict.json()["detail"]
     assert http.post(**operator("jump")).status_code == 422
@@ -106,7 +98,7 @@ def test_a_consistency_mismatch_rolls_back_at_the_next_evaluation(service):
     clock.now += 60
     decision = controller.tick()
     assert (decision.action, decision.outcome, decision.phase_to) == ("rollback", "critical", "fallback")
-    assert pushed[-1]["phase"] == "fallback"
+    assert pushed[-1].phase == "fallback"
     metrics = http.get("/metrics").text
     assert 'sparkgate_rollout_phase{phase="fallback"} 1.0' in metrics
     assert 'sparkgate_gate_verdict{gate="consistency_mismatches"} 0.0' in metrics

@@ -5,12 +5,12 @@ import threading
 
 import pytest
 
-from collectors.store import Store
-from controller import ledger
-from controller.commands import evaluate_forever
-from controller.supervisor import Controller
-from policies.rollout import parse_rollout_policy
-from tests.controller.conftest import T0, ingest_synthetic
+from sparkgate.collectors.store import Store
+from sparkgate.controller import ledger
+from sparkgate.controller.commands import evaluate_forever
+from sparkgate.controller.supervisor import Controller
+from sparkgate.policies.rollout import parse_rollout_policy
+from tests.conftest import T0, ingest_synthetic
 
 POLICY = parse_rollout_policy({"canary_steps": [0.1, 0.5], "stale_after_s": 120, "gates": [
     {"metric": "survival_ece", "threshold": 0.5, "direction": "at_most", "min_samples": 10},
@@ -29,7 +29,7 @@ def test_a_restarted_controller_serves_the_same_policy(tmp_path):
         for _ in range(3):
             first.act("promote", "ops")
         payload, state = first.policy_payload(), first.state
-    assert (payload["phase"], payload["compact_fraction"], payload["revision"]) == ("canary", 0.5, 4)
+    assert (payload.phase, payload.compact_fraction, payload.revision) == ("canary", 0.5, 4)
     with Store(path) as store:
         second = controller(store, now=T0 + 600)
         assert second.policy_payload() == payload and second.state == state
@@ -71,10 +71,10 @@ def test_a_failing_actuator_does_not_stop_the_controller(store):
     calls = []
 
     def broken(payload):
-        calls.append(payload["revision"])
+        calls.append(payload.revision)
         raise RuntimeError("fleet unreachable")
 
-    ctl = controller(store, actuators=[broken, lambda payload: calls.append(("ok", payload["phase"]))])
+    ctl = controller(store, actuators=[broken, lambda payload: calls.append(("ok", payload.phase))])
     decision = ctl.act("abort", "ops")
     assert decision.phase_to == "fallback" and calls == [2, ("ok", "fallback")]
     assert ledger.load_state(store, POLICY).phase == "fallback"

@@ -13,10 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from collectors.store import Store
-from controller import ledger
-from controller.demo_fleet import free_port
-from dashboards.cli import streamlit_command
+from sparkgate.collectors.store import Store
+from sparkgate.controller import ledger
+from sparkgate.demo.fleet import free_port
+from sparkgate.dashboards.cli import streamlit_command
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(os.environ.get("SPARKGATE_TEST_ARTIFACTS",

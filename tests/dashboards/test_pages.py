@@ -14,16 +14,17 @@ import pyarrow as pa
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from collectors.aggregate import Aggregate
-from collectors.labels import explode
-from collectors.store import Store
-from collectors.wire import flatten
-from controller import ledger
-from controller.metrics import evaluate
-from controller.queries import Window
-from dashboards import series
-from dashboards.source import open_snapshot_reader
-from tests.dashboards.conftest import APP, MISSES, SHADOW_STEPS
+from sparkgate.collectors.aggregate import Aggregate
+from sparkgate.collectors.labels import explode
+from sparkgate.collectors.store import Store
+from sparkgate.collectors.wire import flatten
+from sparkgate.controller import ledger
+from sparkgate.controller.metrics import evaluate
+from sparkgate.controller.queries import Window
+from sparkgate.dashboards import series
+from sparkgate.dashboards.source import open_snapshot_reader
+from tests.conftest import APP
+from tests.dashboards.known_store import MISSES, SHADOW_STEPS
 
 
 def run_app(monkeypatch, *args: str, page: str | None = None, window: str | None = None) -> AppTest:
@@ -214,11 +215,11 @@ def test_no_data_yet_says_what_to_run(monkeypatch, tmp_path):
 
 
 def test_controller_api_source(monkeypatch, fixture_store, tmp_path):
-    from collectors.ingest import Ingestor
-    from collectors.ingest_api import serve_in_thread
-    from controller.service import create_app
-    from controller.supervisor import Controller
-    from policies.rollout import load_rollout_policy
+    from sparkgate.collectors.ingest import Ingestor
+    from sparkgate.collectors.ingest_api import serve_in_thread
+    from sparkgate.controller.service import create_app
+    from sparkgate.controller.supervisor import Controller
+    from sparkgate.policies.rollout import load_rollout_policy
 
     shutil.copy(fixture_store.db, tmp_path / "events.duckdb")
     with Store(tmp_path / "events.duckdb") as store:
@@ -240,7 +241,7 @@ def test_controller_api_source(monkeypatch, fixture_store, tmp_path):
 def test_dashboard_command_runs_streamlit_headless_on_loopback(monkeypatch, fixture_store):
     from click.testing import CliRunner
 
-    from controller.cli import main
+    from sparkgate.cli import main
 
     started = []
     monkeypatch.setattr("os.execv", lambda path, argv: started.append(argv))

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from policies.calibration import (
+from sparkgate.policies.calibration import (
     STS,
     STSFormatError,
     auroc,

@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 
-from policies.cost_model import (
+from sparkgate.policies.cost_model import (
     AdditiveCostTable,
     CostMeta,
     CostTableError,

@@ -4,7 +4,7 @@ from importlib import resources
 import pytest
 import yaml
 
-from policies.rollout import (
+from sparkgate.policies.rollout import (
     DEFAULT_GATES,
     Gate,
     RolloutPolicy,
@@ -16,7 +16,7 @@ from policies.rollout import (
 
 
 def test_packaged_default_file_equals_the_code_defaults():
-    shipped = resources.files("policies").joinpath("default_rollout.yaml")
+    shipped = resources.files("sparkgate.policies").joinpath("default_rollout.yaml")
     assert shipped.is_file()
     assert load_rollout_policy() == RolloutPolicy()
     assert load_rollout_policy(str(shipped)) == RolloutPolicy()
@@ -62,8 +62,8 @@ def test_stages_walk_the_ladder():
 
 
 def test_gates_pass_on_the_right_side_and_filter_by_phase():
-    at_most = Gate("tier_miss_rate", 0.02, "at_most")
-    at_least = Gate("upper_bound_utilization", 0.85, "at_least", phases=("canary",))
+    at_most = Gate(metric="tier_miss_rate", threshold=0.02, direction="at_most")
+    at_least = Gate(metric="upper_bound_utilization", threshold=0.85, direction="at_least", phases=("canary",))
     assert at_most.passes(0.02) and not at_most.passes(0.03)
     assert at_least.passes(0.9) and not at_least.passes(0.8)
     policy = RolloutPolicy(gates=(at_most, at_least))

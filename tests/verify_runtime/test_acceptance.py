@@ -5,13 +5,13 @@ from hypothesis import given, settings, strategies as st
 import torch
 from scipy.stats import chi2
 
-from policies.window import FixedWindow
-from verify_runtime.acceptance import accept_all
-from verify_runtime.drafters import ModelDrafter
-from verify_runtime.engine import Engine, EngineConfig, Request
-from verify_runtime.model import forward_full
+from sparkgate.policies.window import FixedWindow
+from sparkgate.verify_runtime.acceptance import accept_all
+from sparkgate.verify_runtime.drafters import ModelDrafter
+from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
+from sparkgate.verify_runtime.model import forward_full
 
-from .conftest import tiny_model
+from tests.conftest import tiny_model
 
 VOCAB, PROMPT, N = 8, [1, 5, 2], 3000
 
@@ -82,7 +82,7 @@ def test_drafter_distribution_differs_from_target(pair):
 
 
 def test_greedy_acceptance_rule():
-    from verify_runtime.acceptance import AcceptInput, accept
+    from sparkgate.verify_runtime.acceptance import AcceptInput, accept
     p = torch.zeros(1, 4, 5)
     for row, tok in enumerate([2, 3, 1, 4]):
         p[0, row, tok] = 1.0
@@ -102,7 +102,7 @@ def test_greedy_acceptance_rule():
 @given(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 6), gamma=st.integers(1, 5))
 def test_greedy_batches_skip_the_sampler_and_commit_the_same(seed, batch, gamma):
     """Without uniforms (an all-greedy batch) acceptance equals the full rule given any uniforms."""
-    from verify_runtime.acceptance import AcceptInput, accept
+    from sparkgate.verify_runtime.acceptance import AcceptInput, accept
     g = torch.Generator().manual_seed(seed)
     p = torch.softmax(torch.randn(batch, gamma + 1, VOCAB, generator=g) * 3, -1)
     q = torch.softmax(torch.randn(batch, gamma, VOCAB, generator=g) * 3, -1)
@@ -120,7 +120,7 @@ def test_greedy_batches_skip_the_sampler_and_commit_the_same(seed, batch, gamma)
 
 
 def test_greedy_drafts_skip_the_sampler_and_pick_the_same():
-    from verify_runtime.drafters import DraftContext, pick
+    from sparkgate.verify_runtime.drafters import DraftContext, pick
     probs = torch.softmax(torch.randn(4, VOCAB), -1)
     ctx = DraftContext([[1]] * 4, torch.arange(4), torch.arange(4), torch.zeros(4), 3)
     assert torch.equal(pick(probs, ctx, 1), probs.argmax(-1))

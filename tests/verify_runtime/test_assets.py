@@ -2,11 +2,11 @@
 import pytest
 import torch
 
-from verify_runtime.drafters import DraftContext
-from verify_runtime.engine import Engine, EngineConfig, Request
-from verify_runtime.model import model_version
-from verify_runtime.reference import greedy_decode
-from verify_runtime.shipped import ASSETS, FILES, load_shipped, read_manifest
+from sparkgate.verify_runtime.drafters import DraftContext
+from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
+from sparkgate.verify_runtime.model import model_version
+from tests.verify_runtime.reference import greedy_decode
+from sparkgate.verify_runtime.shipped import ASSETS, FILES, load_shipped, read_manifest
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +65,9 @@ def test_parallel_ablation_is_shipped_too():
 
 
 def test_shipped_cost_tables_were_measured_for_the_shipped_models():
-    from policies.cost_model import load_cost_table
-    from verify_runtime.defaults import SHIPPED_COST_TABLES, default_drafter
-    from verify_runtime.profiler import step_version
+    from sparkgate.policies.cost_model import load_cost_table
+    from sparkgate.verify_runtime.defaults import SHIPPED_COST_TABLES, default_drafter
+    from sparkgate.verify_runtime.profiler import step_version
 
     target = load_shipped("drafter").target
     shipped = step_version(target, default_drafter(target))

@@ -1,11 +1,11 @@
 import pytest
 import torch
 
-from verify_runtime.block_drafter import BlockDrafter, DrafterArgs, DSparkNet, draft_stats, load_drafter
-from verify_runtime.drafters import DraftContext
-from verify_runtime.engine import Engine, EngineConfig, Request
-from verify_runtime.model import forward_full, model_version, save_checkpoint
-from verify_runtime.reference import greedy_decode
+from sparkgate.verify_runtime.block_drafter import BlockDrafter, DrafterArgs, DSparkNet, draft_stats, load_drafter
+from sparkgate.verify_runtime.drafters import DraftContext
+from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
+from sparkgate.verify_runtime.model import forward_full, model_version, save_checkpoint
+from tests.verify_runtime.reference import greedy_decode
 
 
 
@@ -105,7 +105,7 @@ def test_confidence_reads_the_distribution_each_depth_was_drafted_from():
 
 @pytest.mark.parametrize("mode", ["static", "compact"])
 def test_engine_with_block_drafter_reproduces_target_greedy(target, mode):
-    from .conftest import SurvivalWindows
+    from tests.conftest import SurvivalWindows
 
     engine = Engine(target, BlockDrafter(tiny_net()), EngineConfig(gamma=5, max_batch=3), policy=SurvivalWindows())
     prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9, 10, 11, 12, 13]]

@@ -2,7 +2,7 @@ import json
 
 from click.testing import CliRunner
 
-from controller.cli import main
+from sparkgate.cli import main
 
 
 def test_help_lists_the_runtime_commands():

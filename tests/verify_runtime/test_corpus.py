@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from verify_runtime.corpus import DOMAINS, SPLITS, Corpus, Document, split_of, stdlib_corpus
-from verify_runtime.model import BOS
+from sparkgate.verify_runtime.corpus import DOMAINS, SPLITS, Corpus, Document, split_of, stdlib_corpus
+from sparkgate.verify_runtime.model import BOS
 
 
 @pytest.fixture(scope="module")

@@ -2,14 +2,14 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from policies.window import FixedWindow
-from verify_runtime.drafters import ModelDrafter, NGramDrafter
-from verify_runtime.engine import Engine, EngineConfig, Request
-from verify_runtime.model import EOS, forward_full
-from verify_runtime.reference import greedy_decode
-from verify_runtime.verify import TargetRunner
+from sparkgate.policies.window import FixedWindow
+from sparkgate.verify_runtime.drafters import ModelDrafter, NGramDrafter
+from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
+from sparkgate.verify_runtime.model import EOS, forward_full
+from tests.verify_runtime.reference import greedy_decode
+from sparkgate.verify_runtime.verify import TargetRunner
 
-from .conftest import SurvivalWindows, tiny_model
+from tests.conftest import SurvivalWindows, tiny_model
 
 MODES = ["static", "shadow", "compact", "cap_accept"]
 
@@ -53,7 +53,7 @@ def test_prefill_threads_apply_while_prefilling_only(target, drafter, monkeypatc
         seen.append(torch.get_num_threads())
         return real_prefill(runner, *args, **kw)
 
-    monkeypatch.setattr("verify_runtime.verify.TargetRunner.prefill", prefill)
+    monkeypatch.setattr("sparkgate.verify_runtime.verify.TargetRunner.prefill", prefill)
     before = torch.get_num_threads()
     wanted = before + 1
     engine = Engine(target, drafter, EngineConfig(gamma=3, max_batch=2, prefill_threads=wanted))
@@ -168,7 +168,7 @@ def test_records_carry_the_labels_of_each_mode(target, drafter):
 
 
 def test_tier_misses_are_recorded(target, drafter):
-    from verify_runtime.tiers import TierGrid
+    from sparkgate.verify_runtime.tiers import TierGrid
     records = []
     engine = Engine(target, drafter, EngineConfig(gamma=4, max_batch=4), tiers=TierGrid((8,)), sink=records.append)
     for i in range(4):

@@ -4,13 +4,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from policies.calibration import STS
-from verify_runtime.block_drafter import BlockDrafter, DrafterArgs, DSparkNet
-from verify_runtime.calibrate_cli import calibrate, read_labels
-from verify_runtime.corpus import stdlib_corpus
-from verify_runtime.drafters import NGramDrafter
-from verify_runtime.evaluation import Blocks, EvalConfig, acceptance, evaluate
-from verify_runtime.model import BYTE_VOCAB, ModelArgs, Transformer
+from sparkgate.policies.calibration import STS
+from sparkgate.verify_runtime.block_drafter import BlockDrafter, DrafterArgs, DSparkNet
+from sparkgate.verify_runtime.calibrate_cli import calibrate, read_labels
+from sparkgate.verify_runtime.corpus import stdlib_corpus
+from sparkgate.verify_runtime.drafters import NGramDrafter
+from sparkgate.verify_runtime.evaluation import Blocks, EvalConfig, acceptance, evaluate
+from sparkgate.verify_runtime.model import BYTE_VOCAB, ModelArgs, Transformer
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -2,19 +2,19 @@
 import pytest
 import torch
 
-from policies.calibration import STS
-from policies.cost_model import AdditiveCostTable
-from policies.window import CostAwareScheduler, FixedWindow, WindowDecision
-from verify_runtime.cuda_graphs import StaticLayouts
-from verify_runtime.drafters import ModelDrafter
-from verify_runtime.engine import Engine, EngineConfig, Request
-from verify_runtime.kv_cache import KVCache
-from verify_runtime.model import forward_packed
-from verify_runtime.packing import gather_rows
-from verify_runtime.reference import greedy_decode
-from verify_runtime.verify import TargetRunner
+from sparkgate.policies.calibration import STS
+from sparkgate.policies.cost_model import AdditiveCostTable
+from sparkgate.policies.window import CostAwareScheduler, FixedWindow, WindowDecision
+from sparkgate.verify_runtime.cuda_graphs import StaticLayouts
+from sparkgate.verify_runtime.drafters import ModelDrafter
+from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
+from sparkgate.verify_runtime.kv_cache import KVCache
+from sparkgate.verify_runtime.model import forward_packed
+from sparkgate.verify_runtime.packing import gather_rows
+from tests.verify_runtime.reference import greedy_decode
+from sparkgate.verify_runtime.verify import TargetRunner
 
-from .conftest import SurvivalWindows, tiny_model
+from tests.conftest import SurvivalWindows, tiny_model
 
 
 def test_static_shapes_compute_what_the_ragged_layout_does(target):

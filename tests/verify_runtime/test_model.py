@@ -1,11 +1,11 @@
 import pytest
 import torch
 
-from verify_runtime.kv_cache import KVCache
-from verify_runtime.model import ModelArgs, Transformer, forward_full, load_checkpoint, model_version, save_checkpoint
-from verify_runtime.verify import TargetRunner
+from sparkgate.verify_runtime.kv_cache import KVCache
+from sparkgate.verify_runtime.model import ModelArgs, Transformer, forward_full, load_checkpoint, model_version, save_checkpoint
+from sparkgate.verify_runtime.verify import TargetRunner
 
-from .conftest import tiny_model
+from tests.conftest import tiny_model
 
 
 @pytest.mark.parametrize("prompt_lens, windows", [

@@ -6,21 +6,22 @@ from collections import Counter
 import pytest
 import torch
 
-from collectors.ingest import Ingestor
-from collectors.ingest_api import serve_in_thread
-from collectors.metrics import Metrics
-from collectors.store import Store
-from controller.service import create_app
-from controller.supervisor import Controller
-from policies.rollout import parse_rollout_policy
-from policies.window import FixedWindow
-from verify_runtime.consistency import GreedyReplay, compare, state_check, unit_hash, wanted
-from verify_runtime.drafters import ModelDrafter
-from verify_runtime.engine import Engine, EngineConfig, Request
-from verify_runtime.reference import greedy_decode
-from verify_runtime.replica import ControllerClient, Replica, mode_for
+from sparkgate.collectors.ingest import Ingestor
+from sparkgate.collectors.ingest_api import serve_in_thread
+from sparkgate.collectors.metrics import Metrics
+from sparkgate.collectors.store import Store
+from sparkgate.controller.service import create_app
+from sparkgate.controller.supervisor import Controller
+from sparkgate.policies.payload import PolicyPayload
+from sparkgate.policies.rollout import parse_rollout_policy
+from sparkgate.policies.window import FixedWindow
+from sparkgate.verify_runtime.consistency import GreedyReplay, compare, state_check, unit_hash, wanted
+from sparkgate.verify_runtime.drafters import ModelDrafter
+from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
+from tests.verify_runtime.reference import greedy_decode
+from sparkgate.verify_runtime.replica import ControllerClient, Replica, mode_for
 
-from .conftest import tiny_model
+from tests.conftest import tiny_model
 
 GAMMA = 4
 POLICY = parse_rollout_policy({"gamma": GAMMA, "canary_steps": [0.5], "observe_fraction": 0.2, "gates": [
@@ -37,8 +38,8 @@ def one_thread():
 
 
 def payload(phase, fraction=0.0, observe=0.2, fallback_window=GAMMA):
-    return {"revision": 1, "phase": phase, "compact_fraction": fraction, "observe_fraction": observe,
-            "fallback_window": fallback_window, "gamma": GAMMA}
+    return PolicyPayload(revision=1, phase=phase, compact_fraction=fraction, observe_fraction=observe,
+                         fallback_window=fallback_window, gamma=GAMMA, cost_table_version=None, sts_version=None)
 
 
 def test_mode_follows_a_stable_hash_against_the_fractions():

@@ -8,16 +8,16 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from controller.cli import main
-from policies.cost_model import StepsPerSecondTable
-from policies.window import CostAwareScheduler, WindowDecision
-from verify_runtime.engine import Engine, EngineConfig, Request
-from verify_runtime.drafters import ModelDrafter, NGramDrafter
-from verify_runtime.model import model_version
-from verify_runtime.profiler import ForcedWindows, even_windows, profile_model, step_version
-from verify_runtime.reference import greedy_decode
+from sparkgate.cli import main
+from sparkgate.policies.cost_model import StepsPerSecondTable
+from sparkgate.policies.window import CostAwareScheduler, WindowDecision
+from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
+from sparkgate.verify_runtime.drafters import ModelDrafter, NGramDrafter
+from sparkgate.verify_runtime.model import model_version
+from sparkgate.verify_runtime.profiler import ForcedWindows, even_windows, profile_model, step_version
+from tests.verify_runtime.reference import greedy_decode
 
-from .conftest import tiny_model
+from tests.conftest import tiny_model
 
 
 def flat_table(max_tokens=4096):
@@ -148,7 +148,7 @@ def test_bench_e2e_runs_and_reports_ratios(tmp_path, monkeypatch):
 
 
 def test_foresight_wall_ratio_dilutes_the_decode_gain_by_what_no_policy_changes():
-    from verify_runtime.bench_e2e import foresight_wall_ratio
+    from sparkgate.verify_runtime.bench_e2e import foresight_wall_ratio
     assert foresight_wall_ratio(1.3, 1.0) == pytest.approx(1.3)  # all decode: the decode gain
     assert foresight_wall_ratio(1.3, 0.0) == pytest.approx(1.0)  # no decode: nothing to gain
     # 80% decode at 1.25x: 0.2 + 0.8 / 1.25 = 0.84 of static's time.
@@ -157,9 +157,9 @@ def test_foresight_wall_ratio_dilutes_the_decode_gain_by_what_no_policy_changes(
 
 def test_replay_prices_windows_on_static_steps_by_hand():
     """Two requests with a* = 3 and 0 at γ = 4, priced 1 ms per step plus 1 ms per row."""
-    from policies.cost_model import AdditiveCostTable
+    from sparkgate.policies.cost_model import AdditiveCostTable
     from tests.collectors.strategies import compact_row, step
-    from verify_runtime.bench_e2e import foresight_decode_ratio, replay_decode_ratio
+    from sparkgate.verify_runtime.bench_e2e import foresight_decode_ratio, replay_decode_ratio
     table = AdditiveCostTable(bias_seconds=0.001, bs_probes=(1, 8), alpha_seconds=(0.0, 0.0),
                               m_probes=(1, 64), theta_seconds=(0.001, 0.064))
     rows = [dataclasses.replace(compact_row(4, 4, a, f"r{a}"), mode="static", full_accept=a) for a in (3, 0)]

@@ -1,6 +1,6 @@
 import pytest
 
-from verify_runtime.tiers import TierGrid, parse_tiers
+from sparkgate.verify_runtime.tiers import TierGrid, parse_tiers
 
 
 def test_round_up_to_smallest_tier():

@@ -1,11 +1,10 @@
 """``sparkgate bench scheduler``: what choosing windows costs per step.
 
-Times every window policy side by side on the same survivals and, when the
-runtime can time a static verify of the same shape, reports
+Times every window policy side by side on the same survivals, and a static
+verify of the same shape with the runtime, and reports
 ``schedule_fraction = cost-aware scheduler ms / static verify ms`` (target
-<= 0.03 on CPU). The verify timing is the one place policies reach into the
-runtime; it is imported lazily, inside the command, so the package import
-direction of DESIGN §1 holds for everything else.
+<= 0.03 on CPU). It sits beside the runtime because it needs the runtime's
+verify timing; the policies it times import nothing of the runtime.
 """
 from __future__ import annotations
 
@@ -17,8 +16,10 @@ from pathlib import Path
 import click
 import torch
 
-from policies.cost_model import AdditiveCostTable, CostTable, load_cost_table
-from policies.window import ConfidenceThreshold, CostAwareScheduler, FixedWindow, WindowContext, WindowPolicy
+from sparkgate.policies.cost_model import AdditiveCostTable, CostTable, load_cost_table
+from sparkgate.policies.window import ConfidenceThreshold, CostAwareScheduler, FixedWindow, WindowContext, WindowPolicy
+
+from .bench import time_static_verify
 
 TARGET_FRACTION = 0.03
 DISTINCT_INPUTS = 16  # cycled so no policy benefits from seeing one matrix over and over
@@ -60,20 +61,6 @@ def time_policy(policy: WindowPolicy, inputs: list[torch.Tensor], ctxs: list[Win
             "mean_window": float(torch.stack(windows).float().mean())}
 
 
-def static_verify_ms(batch: int, gamma: int, device: str) -> tuple[float | None, str | None]:
-    """The runtime's static verify time for this shape, or None and why not.
-
-    Contract with the runtime: ``time_static_verify(batch, gamma, device=...) -> ms``.
-    """
-    try:
-        from verify_runtime.bench import time_static_verify
-    except ImportError as exc:
-        if exc.name not in ("verify_runtime", "verify_runtime.bench"):
-            raise  # a broken runtime must not pass for a missing one
-        return None, f"verify_runtime.bench.time_static_verify unavailable ({exc}); scheduler figures only"
-    return float(time_static_verify(batch, gamma, device=device)), None
-
-
 def run_benchmark(batch: int, gamma: int, steps: int, device: str, table: CostTable,
                   table_name: str) -> dict:
     inputs = synthetic_survivals(batch, gamma, DISTINCT_INPUTS, device)
@@ -87,14 +74,13 @@ def run_benchmark(batch: int, gamma: int, steps: int, device: str, table: CostTa
         "cost_aware": time_policy(cost_aware, inputs, ctxs, steps),
         "cost_aware_lag2": time_policy(CostAwareScheduler(table, lag=2), inputs, lagged_ctxs, steps),
     }
-    verify_ms, note = static_verify_ms(batch, gamma, device)
+    verify_ms = float(time_static_verify(batch, gamma, device=device))
     scheduler_ms = results["cost_aware"]["median_ms"]
     return {
         "benchmark": "scheduler", "batch": batch, "gamma": gamma, "steps": steps, "device": device,
         "threads": torch.get_num_threads(), "cost_table": table_name, "policies": results,
         "scheduler_ms": scheduler_ms, "verify_ms": verify_ms,
-        "schedule_fraction": None if verify_ms is None else scheduler_ms / verify_ms,
-        "target_fraction": TARGET_FRACTION, "note": note,
+        "schedule_fraction": scheduler_ms / verify_ms, "target_fraction": TARGET_FRACTION,
     }
 
 
@@ -121,8 +107,5 @@ def bench_scheduler(batch: int, gamma: int, steps: int, device: str, cost_table:
     for name, r in report["policies"].items():
         click.echo(f"  {name:16s} median {r['median_ms']:.4f} ms  p99 {r['p99_ms']:.4f} ms  "
                    f"mean window {r['mean_window']:.2f}")
-    if report["verify_ms"] is None:
-        click.echo(f"  verify_ms: null ({report['note']})")
-    else:
-        click.echo(f"  static verify {report['verify_ms']:.3f} ms -> schedule_fraction "
-                   f"{report['schedule_fraction']:.4f} (target <= {TARGET_FRACTION})")
+    click.echo(f"  static verify {report['verify_ms']:.3f} ms -> schedule_fraction "
+               f"{report['schedule_fraction']:.4f} (target <= {TARGET_FRACTION})")

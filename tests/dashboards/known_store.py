@@ -15,16 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pytest
+from sparkgate.collectors.store import Store
+from sparkgate.collectors.synth import synthetic_wire
+from sparkgate.collectors.wire import from_wire
+from sparkgate.controller.supervisor import Controller
+from sparkgate.policies.rollout import parse_rollout_policy
+from tests.conftest import T0, Clock
 
-from collectors.store import Store
-from collectors.synth import synthetic_wire
-from collectors.wire import from_wire
-from controller.supervisor import Controller
-from policies.rollout import parse_rollout_policy
-
-T0 = 1.75e9
-APP = Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
 POLICY = {
     "consecutive_passes": 1, "failure_limit": 0, "canary_steps": [0.25],
     "gates": [
@@ -34,14 +31,6 @@ POLICY = {
         {"metric": "consistency_mismatches", "threshold": 0, "direction": "at_most", "critical": True},
     ]}
 MISSES, SHADOW_STEPS = 10, 200
-
-
-class Clock:
-    def __init__(self, now: float):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _set_step(wire: pa.Table, name: str, values) -> pa.Table:
@@ -104,8 +93,3 @@ def build(root: Path) -> Fixture:
         assert decision.phase_to == "fallback", decision
         store.snapshot(root / "snapshots")
     return Fixture(root / "events.duckdb", root / "snapshots", policy_path, wires)
-
-
-@pytest.fixture(scope="session")
-def fixture_store(tmp_path_factory) -> Fixture:
-    return build(tmp_path_factory.mktemp("dashboards"))

@@ -1,7 +1,7 @@
 """``sparkgate demo``: a local fleet walks the whole rollout, takes a fault, and falls back by itself.
 
 The demo starts three replica processes running the real runtime on the
-default models (``controller.demo_member``) under a mixed workload whose
+default models (``sparkgate replica`` with an arrival process) under a mixed workload whose
 arrival rate swings over time, waits for them to warm up, then starts the
 controller service (``sparkgate serve``: policy and ingest API, gates, the
 DuckDB file). It watches the controller walk ``baseline -> shadow -> canary
@@ -17,7 +17,6 @@ or compact held with ``--fault none``), 1 otherwise; the summary says why.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import shutil
@@ -31,15 +30,16 @@ import click
 import httpx
 import yaml
 
-from collectors.store import Store
-from policies.rollout import RolloutPolicy, load_rollout_policy
+from sparkgate.collectors.store import Store
+from sparkgate.policies.rollout import RolloutPolicy, load_rollout_policy
 
-from .demo_fleet import Fleet, FleetError, answers, free_port
-from .demo_summary import describe_verdict, failing, gate_table, render, stage_label, summarize
-from .gates import Verdict, interval_outcome
-from .rollout import CHANGES_POLICY
+from sparkgate.controller.gates import Verdict, interval_outcome
+from sparkgate.controller.rollout import CHANGES_POLICY
 
-DEMO_POLICY = Path(__file__).resolve().parent.parent / "policies" / "demo_rollout.yaml"
+from .fleet import Fleet, FleetError, answers, free_port
+from .summary import describe_verdict, failing, gate_table, render, stage_label, summarize
+
+DEMO_POLICY = Path(__file__).with_name("demo_rollout.yaml")
 MARKER = ".sparkgate-demo"
 # (replica id, mean arrivals per second). replica-c takes the fault, and the most traffic,
 # as the busiest replica of a fleet tends to be the one whose drift matters.
@@ -66,7 +66,7 @@ def demo_policy(path: Path | None, quick: bool) -> RolloutPolicy:
     if path is not None:
         return load_rollout_policy(path)
     policy = load_rollout_policy(DEMO_POLICY)
-    return dataclasses.replace(policy, evaluation_interval_s=2.0, consecutive_passes=2) if quick else policy
+    return policy.replace(evaluation_interval_s=2.0, consecutive_passes=2) if quick else policy
 
 
 def prepare_out(out: Path) -> None:
@@ -205,7 +205,7 @@ def run_demo(out: Path, fault: str, quick: bool, policy_path: Path | None, drift
         # Replicas first: each loads the models and warms up, then opens /metrics and waits for the
         # controller, so the rollout's baseline starts with the whole fleet warm.
         for i, (replica_id, rate) in enumerate(REPLICAS):
-            fleet.replica(replica_id, url, gamma=policy.gamma, rate=rate, offset=i / len(REPLICAS),
+            fleet.replica(replica_id, url, gamma=policy.gamma, wait_s=60, rate=rate, offset=i / len(REPLICAS),
                           period_s=plan.period_s, seed=1000 * i, metrics_port=metrics_ports[replica_id],
                           out_dir=out, fault=fault if replica_id == FAULTY else None,
                           drift_temperature=drift_temperature)
@@ -243,7 +243,7 @@ def run_demo(out: Path, fault: str, quick: bool, policy_path: Path | None, drift
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("sparkgate-demo"),
               show_default=True, help="Directory for the DuckDB file, Parquet, logs (emptied first).")
 @click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=None, help="Rollout policy YAML [default: policies/demo_rollout.yaml].")
+              default=None, help="Rollout policy YAML [default: the demo's own demo_rollout.yaml].")
 @click.option("--drift-temperature", default=3.0, show_default=True, help="Temperature of the drift fault.")
 def demo(fault, quick, as_json, out, policy_path, drift_temperature):
     """Run a local fleet through the whole rollout, inject a fault, and show the automatic fallback."""

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collectors.store import Store
+from sparkgate.collectors.store import Store
 
-from . import ledger
-from .gates import FAIL
-from .metrics import evaluate
-from .queries import Window
-from .rollout import CHANGES_POLICY, FALLBACK, ROLLBACK, Decision
+from sparkgate.controller import ledger
+from sparkgate.controller.gates import FAIL
+from sparkgate.controller.metrics import evaluate
+from sparkgate.controller.queries import Window
+from sparkgate.controller.rollout import CHANGES_POLICY, FALLBACK, ROLLBACK, Decision
 
 # Bootstrap resamples per stage: the summary shows point figures; the gates had the intervals.
 SUMMARY_RESAMPLES = 20

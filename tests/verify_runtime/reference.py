@@ -1,10 +1,10 @@
 """Plain non-speculative decoding with the dense forward: the ground truth the
-speculative modes must reproduce token for token (DESIGN §3, invariant 1)."""
+speculative modes must reproduce token for token (docs/design.md §3, invariant 1)."""
 from __future__ import annotations
 
 import torch
 
-from .model import Transformer, forward_full
+from sparkgate.verify_runtime.model import Transformer, forward_full
 
 
 @torch.inference_mode()

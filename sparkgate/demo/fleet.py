@@ -91,7 +91,7 @@ class Fleet:
     def controller(self, db: Path, policy: Path, port: int, *, snapshot_dir: Path | None = None,
                    prometheus: str | None = None) -> str:
         """Start ``sparkgate serve`` and return its base URL once it answers."""
-        argv = [self.python, "-m", "controller", "serve", "--db", str(db), "--policy", str(policy),
+        argv = [self.python, "-m", "sparkgate", "serve", "--db", str(db), "--policy", str(policy),
                 "--host", "127.0.0.1", "--port", str(port)]
         if snapshot_dir is not None:
             argv += ["--snapshot-dir", str(snapshot_dir)]
@@ -103,8 +103,8 @@ class Fleet:
         return url
 
     def replica(self, replica_id: str, url: str, **options) -> Child:
-        """Start a replica process (``controller.demo_member``); ``options`` become its ``--flags``."""
-        argv = [self.python, "-m", "controller.demo_member", "--controller", url, "--replica-id", replica_id]
+        """Start ``sparkgate replica``; ``options`` become its ``--flags``."""
+        argv = [self.python, "-m", "sparkgate", "replica", "--controller", url, "--replica-id", replica_id]
         for key, value in options.items():
             if value is not None:
                 argv += [f"--{key.replace('_', '-')}", str(value)]

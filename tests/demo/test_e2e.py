@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from collectors.store import Store
+from sparkgate.collectors.store import Store
 
 LADDER = ["baseline", "shadow", "canary 5%", "canary 25%", "canary 50%", "compact"]
 
@@ -31,7 +31,7 @@ def _processes_mentioning(text: str) -> list[str]:
 
 
 def _demo(out: Path, *options: str) -> dict:
-    run = subprocess.run([sys.executable, "-m", "controller", "demo", "--quick", "--json", "--out", str(out),
+    run = subprocess.run([sys.executable, "-m", "sparkgate", "demo", "--quick", "--json", "--out", str(out),
                           *options], capture_output=True, text=True, timeout=540)
     assert run.returncode == 0, f"stdout:\n{run.stdout[-2000:]}\nstderr:\n{run.stderr[-4000:]}"
     return json.loads(run.stdout)

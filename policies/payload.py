@@ -1,0 +1,32 @@
+"""The policy payload a replica serves under: ``GET /v1/policy`` (docs/design.md §6).
+
+One typed model for the three parties that handle it: the supervisor builds it
+from the rollout state, the service returns it (and documents it in OpenAPI),
+and a replica validates what it fetched before it follows it, so a key renamed on
+one side fails loudly on the other instead of reading ``None``.
+"""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sparkgate.policies.vocabulary import Phase
+
+
+class PolicyPayload(BaseModel):
+    """What every replica of a fleet follows.
+
+    Invariants: ``revision`` grows by one exactly when anything a replica acts on
+    changes; ``0 <= compact_fraction, observe_fraction <= 1``;
+    ``0 <= fallback_window <= gamma``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    revision: int = Field(ge=0)
+    phase: Phase
+    compact_fraction: float = Field(ge=0.0, le=1.0)
+    observe_fraction: float = Field(ge=0.0, le=1.0)
+    fallback_window: int = Field(ge=0)
+    gamma: int = Field(ge=1)
+    cost_table_version: str | None
+    sts_version: str | None

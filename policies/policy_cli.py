@@ -1,0 +1,35 @@
+"""``sparkgate policy schema | check FILE``: the rollout policy file's JSON Schema, and a validator."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from sparkgate.policies.rollout import RolloutPolicyError, json_schema, problems, read_yaml
+
+
+@click.group()
+def policy() -> None:
+    """The rollout policy file: print its JSON Schema, or check a file."""
+
+
+@policy.command()
+def schema() -> None:
+    """Print the policy file's JSON Schema (point an editor's YAML support at it)."""
+    click.echo(json.dumps(json_schema(), indent=2))
+
+
+@policy.command()
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def check(path: Path) -> None:
+    """Validate a policy file: exit 0 when valid, else name every problem and exit 1."""
+    try:
+        found = problems(read_yaml(path))
+    except RolloutPolicyError as exc:
+        found = exc.problems
+    if found:
+        for line in found:
+            click.echo(f"{path}: {line}", err=True)
+        raise SystemExit(1)
+    click.echo(f"{path}: ok")

@@ -1,0 +1,83 @@
+"""The words every layer shares (docs/design.md §2, §3, §6), each defined once, as ``StrEnum``s.
+
+A member is its wire string (``Mode.CAP_ACCEPT == "cap_accept"``), so records,
+JSON, DuckDB columns and YAML keep the strings they always had; code compares
+and dispatches on the members.
+"""
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Mode(StrEnum):
+    """How one request is verified in one step (§3)."""
+
+    STATIC = "static"
+    SHADOW = "shadow"
+    COMPACT = "compact"
+    CAP_ACCEPT = "cap_accept"
+
+
+# Modes that verify the whole block, so every depth's label is observed (uncensored).
+FULL_BLOCK_MODES: tuple[Mode, ...] = (Mode.STATIC, Mode.SHADOW, Mode.CAP_ACCEPT)
+
+
+class Status(StrEnum):
+    """What one depth of one request's step says about ``y_k`` (§2)."""
+
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    NOT_AT_RISK = "not_at_risk"
+    CENSORED = "censored"
+
+
+class MissReason(StrEnum):
+    """Why a verify step ran eager instead of replaying a graph tier (§2)."""
+
+    OVER_MAX_TIER = "over_max_tier"
+    NOT_CAPTURED = "not_captured"
+    FORCED_EAGER = "forced_eager"
+
+
+class Phase(StrEnum):
+    """Rollout phases (§6): the ladder, then the two phases beside it."""
+
+    BASELINE = "baseline"
+    SHADOW = "shadow"
+    CANARY = "canary"
+    COMPACT = "compact"
+    ADAPTIVE = "adaptive"
+    FALLBACK = "fallback"
+    PAUSED = "paused"
+
+
+LADDER: tuple[Phase, ...] = (Phase.BASELINE, Phase.SHADOW, Phase.CANARY, Phase.COMPACT, Phase.ADAPTIVE)
+# Phases gates judge; baseline only measures the reference they compare with.
+SERVING_PHASES: tuple[Phase, ...] = LADDER[1:]
+
+
+class Action(StrEnum):
+    """What one rollout decision does (§6)."""
+
+    HOLD = "hold"
+    START = "start"
+    ADVANCE = "advance"
+    ROLLBACK = "rollback"
+    PROMOTE = "promote"
+    ABORT = "abort"
+    PAUSE = "pause"
+    RESUME = "resume"
+
+
+OPERATOR_ACTIONS: tuple[Action, ...] = (Action.PROMOTE, Action.ABORT, Action.PAUSE, Action.RESUME)
+# Every action but a hold serves a new policy revision.
+CHANGES_POLICY: frozenset[Action] = frozenset(Action) - {Action.HOLD}
+
+
+class Outcome(StrEnum):
+    """A gate's verdict, and the outcome of one evaluation interval (§6)."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    INCONCLUSIVE = "inconclusive"
+    CRITICAL = "critical"  # an interval outcome only: a critical gate failed

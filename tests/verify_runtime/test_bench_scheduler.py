@@ -1,0 +1,35 @@
+"""Smoke tests of `sparkgate bench scheduler` (no timing thresholds)."""
+import json
+
+from click.testing import CliRunner
+
+from sparkgate.cli import main
+from sparkgate.verify_runtime import bench_scheduler
+
+ARGS = ["--batch", "4", "--gamma", "3", "--steps", "3", "--json"]
+
+
+def test_bench_times_every_policy_against_a_real_static_verify():
+    result = CliRunner().invoke(bench_scheduler.bench_scheduler, ARGS)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert set(report["policies"]) == {"fixed", "threshold", "cost_aware", "cost_aware_lag2"}
+    assert report["scheduler_ms"] == report["policies"]["cost_aware"]["median_ms"] > 0
+    assert report["verify_ms"] > 0
+    assert report["schedule_fraction"] == report["scheduler_ms"] / report["verify_ms"]
+
+
+def test_bench_divides_by_the_runtime_verify_time(monkeypatch):
+    monkeypatch.setattr(bench_scheduler, "time_static_verify", lambda batch, gamma, device="cpu": 10.0)
+    result = CliRunner().invoke(main, ["bench", "scheduler", *ARGS])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["verify_ms"] == 10.0
+    assert report["schedule_fraction"] == report["scheduler_ms"] / 10.0
+
+
+def test_bench_text_output_and_bad_arguments(monkeypatch):
+    monkeypatch.setattr(bench_scheduler, "time_static_verify", lambda batch, gamma, device="cpu": 10.0)
+    result = CliRunner().invoke(bench_scheduler.bench_scheduler, ARGS[:-1])
+    assert result.exit_code == 0 and "schedule_fraction" in result.output
+    assert CliRunner().invoke(bench_scheduler.bench_scheduler, ["--batch", "0"]).exit_code != 0

@@ -1,0 +1,218 @@
+"""``sparkgate replica``: serve the mixed workload with the runtime, following a controller's policy.
+
+The serving loop is ``replica.Replica`` (it follows the policy, posts step
+records, runs the consistency checks). Around it this command supplies what a
+serving stack otherwise would, so it doubles as a load generator to point at
+any controller:
+
+- **Load.** Without ``--rate`` the replica serves ``--requests`` requests (0:
+  until stopped) as fast as its batch allows, a closed loop. With ``--rate``
+  requests arrive open-loop (``arrivals.Arrivals``) at a rate that swings with
+  ``--amplitude`` and ``--period-s``, replicas offset by ``--offset``.
+- **Faults**, armed by ``--fault`` and fired by SIGUSR1 (``faults``).
+- **``/metrics``** on 127.0.0.1 with ``--metrics-port``: the collectors' series
+  over the records this replica posted, the phase it serves, its arrival rate
+  and shed requests. It starts once the engine is warm, so it doubles as a
+  readiness signal.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import click
+import httpx
+from prometheus_client import Counter, Gauge, start_http_server
+
+from sparkgate.collectors.metrics import Metrics
+from sparkgate.collectors.schema import StepRecord
+from sparkgate.policies.payload import PolicyPayload
+from sparkgate.policies.window import CostAwareScheduler, FixedWindow, WindowPolicy
+
+from .arrivals import Arrivals, swing
+from .consistency import GreedyReplay
+from .engine import Engine, EngineConfig, Request
+from .faults import Fault, fire
+from .replica import ControllerClient, Replica, workload_requests
+from .tiers import measured_grid
+
+log = logging.getLogger("sparkgate.replica")
+WARMUP_REQUESTS = 8
+# Steps per Replica.serve call: between calls the loop fires faults and notices a stop.
+SEGMENT_STEPS = 25
+
+
+@dataclass
+class Flags:
+    """Set from signal handlers, read by the serving loop between segments."""
+
+    stop: bool = False
+    fault: bool = False
+
+
+class MeteredClient(ControllerClient):
+    """Counts what it posted into this replica's Prometheus series."""
+
+    def __init__(self, url: str, metrics: Metrics):
+        super().__init__(url)
+        self.metrics = metrics
+
+    def post_records(self, records: list[StepRecord]) -> dict:
+        result = super().post_records(records)
+        self.metrics.observe_records(records, "replica")
+        return result
+
+
+def wait_for_policy(client: ControllerClient, wait_s: float) -> PolicyPayload:
+    """The controller's policy, retrying for ``wait_s`` seconds (a fleet may start before its controller)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return client.policy()
+        except httpx.HTTPError as exc:
+            if time.monotonic() >= deadline:
+                raise click.ClickException(f"controller {client.url} unreachable: {exc}") from None
+            time.sleep(0.5)
+
+
+def warm_engine(replica_id: str, gamma: int, max_batch: int, seed: int, window: int | None,
+                cost_table: Path | None) -> tuple[Engine, WindowPolicy, str]:
+    """(engine, the scheduler it serves outside fallback, where its cost table came from), after a few
+    unrecorded requests: a fresh process's first steps are slow, and the baseline the gates compare
+    with must not be that cold start."""
+    from .defaults import default_calibration, default_cost_table, default_drafter, default_target
+
+    target = default_target()
+    drafter = default_drafter(target)
+    table, source = default_cost_table(target, drafter, cost_table)
+    scheduler: WindowPolicy = FixedWindow(window) if window is not None else CostAwareScheduler(table)
+    config = EngineConfig(gamma=gamma, max_batch=max_batch, replica_id=replica_id,
+                          cost_table_version=table.meta.version or None)
+    engine = Engine(target, drafter, config, calibrate=default_calibration(drafter),
+                    tiers=measured_grid(table.meta.tiers))
+    for request in workload_requests(f"{replica_id}-warmup", WARMUP_REQUESTS, 8, 0.0, seed):
+        engine.submit(request)
+    engine.run()
+    engine.finished.clear()
+    return engine, scheduler, source
+
+
+@click.command()
+@click.option("--controller", "url", default="http://127.0.0.1:8470", show_default=True,
+              envvar="SPARKGATE_CONTROLLER", help="Controller base URL.")
+@click.option("--replica-id", default=None, help="Replica name [default: replica-HOST-PID].")
+@click.option("--wait-s", default=0.0, show_default=True, help="Keep retrying an unreachable controller this long.")
+@click.option("--gamma", default=None, type=click.IntRange(1), help="Draft length [default: the policy's]; "
+              "given, the engine warms up before the controller answers.")
+@click.option("--requests", "count", default=0, show_default=True, help="Requests to serve (0: until stopped).")
+@click.option("--max-new-tokens", default=48, show_default=True)
+@click.option("--max-batch", default=16, show_default=True)
+@click.option("--temperature", default=0.0, show_default=True, help="0 is greedy (consistency checks need it).")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--window", default=None, type=int, help="Serve compact with this fixed window instead of the "
+              "cost-aware scheduler.")
+@click.option("--cost-table", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Cost table for the scheduler [default: shipped or profiled here].")
+@click.option("--consistency-fraction", default=0.05, show_default=True,
+              help="Fraction of greedy compact requests replayed in static.")
+@click.option("--state-every", default=50, show_default=True,
+              help="Check one active request's cache state every this many steps (0: never).")
+@click.option("--poll-s", default=1.0, show_default=True, help="Seconds between policy polls.")
+@click.option("--rate", default=None, type=click.FloatRange(0, min_open=True),
+              help="Open-loop arrivals: mean requests per second [default: closed loop].")
+@click.option("--amplitude", default=0.6, show_default=True, help="Swing of --rate, as a fraction of it.")
+@click.option("--period-s", default=20.0, show_default=True, help="Seconds per load cycle of --rate.")
+@click.option("--offset", default=0.0, show_default=True, help="Where in the load cycle this replica starts (0-1).")
+@click.option("--fault", type=click.Choice([f.value for f in Fault]), default=Fault.NONE.value, show_default=True,
+              help="Fault to fire on SIGUSR1 (drift needs --rate).")
+@click.option("--drift-temperature", default=3.0, show_default=True)
+@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the cost-table fault writes the foreign table.")
+@click.option("--metrics-port", type=int, default=None, help="Serve /metrics on 127.0.0.1 at this port.")
+@click.option("--threads", default=1, show_default=True,
+              help="Torch threads; replicas usually share a machine, and extra threads only contend.")
+def replica(url: str, replica_id: str | None, wait_s: float, gamma: int | None, count: int, max_new_tokens: int,
+            max_batch: int, temperature: float, seed: int, window: int | None, cost_table: Path | None,
+            consistency_fraction: float, state_every: int, poll_s: float, rate: float | None, amplitude: float,
+            period_s: float, offset: float, fault: str, drift_temperature: float, out_dir: Path | None,
+            metrics_port: int | None, threads: int) -> None:
+    """Serve the mixed workload with the runtime, following the controller's policy; counters as JSON at exit."""
+    import torch
+
+    armed = Fault(fault)
+    if armed is Fault.DRIFT and rate is None:
+        raise click.UsageError("--fault drift changes the temperature of arriving requests: it needs --rate")
+    load = swing(rate, amplitude, period_s, offset) if rate is not None else None
+    replica_id = replica_id or f"replica-{socket.gethostname()}-{os.getpid()}"
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {replica_id} %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request would drown the log
+    torch.set_num_threads(threads)
+    flags = Flags()
+    signal.signal(signal.SIGTERM, lambda *_: setattr(flags, "stop", True))
+    signal.signal(signal.SIGINT, lambda *_: setattr(flags, "stop", True))
+    signal.signal(signal.SIGUSR1, lambda *_: setattr(flags, "fault", True))
+
+    metrics = Metrics()
+    client = MeteredClient(url, metrics)
+    try:
+        if gamma is None:
+            gamma = wait_for_policy(client, wait_s).gamma
+        engine, scheduler, table_source = warm_engine(replica_id, gamma, max_batch, seed, window, cost_table)
+        arrival_rate = Gauge("sparkgate_replica_arrival_rate", "Mean request arrivals per second now.",
+                             registry=metrics.registry)
+        shed = Counter("sparkgate_replica_shed_requests_total", "Arrivals dropped with the backlog full.",
+                       registry=metrics.registry)
+        if metrics_port is not None:
+            start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
+        wait_for_policy(client, wait_s)
+        engine.step_id = client.next_step_id(replica_id)
+        node = Replica(engine, client, scheduler, replay=GreedyReplay(engine.model, engine.drafter, gamma),
+                       consistency_fraction=consistency_fraction, state_every=state_every, poll_s=poll_s)
+        node.poll(force=True)  # raises with a clear message when the policy's gamma is not this replica's
+        workload = workload_requests(replica_id, count, max_new_tokens, temperature, seed)
+        arrivals = Arrivals(workload, load, time.monotonic, seed) if load is not None else None
+        source: Iterator[Request] = arrivals if arrivals is not None else workload
+        log.info("serving (cost table: %s; arrivals: %s; fault armed: %s)", table_source,
+                 "closed loop" if rate is None else f"{rate}/s", armed)
+        counted_shed = 0
+        try:
+            while not flags.stop:
+                if flags.fault and armed is not Fault.NONE:
+                    log.info("fault fired: %s", fire(armed, node, arrivals, drift_temperature, out_dir))
+                    armed = Fault.NONE
+                before = node.stats["steps"]
+                if arrivals is None or arrivals.pending() or engine.active or engine.queue:
+                    node.serve(source, max_steps=before + SEGMENT_STEPS)
+                    if arrivals is None and node.stats["steps"] < before + SEGMENT_STEPS:
+                        break  # the closed-loop workload is done
+                else:
+                    node.poll()
+                    time.sleep(min(arrivals.until_next(), 0.05))
+                if arrivals is not None:
+                    arrival_rate.set(arrivals.rate(time.monotonic() - arrivals.start))
+                    shed.inc(arrivals.shed - counted_shed)
+                    counted_shed = arrivals.shed
+                if node.payload is not None:
+                    metrics.set_phase(node.payload.phase)
+        finally:
+            try:
+                node.flush()
+            except httpx.HTTPError as exc:  # the controller went first: what it stored is what counts
+                log.warning("final flush failed: %s", exc)
+    except httpx.HTTPError as exc:
+        raise click.ClickException(f"controller {url}: {exc}") from None
+    finally:
+        client.close()
+    summary: dict[str, object] = {"replica_id": replica_id, **node.stats}
+    if node.payload is not None:
+        summary.update(revision=node.payload.revision, phase=str(node.payload.phase))
+    if arrivals is not None:
+        summary.update(arrived=arrivals.arrived, shed=arrivals.shed)
+    click.echo(json.dumps(summary))
