@@ -16,20 +16,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
 from sparkgate.collectors.labels import ACCEPTED, CENSORED, REJECTED, mode_codes
 from sparkgate.collectors.schema import MODES, Problem
 from sparkgate.collectors.validate import MAX_GAMMA
+from sparkgate.policies.binning import EDGES, N_BINS, bin_index
+from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
-N_BINS = 15
-EDGES = np.arange(N_BINS + 1) / N_BINS
-UNCENSORED_MODES = ("static", "shadow", "cap_accept")
 HISTOGRAMS = ("accept_hist", "full_hist", "suggest_hist")
-
-
-def bin_index(p: np.ndarray) -> np.ndarray:
-    """Bin of each probability: k with EDGES[k] <= p < EDGES[k+1], and the last bin for p = 1."""
-    return np.minimum(np.searchsorted(EDGES, p, side="right") - 1, N_BINS - 1)
 
 
 @dataclass
@@ -75,23 +68,23 @@ class CalibrationStats:
         keep = [MODES.index(m) for m in modes]
         return CalibrationStats(*(a[keep].sum(axis=0, keepdims=True) for a in self._arrays()))
 
-    def ece(self, modes: tuple[str, ...] = UNCENSORED_MODES) -> dict[int, float]:
+    def ece(self, modes: tuple[str, ...] = FULL_BLOCK_MODES) -> dict[int, float]:
         """Expected calibration error per depth with samples (depths without samples are left out)."""
         s = self.select(modes)
         n = s.count[0].sum(axis=1)
         gap = np.abs(s.sum_p[0] - s.sum_y[0]).sum(axis=1)
         return {d: float(gap[d] / n[d]) for d in range(1, len(n)) if n[d]}
 
-    def brier(self, modes: tuple[str, ...] = UNCENSORED_MODES) -> dict[int, float]:
+    def brier(self, modes: tuple[str, ...] = FULL_BLOCK_MODES) -> dict[int, float]:
         s = self.select(modes)
         n = s.count[0].sum(axis=1)
         return {d: float(s.sum_sq[0, d].sum() / n[d]) for d in range(1, len(n)) if n[d]}
 
-    def samples(self, modes: tuple[str, ...] = UNCENSORED_MODES) -> dict[int, int]:
+    def samples(self, modes: tuple[str, ...] = FULL_BLOCK_MODES) -> dict[int, int]:
         n = self.select(modes).count[0].sum(axis=1)
         return {d: int(n[d]) for d in range(1, len(n)) if n[d]}
 
-    def reliability(self, depth: int, modes: tuple[str, ...] = UNCENSORED_MODES) -> list[dict]:
+    def reliability(self, depth: int, modes: tuple[str, ...] = FULL_BLOCK_MODES) -> list[dict]:
         """Per non-empty bin: its edges, count, mean prediction and observed frequency."""
         s = self.select(modes)
         return [{"lo": float(EDGES[b]), "hi": float(EDGES[b + 1]), "count": int(s.count[0, depth, b]),

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-
 from sparkgate.collectors.labels import explode
 from sparkgate.collectors.schema import REQUEST_SCHEMA, Problem
 from sparkgate.collectors.validate import validate_steps

@@ -26,7 +26,6 @@ from pathlib import Path
 import click
 import httpx
 import pyarrow as pa
-
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.ingest_api import ingest_app, serve_in_thread
 from sparkgate.collectors.labels import explode

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import IO, Iterator
 
 import click
-
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.sglang import SGLangPoller
 from sparkgate.collectors.store import Store

@@ -14,7 +14,6 @@ import time
 from typing import Callable, Iterable, Iterator
 
 from opentelemetry.trace import Tracer
-
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.schema import StepRecord
 from sparkgate.collectors.store import IngestResult, Store

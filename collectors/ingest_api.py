@@ -20,7 +20,6 @@ import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
-
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.wire import Parsed, from_ipc, from_ndjson
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from sparkgate.collectors.schema import FULL_BLOCK_MODES, LABEL_SCHEMA, MODES, STATUSES
+from sparkgate.collectors.schema import LABEL_SCHEMA, MODES, STATUSES
 from sparkgate.collectors.wire import Flat
+from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
 ACCEPTED, REJECTED, NOT_AT_RISK, CENSORED = range(len(STATUSES))
 

@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+from sparkgate.policies.vocabulary import MissReason, Mode, Status
 
 SCHEMA_VERSION = 1
-MODES = ("static", "shadow", "compact", "cap_accept")
-MISS_REASONS = ("over_max_tier", "not_captured", "forced_eager")
+# Wire and storage order of the vocabulary: a mode's or status's code is its index here.
+MODES: tuple[Mode, ...] = tuple(Mode)
+MISS_REASONS: tuple[MissReason, ...] = tuple(MissReason)
 
 
 @dataclass(frozen=True)
@@ -111,10 +113,8 @@ class StepRecord:
 _STEP_NAMES = frozenset(f.name for f in dataclasses.fields(StepRecord))
 _REQUEST_NAMES = frozenset(f.name for f in dataclasses.fields(RequestRow))
 
-# Modes whose full block was verified, so a* (full_accept) is always observed.
-FULL_BLOCK_MODES = ("static", "shadow", "cap_accept")
 # Depth-label statuses (DESIGN §2), in the order of their integer codes.
-STATUSES = ("accepted", "rejected", "not_at_risk", "censored")
+STATUSES: tuple[Status, ...] = tuple(Status)
 
 REQUEST_TYPE = pa.struct([
     pa.field("request_id", pa.string()),

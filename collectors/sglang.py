@@ -24,7 +24,6 @@ import time
 from dataclasses import dataclass
 
 import httpx
-
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.schema import SCHEMA_VERSION
 from sparkgate.collectors.store import IngestResult

@@ -31,7 +31,6 @@ from typing import Iterable, Iterator
 import duckdb
 import numpy as np
 import pyarrow as pa
-
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.batch import Prepared, prepare
 from sparkgate.collectors.migrations import migrate

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-
 from sparkgate.collectors.schema import MODES, REQUEST_TYPE, SCHEMA_VERSION, WIRE_SCHEMA
 
 

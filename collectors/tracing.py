@@ -10,9 +10,12 @@ from __future__ import annotations
 import numpy as np
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
 from opentelemetry.trace import SpanKind, Tracer
-
 from sparkgate.collectors.labels import mode_codes
 from sparkgate.collectors.schema import MODES
 from sparkgate.collectors.wire import Flat
@@ -33,7 +36,9 @@ def tracer_provider(otlp_endpoint: str | None = None, exporter: SpanExporter | N
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     if otlp_endpoint:
         try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+                OTLPSpanExporter,
+            )
         except ImportError as exc:
             raise RuntimeError("otlp_endpoint needs the OTLP exporter: pip install 'sparkgate[otlp]'") from exc
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint)))

@@ -14,10 +14,16 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
 from sparkgate.collectors.schema import (
-    MISS_REASONS, MODES, NULLABLE_REQUEST_FIELDS, NULLABLE_STEP_FIELDS, REQUEST_TYPE,
-    SCHEMA_VERSION, STEP_SCHEMA, Problem, StepRecord,
+    MISS_REASONS,
+    MODES,
+    NULLABLE_REQUEST_FIELDS,
+    NULLABLE_STEP_FIELDS,
+    REQUEST_TYPE,
+    SCHEMA_VERSION,
+    STEP_SCHEMA,
+    Problem,
+    StepRecord,
 )
 from sparkgate.collectors.wire import Flat, flatten, from_dicts
 

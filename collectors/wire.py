@@ -20,8 +20,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
-
-from sparkgate.collectors.schema import REQUEST_TYPE, STEP_SCHEMA, WIRE_SCHEMA, Problem, StepRecord
+from sparkgate.collectors.schema import (
+    REQUEST_TYPE,
+    STEP_SCHEMA,
+    WIRE_SCHEMA,
+    Problem,
+    StepRecord,
+)
 
 # Larger than any sane body, so one block parses it (a line straddling blocks fails).
 _JSON_BLOCK = 1 << 26

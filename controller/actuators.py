@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 
 import httpx
-
 from sparkgate.policies.payload import PolicyPayload
 from sparkgate.policies.vocabulary import Phase
 

@@ -25,7 +25,6 @@ from pathlib import Path
 import click
 import numpy as np
 import pyarrow as pa
-
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import explode
 from sparkgate.collectors.store import Store

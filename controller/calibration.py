@@ -22,14 +22,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from sparkgate.collectors.aggregate import N_BINS, UNCENSORED_MODES, CalibrationStats
+from sparkgate.collectors.aggregate import CalibrationStats
 from sparkgate.collectors.schema import MODES
+from sparkgate.policies.binning import N_BINS
+from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
 FINE_PER_BIN = 64
 FINE_BINS = N_BINS * FINE_PER_BIN
 REQUEST_GROUPS = 1000
-GATED = np.isin(np.arange(len(MODES)), [MODES.index(m) for m in UNCENSORED_MODES])
+GATED = np.isin(np.arange(len(MODES)), [MODES.index(m) for m in FULL_BLOCK_MODES])
 
 
 def fine_bin(p: np.ndarray) -> np.ndarray:
@@ -123,7 +124,7 @@ class KindStats:
         keep = [MODES.index(m) for m in modes]
         return self.fine_count[keep].sum(axis=0), self.fine_sum_p[keep].sum(axis=(0, -1))
 
-    def equal_mass_ece(self, modes: tuple[str, ...] = UNCENSORED_MODES) -> dict[int, float]:
+    def equal_mass_ece(self, modes: tuple[str, ...] = FULL_BLOCK_MODES) -> dict[int, float]:
         """ECE over 15 bins of (about) equal count per depth; boundaries fall on fine-bin edges."""
         count, sum_p = self._fine(modes)
         out = {}
@@ -139,7 +140,7 @@ class KindStats:
             out[d] = float(np.abs(gap).sum() / n)
         return out
 
-    def auroc(self, modes: tuple[str, ...] = UNCENSORED_MODES) -> dict[int, float]:
+    def auroc(self, modes: tuple[str, ...] = FULL_BLOCK_MODES) -> dict[int, float]:
         """P(prediction of a y=1 row > that of a y=0 row), ties within a fine bin counting half.
         Depths with only one outcome are left out."""
         count, _ = self._fine(modes)
@@ -152,7 +153,7 @@ class KindStats:
             out[d] = float((neg * (above + pos / 2)).sum() / (neg.sum() * pos.sum()))
         return out
 
-    def curve(self, modes: tuple[str, ...] = UNCENSORED_MODES) -> dict[int, dict]:
+    def curve(self, modes: tuple[str, ...] = FULL_BLOCK_MODES) -> dict[int, dict]:
         """Per depth: mean prediction, observed rate of y and the count (the c_k / S_k curve)."""
         count, sum_p = self._fine(modes)
         out = {}

@@ -18,7 +18,6 @@ import threading
 import click
 import httpx
 import uvicorn
-
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store

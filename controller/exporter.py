@@ -7,14 +7,14 @@ revision, the compact fraction, each gate's value and verdict, and decisions.
 from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
-
 from sparkgate.collectors.metrics import Metrics
+from sparkgate.policies.vocabulary import Outcome
 
-from .gates import FAIL, INCONCLUSIVE, PASS, Verdict
+from .gates import Verdict
 from .metrics import Evaluation
 from .rollout import Decision, RolloutState
 
-VERDICT_CODES = {PASS: 1.0, FAIL: 0.0, INCONCLUSIVE: -1.0}
+VERDICT_CODES = {Outcome.PASS: 1.0, Outcome.FAIL: 0.0, Outcome.INCONCLUSIVE: -1.0}
 
 
 class ControllerMetrics:

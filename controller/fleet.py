@@ -12,11 +12,11 @@ from dataclasses import fields
 from typing import Sequence
 
 import numpy as np
-
 from sparkgate.collectors.aggregate import HISTOGRAMS, Aggregate, CalibrationStats
 from sparkgate.collectors.schema import MODES
 
 from .metrics import acceptance
+
 
 def merge_aggregates(aggregates: Sequence[Aggregate]) -> Aggregate:
     """The sum of ``aggregates`` (any depths; the result has the largest). Equals folding ``Aggregate.merge``."""

@@ -13,11 +13,10 @@ from dataclasses import asdict, dataclass
 from typing import Iterable, Mapping
 
 from sparkgate.policies.rollout import Gate, RolloutPolicy
+from sparkgate.policies.vocabulary import Outcome
 
 from .metrics import Measurement
 
-PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
-CRITICAL = "critical"  # an interval outcome: a critical gate failed
 # Metrics that compare with the baseline; their min_samples size the reference baseline must collect.
 BASELINE_METRICS = ("p99_step_ratio", "tokens_per_s_ratio")
 
@@ -55,17 +54,17 @@ def judge(gate: Gate, measurement: Measurement | None, stale: str | None = None)
                        gate.min_samples, gate.critical, gate.dry_run, note)
 
     if m.value is None:
-        return verdict(INCONCLUSIVE, stale or "no data")
+        return verdict(Outcome.INCONCLUSIVE, stale or "no data")
     if m.samples < gate.min_samples:
-        return verdict(INCONCLUSIVE, f"{m.samples} samples < min_samples {gate.min_samples}")
+        return verdict(Outcome.INCONCLUSIVE, f"{m.samples} samples < min_samples {gate.min_samples}")
     failed = f"{m.value:.6g} not {_symbol(gate.direction)} {gate.threshold:g}"
     if not gate.passes(m.value) and gate.critical:
-        return verdict(FAIL, failed)  # evidence of a correctness bug counts whatever the age of the steps
+        return verdict(Outcome.FAIL, failed)  # evidence of a correctness bug counts whatever the age of the steps
     if stale is not None:
-        return verdict(INCONCLUSIVE, stale)
+        return verdict(Outcome.INCONCLUSIVE, stale)
     if gate.passes(m.value):
-        return verdict(PASS, f"{m.value:.6g} {_symbol(gate.direction)} {gate.threshold:g}")
-    return verdict(FAIL, failed)
+        return verdict(Outcome.PASS, f"{m.value:.6g} {_symbol(gate.direction)} {gate.threshold:g}")
+    return verdict(Outcome.FAIL, failed)
 
 
 def _symbol(direction: str) -> str:
@@ -83,7 +82,7 @@ def judge_baseline(policy: RolloutPolicy, steps: int, stale: str | None = None) 
     """Baseline's one check: has it recorded the reference the latency gates will compare with?
     It passes or waits (inconclusive), never fails: baseline changes nothing that could go wrong."""
     needed = max([g.min_samples for g in policy.gates if g.metric in BASELINE_METRICS] + [1])
-    outcome = INCONCLUSIVE if stale or steps < needed else PASS
+    outcome = Outcome.INCONCLUSIVE if stale or steps < needed else Outcome.PASS
     return Verdict("baseline_reference", "baseline_steps", outcome, float(steps), float(needed), "at_least",
                    steps, needed, False, False, stale or f"{steps} baseline steps (need {needed})")
 
@@ -92,10 +91,10 @@ def interval_outcome(verdicts: Iterable[Verdict]) -> str:
     """``critical`` if a deciding critical gate failed, else ``fail`` if any deciding gate failed, else
     ``inconclusive`` if any was inconclusive, else ``pass`` (also when no gate decides)."""
     deciding = [v for v in verdicts if v.decides]
-    if any(v.critical and v.outcome == FAIL for v in deciding):
-        return CRITICAL
-    if any(v.outcome == FAIL for v in deciding):
-        return FAIL
-    if any(v.outcome == INCONCLUSIVE for v in deciding):
-        return INCONCLUSIVE
-    return PASS
+    if any(v.critical and v.outcome == Outcome.FAIL for v in deciding):
+        return Outcome.CRITICAL
+    if any(v.outcome == Outcome.FAIL for v in deciding):
+        return Outcome.FAIL
+    if any(v.outcome == Outcome.INCONCLUSIVE for v in deciding):
+        return Outcome.INCONCLUSIVE
+    return Outcome.PASS

@@ -11,8 +11,9 @@ import json
 
 from sparkgate.collectors.store import Store
 from sparkgate.policies.rollout import RolloutPolicy
+from sparkgate.policies.vocabulary import CHANGES_POLICY
 
-from .rollout import CHANGES_POLICY, Decision, RolloutState, replay, stage_of
+from .rollout import Decision, RolloutState, replay, stage_of
 
 _COLUMNS = "decided_at, revision, phase_from, phase_to, compact_fraction, action, outcome, reasons, operator"
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import ACCEPTED, CENSORED, REJECTED
 from sparkgate.collectors.schema import MODES

@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import pyarrow as pa
-
 from sparkgate.collectors.store import Store
 
 from .calibration import REQUEST_GROUPS

@@ -23,14 +23,15 @@ from dataclasses import dataclass, replace
 from typing import Iterable
 
 from sparkgate.policies.rollout import RolloutPolicy
+from sparkgate.policies.vocabulary import (
+    CHANGES_POLICY,
+    OPERATOR_ACTIONS,
+    Action,
+    Outcome,
+    Phase,
+)
 
-from .gates import CRITICAL, FAIL, INCONCLUSIVE, PASS, Verdict, interval_outcome
-
-FALLBACK, PAUSED = "fallback", "paused"
-HOLD, START, ADVANCE, ROLLBACK = "hold", "start", "advance", "rollback"
-PROMOTE, ABORT, PAUSE, RESUME = "promote", "abort", "pause", "resume"
-OPERATOR_ACTIONS = (PROMOTE, ABORT, PAUSE, RESUME)
-CHANGES_POLICY = frozenset({START, ADVANCE, ROLLBACK, *OPERATOR_ACTIONS})
+from .gates import Verdict, interval_outcome
 
 
 class TransitionError(ValueError):
@@ -80,27 +81,27 @@ def _move(policy: RolloutPolicy, state: RolloutState | None, now: float, action:
           paused: bool = False) -> Decision:
     """A decision that changes the served policy to ladder ``stage`` (None: fallback)."""
     if stage is None:
-        phase, fraction = FALLBACK, 0.0
+        phase, fraction = Phase.FALLBACK, 0.0
     else:
         rung = policy.stages()[stage]
-        phase, fraction = (PAUSED if paused else rung.phase), rung.compact_fraction
+        phase, fraction = (Phase.PAUSED if paused else rung.phase), rung.compact_fraction
     return Decision(now, (state.revision if state else 0) + 1, state.phase if state else None, phase, fraction,
                     action, outcome, reasons, operator, stage)
 
 
 def _hold(state: RolloutState, now: float, outcome: str, reasons: tuple[dict, ...]) -> Decision:
-    return Decision(now, state.revision, state.phase, state.phase, state.compact_fraction, HOLD, outcome,
+    return Decision(now, state.revision, state.phase, state.phase, state.compact_fraction, Action.HOLD, outcome,
                     reasons, None, state.stage)
 
 
 def start(policy: RolloutPolicy, now: float) -> Decision:
     """The first decision of a new ledger: the bottom of the ladder."""
-    return _move(policy, None, now, START, 0, ({"rule": "start"},))
+    return _move(policy, None, now, Action.START, 0, ({"rule": "start"},))
 
 
 def fall_back(policy: RolloutPolicy, state: RolloutState, now: float, rule: str, **detail) -> Decision:
     """A rollback decided outside the gates (e.g. the persisted stage left the policy file)."""
-    return _move(policy, state, now, ROLLBACK, None, ({"rule": rule, **detail},))
+    return _move(policy, state, now, Action.ROLLBACK, None, ({"rule": rule, **detail},))
 
 
 def decide(policy: RolloutPolicy, state: RolloutState, verdicts: Iterable[Verdict], now: float) -> Decision:
@@ -112,24 +113,24 @@ def decide(policy: RolloutPolicy, state: RolloutState, verdicts: Iterable[Verdic
     def because(rule: str, **detail) -> tuple[dict, ...]:
         return ({"rule": rule, **detail},) + gates
 
-    if state.phase == FALLBACK:
+    if state.phase == Phase.FALLBACK:
         return _hold(state, now, outcome, because("fallback is left only by resume"))
-    if outcome == CRITICAL:
-        return _move(policy, state, now, ROLLBACK, None, because("critical gate failed"), outcome)
-    if state.phase == PAUSED:
+    if outcome == Outcome.CRITICAL:
+        return _move(policy, state, now, Action.ROLLBACK, None, because("critical gate failed"), outcome)
+    if state.phase == Phase.PAUSED:
         return _hold(state, now, outcome, because("paused"))
-    if outcome == FAIL and state.failures + 1 > policy.failure_limit:
-        return _move(policy, state, now, ROLLBACK, None,
+    if outcome == Outcome.FAIL and state.failures + 1 > policy.failure_limit:
+        return _move(policy, state, now, Action.ROLLBACK, None,
                      because("failure limit", failures=state.failures + 1, limit=policy.failure_limit), outcome)
-    if outcome == FAIL:
+    if outcome == Outcome.FAIL:
         return _hold(state, now, outcome, because("failed interval", failures=state.failures + 1,
                                                   limit=policy.failure_limit))
     inconclusive_for = now - state.last_conclusive_at
-    if outcome == INCONCLUSIVE and state.phase != "baseline" and inconclusive_for >= policy.progress_deadline_s:
-        return _move(policy, state, now, ROLLBACK, None,
+    if outcome == Outcome.INCONCLUSIVE and state.phase != "baseline" and inconclusive_for >= policy.progress_deadline_s:
+        return _move(policy, state, now, Action.ROLLBACK, None,
                      because("progress deadline", inconclusive_s=inconclusive_for,
                              deadline_s=policy.progress_deadline_s), outcome)
-    if outcome == INCONCLUSIVE:
+    if outcome == Outcome.INCONCLUSIVE:
         return _hold(state, now, outcome, because("inconclusive", inconclusive_s=inconclusive_for,
                                                   deadline_s=policy.progress_deadline_s))
     passes = state.passes + 1
@@ -137,7 +138,7 @@ def decide(policy: RolloutPolicy, state: RolloutState, verdicts: Iterable[Verdic
         return _hold(state, now, outcome, because("passing", passes=passes, needed=policy.consecutive_passes))
     if state.stage == len(policy.stages()) - 1:
         return _hold(state, now, outcome, because("top of the ladder", passes=passes))
-    return _move(policy, state, now, ADVANCE, state.stage + 1,
+    return _move(policy, state, now, Action.ADVANCE, state.stage + 1,
                  because("consecutive passes", passes=passes, needed=policy.consecutive_passes), outcome)
 
 
@@ -151,23 +152,23 @@ def command(policy: RolloutPolicy, state: RolloutState, action: str, operator: s
         raise TransitionError("operator: required for a manual action")
     reasons = ({"rule": f"operator {action}", "note": note},)
     last = len(policy.stages()) - 1
-    if action == ABORT:
-        if state.phase == FALLBACK:
+    if action == Action.ABORT:
+        if state.phase == Phase.FALLBACK:
             raise TransitionError("abort: already in fallback")
-        return _move(policy, state, now, ABORT, None, reasons, operator=operator)
-    if action == RESUME:
-        if state.phase == FALLBACK:
-            return _move(policy, state, now, RESUME, min(1, last), reasons, operator=operator)
-        if state.phase == PAUSED:
-            return _move(policy, state, now, RESUME, state.stage, reasons, operator=operator)
+        return _move(policy, state, now, Action.ABORT, None, reasons, operator=operator)
+    if action == Action.RESUME:
+        if state.phase == Phase.FALLBACK:
+            return _move(policy, state, now, Action.RESUME, min(1, last), reasons, operator=operator)
+        if state.phase == Phase.PAUSED:
+            return _move(policy, state, now, Action.RESUME, state.stage, reasons, operator=operator)
         raise TransitionError(f"resume: only from fallback or paused, not {state.phase}")
-    if state.phase in (FALLBACK, PAUSED):
+    if state.phase in (Phase.FALLBACK, Phase.PAUSED):
         raise TransitionError(f"{action}: not from {state.phase} (resume first)")
-    if action == PAUSE:
-        return _move(policy, state, now, PAUSE, state.stage, reasons, operator=operator, paused=True)
+    if action == Action.PAUSE:
+        return _move(policy, state, now, Action.PAUSE, state.stage, reasons, operator=operator, paused=True)
     if state.stage == last:
         raise TransitionError(f"promote: {state.phase} is the top of the ladder")
-    return _move(policy, state, now, PROMOTE, state.stage + 1, reasons, operator=operator)
+    return _move(policy, state, now, Action.PROMOTE, state.stage + 1, reasons, operator=operator)
 
 
 def apply(state: RolloutState | None, decision: Decision) -> RolloutState:
@@ -176,19 +177,19 @@ def apply(state: RolloutState | None, decision: Decision) -> RolloutState:
         return RolloutState(decision.revision, decision.phase_to, decision.stage, decision.compact_fraction,
                             decision.decided_at, last_conclusive_at=decision.decided_at)
     if state is None:
-        raise ValueError(f"action={decision.action!r}: a ledger must begin with {START!r}")
-    conclusive = decision.outcome in (PASS, FAIL)
-    return replace(state, passes=state.passes + 1 if decision.outcome == PASS else 0,
-                   failures=state.failures + (decision.outcome == FAIL),
+        raise ValueError(f"action={decision.action!r}: a ledger must begin with {str(Action.START)!r}")
+    conclusive = decision.outcome in (Outcome.PASS, Outcome.FAIL)
+    return replace(state, passes=state.passes + 1 if decision.outcome == Outcome.PASS else 0,
+                   failures=state.failures + (decision.outcome == Outcome.FAIL),
                    last_conclusive_at=decision.decided_at if conclusive else state.last_conclusive_at)
 
 
 def stage_of(policy: RolloutPolicy, phase: str, compact_fraction: float, phase_from: str | None) -> int | None:
     """The ladder index a persisted policy change points at (paused: the stage it paused from).
     Raises ``LookupError`` when the policy file no longer has that stage."""
-    if phase == FALLBACK:
+    if phase == Phase.FALLBACK:
         return None
-    rung_phase = phase_from if phase == PAUSED else phase
+    rung_phase = phase_from if phase == Phase.PAUSED else phase
     for i, stage in enumerate(policy.stages()):
         if stage.phase == rung_phase and abs(stage.compact_fraction - compact_fraction) < 1e-9:
             return i

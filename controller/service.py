@@ -27,19 +27,19 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
-
 from sparkgate.collectors.aggregate import Aggregate, AggregateError
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.ingest_api import ARROW_TYPES, NDJSON_TYPES, ingest_router
 from sparkgate.collectors.schema import Problem
 from sparkgate.collectors.store import IntervalOverlap, TooManyReports
 from sparkgate.policies.payload import PolicyPayload
+from sparkgate.policies.vocabulary import OPERATOR_ACTIONS
 
 from . import ledger
 from .fleet import fleet_report, merge_aggregates
 from .metrics import CHECK_KINDS, evaluate
 from .queries import Slice, Window
-from .rollout import OPERATOR_ACTIONS, TransitionError
+from .rollout import TransitionError
 from .supervisor import Controller
 
 # Stored as BIGINT: anything beyond is a client error, not a database failure.

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 
 import streamlit as st
-
 from sparkgate.dashboards import context
 
 st.set_page_config(page_title="sparkgate", layout="wide")

@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import click
-
 from sparkgate.policies.rollout import DEFAULT_PATH
 
 APP = Path(__file__).with_name("app.py")

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import streamlit as st
-
 from sparkgate.controller.queries import Slice
-from sparkgate.controller.rollout import CHANGES_POLICY
 from sparkgate.policies.rollout import DEFAULT_PATH, RolloutPolicy, load_rollout_policy
+from sparkgate.policies.vocabulary import CHANGES_POLICY
 
 from . import data, series
 from .source import ControllerClient, NoData, SourceError, SourceSpec, StoreReader

@@ -15,14 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import streamlit as st
-
-from sparkgate.collectors.aggregate import UNCENSORED_MODES
 from sparkgate.collectors.schema import MODES
 from sparkgate.controller import ledger
 from sparkgate.controller.metrics import evaluate
 from sparkgate.controller.queries import SLICE_COLUMNS, Slice, Window, slice_values
-from sparkgate.controller.rollout import CHANGES_POLICY
 from sparkgate.policies.rollout import RolloutPolicy
+from sparkgate.policies.vocabulary import CHANGES_POLICY, FULL_BLOCK_MODES
 
 from .series import time_where
 
@@ -107,9 +105,9 @@ def window_figures(_source, token: str, since: float | None, until: float | None
         return {"report": _source.get("/v1/report", since=since, until=until)}
     evaluation = evaluate(_source, Window(since, until), slice_)
     survival = evaluation.aggregate.survival
-    depths = sorted(survival.samples(UNCENSORED_MODES) | survival.samples(("compact",)))
+    depths = sorted(survival.samples(FULL_BLOCK_MODES) | survival.samples(("compact",)))
     reliability = {view: {d: survival.reliability(d, modes) for d in depths}
-                   for view, modes in (("uncensored", UNCENSORED_MODES), ("compact", ("compact",)))}
+                   for view, modes in (("uncensored", FULL_BLOCK_MODES), ("compact", ("compact",)))}
     return {"report": evaluation.report(phase), "reliability": reliability,
             "windows": window_lengths(evaluation.aggregate.accept_hist, evaluation.aggregate.suggest_hist)}
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import streamlit as st
-
 from sparkgate.collectors.aggregate import Aggregate, CalibrationStats
 from sparkgate.collectors.schema import MODES
 from sparkgate.controller import queries

@@ -26,7 +26,6 @@ from pathlib import Path
 import duckdb
 import httpx
 import pyarrow as pa
-
 from sparkgate.collectors.schema import MODES, STATUSES
 from sparkgate.collectors.store import open_snapshot
 

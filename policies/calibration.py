@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from sparkgate.policies.binning import EDGES, N_BINS
 
-N_BINS = 15
-_INNER_EDGES = torch.arange(1, N_BINS, dtype=torch.float64) / N_BINS
+_INNER_EDGES = torch.tensor(EDGES[1:-1], dtype=torch.float64)
 DEFAULT_GRID = torch.logspace(math.log10(0.05), math.log10(20.0), 241, dtype=torch.float64)
 _EPS = 1e-6
 
@@ -35,7 +35,7 @@ class STSFormatError(ValueError):
 
 
 def bin_index(p: torch.Tensor) -> torch.Tensor:
-    """Bin of each probability: k with k/15 <= p < (k+1)/15, and the last bin for p = 1."""
+    """``binning.bin_index`` on a tensor, on its device: k with k/15 <= p < (k+1)/15, the last bin for p = 1."""
     return torch.bucketize(p.double().contiguous(), _INNER_EDGES.to(p.device), right=True)
 
 

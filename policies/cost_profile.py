@@ -15,7 +15,6 @@ from statistics import median
 from typing import Sequence
 
 import torch
-
 from sparkgate.policies.cost_model import (
     AdditiveCostTable,
     CostMeta,

@@ -8,7 +8,6 @@ one side fails loudly on the other instead of reading ``None``.
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
-
 from sparkgate.policies.vocabulary import Phase
 
 

@@ -5,8 +5,12 @@ import json
 from pathlib import Path
 
 import click
-
-from sparkgate.policies.rollout import RolloutPolicyError, json_schema, problems, read_yaml
+from sparkgate.policies.rollout import (
+    RolloutPolicyError,
+    json_schema,
+    problems,
+    read_yaml,
+)
 
 
 @click.group()

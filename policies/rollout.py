@@ -16,8 +16,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
-
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    model_validator,
+)
 from sparkgate.policies.vocabulary import LADDER, SERVING_PHASES, Phase
 
 Direction = Literal["at_most", "at_least"]

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
-
 from sparkgate.policies.cost_model import CostTable
 from sparkgate.policies.scheduler import (
     admission_order,

@@ -5,9 +5,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-import torch
-
 import sparkgate.dashboards
+import torch
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store

@@ -37,10 +37,14 @@ from typing import Callable
 
 import click
 import torch
-
 from sparkgate.collectors.schema import StepRecord
 from sparkgate.policies.cost_model import CostTable
-from sparkgate.policies.window import CostAwareScheduler, FixedWindow, WindowContext, WindowPolicy
+from sparkgate.policies.window import (
+    CostAwareScheduler,
+    FixedWindow,
+    WindowContext,
+    WindowPolicy,
+)
 
 from .device_options import device_options, resolve_graphs
 from .engine import Engine, EngineConfig, Request
@@ -172,7 +176,12 @@ def bench_e2e(batches, gamma, short_window, waves, max_new_tokens, rounds, cost_
     """Committed tokens/s: static vs fixed short window vs cost-aware compact."""
     torch.set_num_threads(threads)
     graphs = resolve_graphs(device, graphs)
-    from .defaults import default_calibration, default_cost_table, default_drafter, default_target
+    from .defaults import (
+        default_calibration,
+        default_cost_table,
+        default_drafter,
+        default_target,
+    )
 
     torch.manual_seed(0)
     target = default_target().to(device)

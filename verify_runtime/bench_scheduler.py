@@ -15,9 +15,14 @@ from pathlib import Path
 
 import click
 import torch
-
 from sparkgate.policies.cost_model import AdditiveCostTable, CostTable, load_cost_table
-from sparkgate.policies.window import ConfidenceThreshold, CostAwareScheduler, FixedWindow, WindowContext, WindowPolicy
+from sparkgate.policies.window import (
+    ConfidenceThreshold,
+    CostAwareScheduler,
+    FixedWindow,
+    WindowContext,
+    WindowPolicy,
+)
 
 from .bench import time_static_verify
 

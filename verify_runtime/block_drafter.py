@@ -31,8 +31,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from .drafters import DraftContext, DraftOutput, pick, temperature_probs
-from .model import (BYTE_VOCAB, FeedForward, ModelArgs, RMSNorm, Transformer, apply_rope, model_version,
-                    read_checkpoint, rope_tables)
+from .model import (
+    BYTE_VOCAB,
+    FeedForward,
+    ModelArgs,
+    RMSNorm,
+    Transformer,
+    apply_rope,
+    model_version,
+    read_checkpoint,
+    rope_tables,
+)
 
 
 @dataclass

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import click
 import torch
-
-from sparkgate.collectors.schema import FULL_BLOCK_MODES, StepRecord
+from sparkgate.collectors.schema import StepRecord
+from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
 
 def read_labels(paths: list[str | Path]) -> tuple[torch.Tensor, torch.Tensor]:

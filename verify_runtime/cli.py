@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 
 import click
-
 from sparkgate.policies.window import FixedWindow
 
 from .defaults import default_drafter, default_target
@@ -24,7 +23,7 @@ def decode(tokens: list[int]) -> str:
 @click.command()
 @click.option("--prompt", required=True, help="Prompt text (UTF-8 bytes are the tokens).")
 @click.option("--max-new-tokens", default=64, show_default=True)
-@click.option("--mode", type=click.Choice(MODES), default="static", show_default=True)
+@click.option("--mode", type=click.Choice([str(m) for m in MODES]), default="static", show_default=True)
 @click.option("--gamma", default=7, show_default=True)
 @click.option("--window", default=3, show_default=True, help="Fixed window for compact/cap_accept/shadow.")
 @click.option("--temperature", default=0.0, show_default=True)

@@ -19,7 +19,6 @@ import hashlib
 from dataclasses import dataclass
 
 import torch
-
 from sparkgate.policies.window import FixedWindow
 
 from .drafters import Drafter

@@ -21,7 +21,6 @@ import warnings
 from typing import Callable
 
 import torch
-
 from sparkgate.policies.window import WindowDecision
 
 from .kv_cache import KVCache

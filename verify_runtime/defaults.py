@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
 import torch
-
-from sparkgate.policies.cost_model import CostTable, CostTableError, load_cost_table, save_cost_table
-from sparkgate.policies.cost_profile import hardware_fingerprint
-
 from sparkgate.policies.calibration import STS
+from sparkgate.policies.cost_model import (
+    CostTable,
+    CostTableError,
+    load_cost_table,
+    save_cost_table,
+)
+from sparkgate.policies.cost_profile import hardware_fingerprint
 
 from .block_drafter import BlockDrafter, load_drafter
 from .drafters import Drafter, NGramDrafter

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-
 from sparkgate.collectors.schema import RequestRow, StepRecord
 from sparkgate.policies.window import FixedWindow, WindowContext, WindowPolicy
 

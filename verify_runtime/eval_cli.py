@@ -37,13 +37,13 @@ def drafter(split, prompts, prompt_len, max_new_tokens, gamma, batch, target_pat
             sts_path, out_dir, records_out, threads, as_json):
     """Acceptance by depth, sequential-head ablation, draft cost and calibration (before/after STS)."""
     import torch
-
     from sparkgate.policies.calibration import STS
 
     from .block_drafter import BlockDrafter, load_drafter
     from .corpus import stdlib_corpus
     from .eval_plots import acceptance_figure, reliability_figure
-    from .evaluation import Blocks, EvalConfig, evaluate as run_evaluation
+    from .evaluation import Blocks, EvalConfig
+    from .evaluation import evaluate as run_evaluation
     from .model import load_checkpoint
     from .shipped import ASSETS, FILES, load_shipped_target
 

@@ -8,7 +8,6 @@ import matplotlib
 matplotlib.use("Agg")  # files only: never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
-
 from sparkgate.policies.calibration import STS, reliability  # noqa: E402
 
 from .evaluation import Blocks  # noqa: E402

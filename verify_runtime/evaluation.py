@@ -15,9 +15,14 @@ import time
 from dataclasses import dataclass
 
 import torch
-
 from sparkgate.collectors.schema import StepRecord
-from sparkgate.policies.calibration import STS, auroc_per_depth, batched_ece, brier_per_depth, ece_per_depth
+from sparkgate.policies.calibration import (
+    STS,
+    auroc_per_depth,
+    batched_ece,
+    brier_per_depth,
+    ece_per_depth,
+)
 
 from .corpus import Corpus
 from .drafters import DraftContext, Drafter

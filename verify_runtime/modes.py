@@ -10,8 +10,8 @@
 from __future__ import annotations
 
 import torch
-
 from sparkgate.collectors.schema import MODES
+
 
 def mode_codes(modes: list[str], device: torch.device | str = "cpu") -> torch.Tensor:
     unknown = sorted(set(modes) - set(MODES))

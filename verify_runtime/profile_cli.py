@@ -10,12 +10,17 @@ from pathlib import Path
 
 import click
 import torch
-
 from sparkgate.policies.cost_model import save_cost_table
 
 from .defaults import default_drafter, default_target
 from .device_options import device_options, resolve_graphs
-from .profiler import DEFAULT_BATCHES, DEFAULT_CONTEXT, DEFAULT_FRACTIONS, plot_profile, profile_model
+from .profiler import (
+    DEFAULT_BATCHES,
+    DEFAULT_CONTEXT,
+    DEFAULT_FRACTIONS,
+    plot_profile,
+    profile_model,
+)
 from .tiers import DEFAULT_TIERS, TierGrid, parse_tiers
 
 

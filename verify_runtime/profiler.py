@@ -24,12 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
-
 from sparkgate.policies.cost_model import AdditiveCostTable, CostMeta
-from sparkgate.policies.cost_profile import StepSample, fit_additive_table, hardware_fingerprint, median_relative_error
-
+from sparkgate.policies.cost_profile import (
+    StepSample,
+    fit_additive_table,
+    hardware_fingerprint,
+    median_relative_error,
+)
 from sparkgate.policies.window import WindowContext, WindowDecision
+from tqdm import tqdm
 
 from .drafters import Drafter
 from .engine import Engine, EngineConfig, Request

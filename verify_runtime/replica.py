@@ -22,7 +22,6 @@ import time
 from typing import Any, Callable, Iterable, Iterator
 
 import httpx
-
 from sparkgate.collectors.schema import StepRecord
 from sparkgate.policies.payload import PolicyPayload
 from sparkgate.policies.vocabulary import Mode, Phase

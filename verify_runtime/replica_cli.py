@@ -30,7 +30,6 @@ from typing import Iterator
 import click
 import httpx
 from prometheus_client import Counter, Gauge, start_http_server
-
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.schema import StepRecord
 from sparkgate.policies.payload import PolicyPayload
@@ -87,7 +86,12 @@ def warm_engine(replica_id: str, gamma: int, max_batch: int, seed: int, window: 
     """(engine, the scheduler it serves outside fallback, where its cost table came from), after a few
     unrecorded requests: a fresh process's first steps are slow, and the baseline the gates compare
     with must not be that cold start."""
-    from .defaults import default_calibration, default_cost_table, default_drafter, default_target
+    from .defaults import (
+        default_calibration,
+        default_cost_table,
+        default_drafter,
+        default_target,
+    )
 
     target = default_target()
     drafter = default_drafter(target)

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from torch import nn
-
 from sparkgate.policies.calibration import STS
+from torch import nn
 
 from .block_drafter import BlockDrafter, load_drafter
 from .model import Transformer, load_checkpoint, model_version, save_checkpoint

@@ -14,6 +14,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+from sparkgate.policies.vocabulary import MissReason
+
 # Fine steps where batches usually land, so padding stays under ~15% of rows;
 # one graph per tier is cheap next to the padding it saves.
 DEFAULT_TIERS = (8, 16, 24, 32, *range(48, 257, 16), *range(288, 513, 32))
@@ -24,7 +26,7 @@ class TierChoice:
     tier: int  # index into the grid, -1 on a miss
     tier_rows: int  # rows the step runs with
     graph_hit: bool
-    miss_reason: str | None
+    miss_reason: MissReason | None
 
 
 @dataclass(frozen=True)
@@ -54,12 +56,12 @@ class TierGrid:
         if rows < 1:
             raise ValueError(f"a step needs at least one row, got {rows}")
         if self.force_eager:
-            return TierChoice(-1, rows, False, "forced_eager")
+            return TierChoice(-1, rows, False, MissReason.FORCED_EAGER)
         index = bisect.bisect_left(self.tiers, rows)
         if index == len(self.tiers):
-            return TierChoice(-1, rows, False, "over_max_tier")
+            return TierChoice(-1, rows, False, MissReason.OVER_MAX_TIER)
         if self.tiers[index] not in self.captured_tiers:
-            return TierChoice(-1, rows, False, "not_captured")
+            return TierChoice(-1, rows, False, MissReason.NOT_CAPTURED)
         return TierChoice(index, self.tiers[index], True, None)
 
 

@@ -4,13 +4,12 @@ censored compact view, labelled as such and never gated."""
 from __future__ import annotations
 
 import streamlit as st
-
-from sparkgate.collectors.aggregate import UNCENSORED_MODES
 from sparkgate.controller.queries import SLICE_COLUMNS
 from sparkgate.dashboards import charts, data, series
 from sparkgate.dashboards.context import windowed_page
+from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
-UNCENSORED = f"Uncensored ({', '.join(UNCENSORED_MODES)}): gated"
+UNCENSORED = f"Uncensored ({', '.join(FULL_BLOCK_MODES)}): gated"
 COMPACT = "Compact (censored): labels beyond the window are unknown; never gated"
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import streamlit as st
-
 from sparkgate.dashboards import charts, steps
 from sparkgate.dashboards.context import current, when
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
-
 from sparkgate.controller.commands import DEFAULT_URL
-from sparkgate.controller.rollout import CHANGES_POLICY, OPERATOR_ACTIONS, RolloutState, TransitionError, command
+from sparkgate.controller.rollout import RolloutState, TransitionError, command
 from sparkgate.dashboards import charts, data
 from sparkgate.dashboards.context import current, when
+from sparkgate.policies.vocabulary import CHANGES_POLICY, OPERATOR_ACTIONS
 
 SYMBOL = {"at_most": "≤", "at_least": "≥"}
 

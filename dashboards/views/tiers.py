@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
-
 from sparkgate.dashboards import charts, series, steps
 from sparkgate.dashboards.context import windowed_page
 

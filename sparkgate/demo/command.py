@@ -31,13 +31,19 @@ import httpx
 import yaml
 
 from sparkgate.collectors.store import Store
-from sparkgate.policies.rollout import RolloutPolicy, load_rollout_policy
-
 from sparkgate.controller.gates import Verdict, interval_outcome
-from sparkgate.controller.rollout import CHANGES_POLICY
+from sparkgate.policies.rollout import RolloutPolicy, load_rollout_policy
+from sparkgate.policies.vocabulary import CHANGES_POLICY
 
 from .fleet import Fleet, FleetError, answers, free_port
-from .summary import describe_verdict, failing, gate_table, render, stage_label, summarize
+from .summary import (
+    describe_verdict,
+    failing,
+    gate_table,
+    render,
+    stage_label,
+    summarize,
+)
 
 DEMO_POLICY = Path(__file__).with_name("demo_rollout.yaml")
 MARKER = ".sparkgate-demo"

@@ -11,12 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparkgate.collectors.store import Store
-
 from sparkgate.controller import ledger
-from sparkgate.controller.gates import FAIL
 from sparkgate.controller.metrics import evaluate
 from sparkgate.controller.queries import Window
-from sparkgate.controller.rollout import CHANGES_POLICY, FALLBACK, ROLLBACK, Decision
+from sparkgate.controller.rollout import Decision
+from sparkgate.policies.vocabulary import CHANGES_POLICY, Action, Outcome, Phase
 
 # Bootstrap resamples per stage: the summary shows point figures; the gates had the intervals.
 SUMMARY_RESAMPLES = 20
@@ -68,7 +67,7 @@ def phases_entered(decisions: list[Decision]) -> list[str]:
 
 def failing(reasons) -> list[dict]:
     """The deciding gate verdicts that failed, among a decision's reasons."""
-    return [r for r in reasons if r.get("outcome") == FAIL and not r.get("dry_run")]
+    return [r for r in reasons if r.get("outcome") == Outcome.FAIL and not r.get("dry_run")]
 
 
 def describe_verdict(v: dict) -> str:
@@ -78,7 +77,7 @@ def describe_verdict(v: dict) -> str:
 
 def fallback_reason(decisions: list[Decision]) -> str | None:
     """Why the rollout last rolled back to fallback (rule, then the gates that failed), or None."""
-    rollbacks = [d for d in decisions if d.action == ROLLBACK]
+    rollbacks = [d for d in decisions if d.action == Action.ROLLBACK]
     if not rollbacks:
         return None
     decision = rollbacks[-1]
@@ -137,7 +136,7 @@ def _decision_log(decisions: list[Decision], t0: float) -> list[dict]:
     """Policy changes, and the failed intervals that led to them (fallback judges for the record only)."""
     out = []
     for d in decisions:
-        if d.action in CHANGES_POLICY or (d.outcome == FAIL and d.phase_to != FALLBACK):
+        if d.action in CHANGES_POLICY or (d.outcome == Outcome.FAIL and d.phase_to != Phase.FALLBACK):
             out.append({"at_s": round(d.decided_at - t0, 1), "action": d.action, "from": d.phase_from,
                         "to": stage_label(d.phase_to, d.compact_fraction), "revision": d.revision,
                         "rule": d.reasons[0].get("rule"), "failing": [describe_verdict(v) for v in failing(d.reasons)]})
@@ -171,7 +170,7 @@ def gate_table(verdicts: list[dict], indent: str = "    ") -> str:
         value = "-" if v["value"] is None else f"{v['value']:.3f}"
         bound = f"{'<=' if v['direction'] == 'at_most' else '>='} {v['threshold']:g}"
         verdict = v["outcome"] + (" (dry run)" if v.get("dry_run") else "") + (" CRITICAL" if v["critical"] and
-                                                                              v["outcome"] == FAIL else "")
+                                                                              v["outcome"] == Outcome.FAIL else "")
         rows.append((v["gate"], value, bound, f"{v['samples']:,}", verdict))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(indent + "  ".join(c.ljust(w) if i in (0, 4) else c.rjust(w)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 
 from hypothesis import strategies as st
-
 from sparkgate.collectors.schema import MODES, RequestRow, StepRecord
 
 probability = st.floats(0.0, 1.0, allow_nan=False)

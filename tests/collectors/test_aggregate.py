@@ -7,11 +7,12 @@ import math
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from sparkgate.collectors.aggregate import N_BINS, Aggregate, bin_index
+from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.batch import prepare
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import from_records, from_wire
+from sparkgate.policies.binning import N_BINS, bin_index
+
 from tests.collectors.strategies import step_records
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
-
 from sparkgate.collectors.store import Store
+
 from sparkgate.cli import main
 from tests.collectors.loopback import scripted_server
 from tests.collectors.strategies import compact_row, step

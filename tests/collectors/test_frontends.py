@@ -5,20 +5,20 @@ import json
 import threading
 
 import httpx
-import pytest
 import pyarrow as pa
+import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
-
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.ingest import Ingestor, StoreSink
 from sparkgate.collectors.ingest_api import ingest_app, serve_in_thread
 from sparkgate.collectors.metrics import Metrics
+from sparkgate.collectors.schema import RequestRow
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.tracing import tracer_provider
-from tests.collectors.otlp_receiver import attributes, otlp_receiver
-from sparkgate.collectors.schema import RequestRow
 from sparkgate.collectors.wire import from_ipc, from_ndjson, from_records, to_ipc
+
+from tests.collectors.otlp_receiver import attributes, otlp_receiver
 from tests.collectors.strategies import compact_row, step
 
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from sparkgate.collectors.labels import explode
 from sparkgate.collectors.wire import flatten, from_records
+
 from tests.collectors.strategies import compact_row, step, step_records
 
 

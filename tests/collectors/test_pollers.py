@@ -4,10 +4,10 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.sglang import EPOCH_SHIFT, SGLangPoller
 from sparkgate.collectors.vllm import VLLMScraper, parse_counters, survival_curve
+
 from tests.collectors.loopback import scripted_server
 
 GAMMA = 4

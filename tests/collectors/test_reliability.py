@@ -12,10 +12,10 @@ import threading
 import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from sparkgate.collectors.store import Store
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import from_ndjson
+
 from tests.collectors.strategies import step_records
 
 JUNK = st.one_of(st.none(), st.text(max_size=5), st.integers(-10**20, 10**20), st.floats(allow_nan=True),

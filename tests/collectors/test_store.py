@@ -10,13 +10,13 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import explode
 from sparkgate.collectors.migrations import MIGRATIONS
 from sparkgate.collectors.store import IntervalOverlap, Store, open_snapshot, stage
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import flatten, from_dicts, from_records
+
 from tests.collectors.strategies import compact_row, step
 
 

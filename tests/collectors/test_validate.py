@@ -6,9 +6,9 @@ import math
 
 import pytest
 from hypothesis import given, settings
-
 from sparkgate.collectors.schema import RequestRow, StepRecord
 from sparkgate.collectors.validate import validate
+
 from tests.collectors.strategies import compact_row, step, step_records
 
 

@@ -5,10 +5,15 @@ import contextlib
 import json
 
 import pytest
-
-from sparkgate.controller.actuators import FORCE_KEY, ActuatorError, SGLangActuator, budget_fractions
+from sparkgate.controller.actuators import (
+    FORCE_KEY,
+    ActuatorError,
+    SGLangActuator,
+    budget_fractions,
+)
 from sparkgate.controller.promql import PromQLError, query
 from sparkgate.policies.payload import PolicyPayload
+
 from tests.collectors.loopback import QuietHandler, serving
 
 

@@ -5,13 +5,17 @@ import numpy as np
 import pytest
 from sklearn.calibration import calibration_curve
 from sklearn.metrics import roc_auc_score
-
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import explode
 from sparkgate.collectors.schema import MODES
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import flatten
-from sparkgate.controller.calibration import REQUEST_GROUPS, KindStats, bootstrap_ece, fine_bin
+from sparkgate.controller.calibration import (
+    REQUEST_GROUPS,
+    KindStats,
+    bootstrap_ece,
+    fine_bin,
+)
 
 STATIC = MODES.index("static")
 

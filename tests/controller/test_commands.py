@@ -6,16 +6,16 @@ import json
 import httpx
 import pytest
 from click.testing import CliRunner
-
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.ingest_api import serve_in_thread
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store
-from sparkgate.cli import main
-from sparkgate.demo.fleet import Fleet, free_port
 from sparkgate.controller.service import create_app
 from sparkgate.controller.supervisor import Controller
 from sparkgate.policies.rollout import DEFAULT_PATH, load_rollout_policy
+
+from sparkgate.cli import main
+from sparkgate.demo.fleet import Fleet, free_port
 from tests.collectors.otlp_receiver import attributes, otlp_receiver
 from tests.collectors.strategies import compact_row, step
 from tests.conftest import T0, ingest_synthetic

@@ -5,7 +5,6 @@ import functools
 
 import numpy as np
 import pytest
-
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import explode
 from sparkgate.collectors.synth import synthetic_wire

@@ -6,13 +6,13 @@ import json
 import numpy as np
 import pyarrow as pa
 import pytest
-
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import explode
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import flatten, from_dicts
 from sparkgate.controller.metrics import evaluate
 from sparkgate.controller.queries import Slice, Window, slice_values
+
 from tests.conftest import T0, ingest_synthetic, with_columns
 
 

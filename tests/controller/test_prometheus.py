@@ -14,11 +14,11 @@ import time
 import httpx
 import pytest
 import yaml
+from sparkgate.policies.rollout import Gate
+from sparkgate.policies.vocabulary import LADDER
 
 from sparkgate.demo.command import demo_policy
 from sparkgate.demo.fleet import Fleet, answers, free_port
-from sparkgate.policies.rollout import Gate
-from sparkgate.policies.vocabulary import LADDER
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus binary "

@@ -2,14 +2,21 @@
 from __future__ import annotations
 
 import pytest
-
 from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
 from sparkgate.controller.gates import judge_all, judge_baseline
 from sparkgate.controller.metrics import Measurement
-from sparkgate.controller.rollout import (FALLBACK, PAUSED, TransitionError, apply, command, decide, fall_back, start,
-                                stage_of)
+from sparkgate.controller.rollout import (
+    TransitionError,
+    apply,
+    command,
+    decide,
+    fall_back,
+    stage_of,
+    start,
+)
 from sparkgate.policies.rollout import parse_rollout_policy
+from sparkgate.policies.vocabulary import Phase
 
 POLICY = parse_rollout_policy({"canary_steps": [0.05, 0.5], "consecutive_passes": 2, "failure_limit": 1,
                                "evaluation_interval_s": 60, "progress_deadline_s": 300})
@@ -98,7 +105,7 @@ def test_rolls_back_when_failures_exceed_the_limit_and_records_why(script):
     assert (first.action, first.phase_to) == ("hold", "canary")
     assert script.interval().action == "hold"  # a pass in between does not forgive the failure
     rollback = script.interval(bad)
-    assert (rollback.action, rollback.phase_from, rollback.phase_to) == ("rollback", "canary", FALLBACK)
+    assert (rollback.action, rollback.phase_from, rollback.phase_to) == ("rollback", "canary", Phase.FALLBACK)
     assert rollback.reasons[0] == {"rule": "failure limit", "failures": 2, "limit": 1}
     gate = next(r for r in rollback.reasons if r.get("gate") == "tier_miss_rate")
     assert (gate["outcome"], gate["value"], gate["threshold"], gate["samples"]) == ("fail", 0.1, 0.02, 1000)
@@ -109,7 +116,7 @@ def test_rolls_back_when_failures_exceed_the_limit_and_records_why(script):
 def test_a_critical_gate_rolls_back_at_once(script):
     script.climb_to("canary", 0.5)
     decision = script.interval(good(consistency_mismatches=Measurement(1.0, 3)))
-    assert (decision.action, decision.outcome, decision.phase_to) == ("rollback", "critical", FALLBACK)
+    assert (decision.action, decision.outcome, decision.phase_to) == ("rollback", "critical", Phase.FALLBACK)
     assert decision.reasons[0]["rule"] == "critical gate failed"
 
 
@@ -132,9 +139,9 @@ def test_fallback_is_left_only_by_resume(script):
     script.act("abort", note="pager")
     for _ in range(6):
         assert script.interval().action == "hold"
-    assert script.state.phase == FALLBACK
+    assert script.state.phase == Phase.FALLBACK
     resumed = script.act("resume", operator="bob", note="fixed")
-    assert (resumed.phase_from, resumed.phase_to, resumed.operator) == (FALLBACK, "shadow", "bob")
+    assert (resumed.phase_from, resumed.phase_to, resumed.operator) == (Phase.FALLBACK, "shadow", "bob")
     assert resumed.reasons == ({"rule": "operator resume", "note": "fixed"},)
 
 
@@ -147,7 +154,7 @@ def test_oscillation_around_a_threshold_does_not_flap(script):
         revisions.append((script.state.revision, script.state.phase))
     phases = [phase for _, phase in revisions]
     assert "canary" not in phases  # never two passes in a row, so never an advance
-    assert phases[-1] == FALLBACK and len(set(revisions)) == 2  # shadow, then one rollback that sticks
+    assert phases[-1] == Phase.FALLBACK and len(set(revisions)) == 2  # shadow, then one rollback that sticks
 
 
 def test_dry_run_gates_are_recorded_but_never_decide(store):
@@ -180,7 +187,7 @@ def test_restart_mid_canary_resumes_phase_revision_and_counters(tmp_path):
 def test_pause_holds_the_stage_and_resume_returns_to_it(script):
     script.climb_to("canary", 0.5)
     paused = script.act("pause")
-    assert (paused.phase_to, paused.compact_fraction) == (PAUSED, 0.5)
+    assert (paused.phase_to, paused.compact_fraction) == (Phase.PAUSED, 0.5)
     for _ in range(4):
         assert script.interval().action == "hold"
     assert ledger.load_state(script.store, POLICY) == script.state
@@ -215,5 +222,5 @@ def test_a_stage_the_policy_file_lost_is_reported(script):
     with pytest.raises(LookupError, match="canary at compact_fraction 0.5"):
         ledger.load_state(script.store, narrower)
     decision = fall_back(narrower, script.state, script.now, "stage not in the policy file")
-    assert (decision.phase_to, decision.revision) == (FALLBACK, script.state.revision + 1)
-    assert stage_of(narrower, FALLBACK, 0.0, "canary") is None
+    assert (decision.phase_to, decision.revision) == (Phase.FALLBACK, script.state.revision + 1)
+    assert stage_of(narrower, Phase.FALLBACK, 0.0, "canary") is None

@@ -5,20 +5,20 @@ import json
 
 import httpx
 import pytest
-
+import sparkgate.controller.service as service_module
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.ingest import Ingestor
-from sparkgate.collectors.labels import explode
-from sparkgate.collectors.store import Store
-from sparkgate.collectors.wire import flatten
 from sparkgate.collectors.ingest_api import serve_in_thread
+from sparkgate.collectors.labels import explode
 from sparkgate.collectors.metrics import Metrics
+from sparkgate.collectors.store import Store
 from sparkgate.collectors.synth import synthetic_wire
-import sparkgate.controller.service as service_module
+from sparkgate.collectors.wire import flatten
 from sparkgate.controller.service import check_bind, create_app
 from sparkgate.controller.supervisor import Controller
 from sparkgate.policies.rollout import parse_rollout_policy
-from tests.conftest import Clock, T0, with_columns
+
+from tests.conftest import T0, Clock, with_columns
 
 TOKEN = "s3cret-token"
 POLICY = parse_rollout_policy({"gates": [

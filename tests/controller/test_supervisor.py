@@ -4,12 +4,12 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
 from sparkgate.controller.commands import evaluate_forever
 from sparkgate.controller.supervisor import Controller
 from sparkgate.policies.rollout import parse_rollout_policy
+
 from tests.conftest import T0, ingest_synthetic
 
 POLICY = parse_rollout_policy({"canary_steps": [0.1, 0.5], "stale_after_s": 120, "gates": [

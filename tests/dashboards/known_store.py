@@ -20,6 +20,7 @@ from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import from_wire
 from sparkgate.controller.supervisor import Controller
 from sparkgate.policies.rollout import parse_rollout_policy
+
 from tests.conftest import T0, Clock
 
 POLICY = {

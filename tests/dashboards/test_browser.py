@@ -12,11 +12,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
-from sparkgate.demo.fleet import free_port
 from sparkgate.dashboards.cli import streamlit_command
+
+from sparkgate.demo.fleet import free_port
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(os.environ.get("SPARKGATE_TEST_ARTIFACTS",

@@ -12,8 +12,6 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pytest
-from streamlit.testing.v1 import AppTest
-
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import explode
 from sparkgate.collectors.store import Store
@@ -23,6 +21,8 @@ from sparkgate.controller.metrics import evaluate
 from sparkgate.controller.queries import Window
 from sparkgate.dashboards import series
 from sparkgate.dashboards.source import open_snapshot_reader
+from streamlit.testing.v1 import AppTest
+
 from tests.conftest import APP
 from tests.dashboards.known_store import MISSES, SHADOW_STEPS
 

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import pytest
+from sparkgate.policies.rollout import load_rollout_policy
 
 from sparkgate.demo.command import DEMO_POLICY, demo_policy, prepare_out
-from sparkgate.policies.rollout import load_rollout_policy
 
 
 def test_the_demo_policy_loads_and_walks_the_ladder_up_to_compact():

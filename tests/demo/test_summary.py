@@ -5,8 +5,15 @@ from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger, rollout
 from sparkgate.controller.gates import judge_all, judge_baseline
 from sparkgate.controller.metrics import Measurement
+
 from sparkgate.demo.command import demo_policy
-from sparkgate.demo.summary import fallback_reason, gate_table, phases_entered, stages_of, summarize
+from sparkgate.demo.summary import (
+    fallback_reason,
+    gate_table,
+    phases_entered,
+    stages_of,
+    summarize,
+)
 from tests.conftest import T0, ingest_synthetic
 
 

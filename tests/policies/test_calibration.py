@@ -3,7 +3,6 @@ import math
 
 import pytest
 import torch
-
 from sparkgate.policies.calibration import (
     STS,
     STSFormatError,

@@ -4,7 +4,6 @@ import re
 
 import pytest
 import torch
-
 from sparkgate.policies.cost_model import (
     AdditiveCostTable,
     CostMeta,

@@ -4,9 +4,18 @@ import re
 
 import pytest
 import torch
-
-from sparkgate.policies.cost_model import AdditiveCostTable, CostMeta, CostTableError, parse_cost_table
-from sparkgate.policies.cost_profile import StepSample, fit_additive_table, hardware_fingerprint, median_relative_error
+from sparkgate.policies.cost_model import (
+    AdditiveCostTable,
+    CostMeta,
+    CostTableError,
+    parse_cost_table,
+)
+from sparkgate.policies.cost_profile import (
+    StepSample,
+    fit_additive_table,
+    hardware_fingerprint,
+    median_relative_error,
+)
 
 TRUE = AdditiveCostTable(bias_seconds=0.003, bs_probes=(1, 8, 32), alpha_seconds=(0.0, 0.0004, 0.002),
                          m_probes=(1, 16, 64, 256), theta_seconds=(0.0, 0.0001, 0.001, 0.006))

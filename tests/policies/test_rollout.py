@@ -3,7 +3,6 @@ from importlib import resources
 
 import pytest
 import yaml
-
 from sparkgate.policies.rollout import (
     DEFAULT_GATES,
     Gate,

@@ -2,10 +2,13 @@
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from sparkgate.policies.cost_model import AdditiveCostTable
 from sparkgate.policies.scheduler import admission_order, assign_windows, clean_survival
-from sparkgate.policies.window import ConfidenceThreshold, CostAwareScheduler, WindowContext
+from sparkgate.policies.window import (
+    ConfidenceThreshold,
+    CostAwareScheduler,
+    WindowContext,
+)
 
 # Few distinct values so ties are common: the tie-break is what is under test.
 CONFIDENCES = st.sampled_from([0.0, 0.25, 0.5, 0.75, 0.9, 1.0])

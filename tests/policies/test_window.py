@@ -1,10 +1,14 @@
 """Window policies: the behaviours issue 4 asks for, on hand-computed cases."""
 import pytest
 import torch
-
 from sparkgate.policies.cost_model import AdditiveCostTable, StepsPerSecondTable
 from sparkgate.policies.scheduler import admission_order, assign_windows, clean_survival
-from sparkgate.policies.window import ConfidenceThreshold, CostAwareScheduler, FixedWindow, WindowContext
+from sparkgate.policies.window import (
+    ConfidenceThreshold,
+    CostAwareScheduler,
+    FixedWindow,
+    WindowContext,
+)
 
 FREE = StepsPerSecondTable(sample_batch_tokens=(1,), sample_steps_per_sec=(100.0,), max_batch_tokens=100_000)
 # T(bs, M) = 2 + M seconds: a fixed overhead plus a cost proportional to rows.

@@ -3,7 +3,6 @@ speculative modes must reproduce token for token (docs/design.md §3, invariant 
 from __future__ import annotations
 
 import torch
-
 from sparkgate.verify_runtime.model import Transformer, forward_full
 
 

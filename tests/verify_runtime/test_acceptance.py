@@ -1,10 +1,10 @@
 """Losslessness of speculative sampling, checked against the exact target distribution."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import chi2
-
 from sparkgate.policies.window import FixedWindow
 from sparkgate.verify_runtime.acceptance import accept_all
 from sparkgate.verify_runtime.drafters import ModelDrafter

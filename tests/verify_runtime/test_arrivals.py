@@ -4,8 +4,8 @@ from __future__ import annotations
 from itertools import count
 
 import pytest
-
 from sparkgate.verify_runtime.arrivals import Arrivals, swing
+
 from tests.conftest import Clock
 
 

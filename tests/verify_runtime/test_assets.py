@@ -1,12 +1,12 @@
 """The shipped checkpoints and STS file: present, described, small, loadable, usable."""
 import pytest
 import torch
-
 from sparkgate.verify_runtime.drafters import DraftContext
 from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
 from sparkgate.verify_runtime.model import model_version
-from tests.verify_runtime.reference import greedy_decode
 from sparkgate.verify_runtime.shipped import ASSETS, FILES, load_shipped, read_manifest
+
+from tests.verify_runtime.reference import greedy_decode
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,17 @@
 import pytest
 import torch
-
-from sparkgate.verify_runtime.block_drafter import BlockDrafter, DrafterArgs, DSparkNet, draft_stats, load_drafter
+from sparkgate.verify_runtime.block_drafter import (
+    BlockDrafter,
+    DrafterArgs,
+    DSparkNet,
+    draft_stats,
+    load_drafter,
+)
 from sparkgate.verify_runtime.drafters import DraftContext
 from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
 from sparkgate.verify_runtime.model import forward_full, model_version, save_checkpoint
-from tests.verify_runtime.reference import greedy_decode
 
+from tests.verify_runtime.reference import greedy_decode
 
 
 def tiny_net(sequential: bool = True, seed: int = 0) -> DSparkNet:

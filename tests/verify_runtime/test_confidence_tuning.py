@@ -2,13 +2,16 @@ import json
 
 import torch
 from click.testing import CliRunner
-
-from sparkgate.cli import main
 from sparkgate.verify_runtime.block_drafter import DrafterArgs, DSparkNet, load_drafter
-from sparkgate.verify_runtime.confidence_tuning import collect_own_blocks, fit_confidence_head
+from sparkgate.verify_runtime.confidence_tuning import (
+    collect_own_blocks,
+    fit_confidence_head,
+)
 from sparkgate.verify_runtime.model import BYTE_VOCAB, save_checkpoint
 
+from sparkgate.cli import main
 from tests.conftest import tiny_model
+
 from .test_block_drafter import tiny_net
 
 

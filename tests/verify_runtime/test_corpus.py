@@ -1,7 +1,13 @@
 import pytest
 import torch
-
-from sparkgate.verify_runtime.corpus import DOMAINS, SPLITS, Corpus, Document, split_of, stdlib_corpus
+from sparkgate.verify_runtime.corpus import (
+    DOMAINS,
+    SPLITS,
+    Corpus,
+    Document,
+    split_of,
+    stdlib_corpus,
+)
 from sparkgate.verify_runtime.model import BOS
 
 

@@ -1,15 +1,15 @@
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
-
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sparkgate.policies.window import FixedWindow
 from sparkgate.verify_runtime.drafters import ModelDrafter, NGramDrafter
 from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
 from sparkgate.verify_runtime.model import EOS, forward_full
-from tests.verify_runtime.reference import greedy_decode
 from sparkgate.verify_runtime.verify import TargetRunner
 
 from tests.conftest import SurvivalWindows, tiny_model
+from tests.verify_runtime.reference import greedy_decode
 
 MODES = ["static", "shadow", "compact", "cap_accept"]
 

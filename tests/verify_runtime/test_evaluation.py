@@ -3,7 +3,6 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-
 from sparkgate.policies.calibration import STS
 from sparkgate.verify_runtime.block_drafter import BlockDrafter, DrafterArgs, DSparkNet
 from sparkgate.verify_runtime.calibrate_cli import calibrate, read_labels

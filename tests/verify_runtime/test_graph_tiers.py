@@ -1,7 +1,6 @@
 """The fixed-shape path CUDA graphs capture, checked on CPU; the graphs themselves on CUDA."""
 import pytest
 import torch
-
 from sparkgate.policies.calibration import STS
 from sparkgate.policies.cost_model import AdditiveCostTable
 from sparkgate.policies.window import CostAwareScheduler, FixedWindow, WindowDecision
@@ -11,10 +10,10 @@ from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
 from sparkgate.verify_runtime.kv_cache import KVCache
 from sparkgate.verify_runtime.model import forward_packed
 from sparkgate.verify_runtime.packing import gather_rows
-from tests.verify_runtime.reference import greedy_decode
 from sparkgate.verify_runtime.verify import TargetRunner
 
 from tests.conftest import SurvivalWindows, tiny_model
+from tests.verify_runtime.reference import greedy_decode
 
 
 def test_static_shapes_compute_what_the_ragged_layout_does(target):

@@ -1,8 +1,14 @@
 import pytest
 import torch
-
 from sparkgate.verify_runtime.kv_cache import KVCache
-from sparkgate.verify_runtime.model import ModelArgs, Transformer, forward_full, load_checkpoint, model_version, save_checkpoint
+from sparkgate.verify_runtime.model import (
+    ModelArgs,
+    Transformer,
+    forward_full,
+    load_checkpoint,
+    model_version,
+    save_checkpoint,
+)
 from sparkgate.verify_runtime.verify import TargetRunner
 
 from tests.conftest import tiny_model

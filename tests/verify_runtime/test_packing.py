@@ -1,6 +1,6 @@
 import torch
-from hypothesis import given, settings, strategies as st
-
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sparkgate.verify_runtime.packing import build_layout, gather_rows, scatter_rows
 
 batches = st.lists(st.tuples(st.integers(0, 40), st.integers(1, 9)), min_size=1, max_size=12)

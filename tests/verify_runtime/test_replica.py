@@ -5,7 +5,6 @@ from collections import Counter
 
 import pytest
 import torch
-
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.ingest_api import serve_in_thread
 from sparkgate.collectors.metrics import Metrics
@@ -15,13 +14,19 @@ from sparkgate.controller.supervisor import Controller
 from sparkgate.policies.payload import PolicyPayload
 from sparkgate.policies.rollout import parse_rollout_policy
 from sparkgate.policies.window import FixedWindow
-from sparkgate.verify_runtime.consistency import GreedyReplay, compare, state_check, unit_hash, wanted
+from sparkgate.verify_runtime.consistency import (
+    GreedyReplay,
+    compare,
+    state_check,
+    unit_hash,
+    wanted,
+)
 from sparkgate.verify_runtime.drafters import ModelDrafter
 from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
-from tests.verify_runtime.reference import greedy_decode
 from sparkgate.verify_runtime.replica import ControllerClient, Replica, mode_for
 
 from tests.conftest import tiny_model
+from tests.verify_runtime.reference import greedy_decode
 
 GAMMA = 4
 POLICY = parse_rollout_policy({"gamma": GAMMA, "canary_steps": [0.5], "observe_fraction": 0.2, "gates": [

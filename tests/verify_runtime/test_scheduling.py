@@ -7,17 +7,21 @@ import os
 import pytest
 import torch
 from click.testing import CliRunner
-
-from sparkgate.cli import main
 from sparkgate.policies.cost_model import StepsPerSecondTable
 from sparkgate.policies.window import CostAwareScheduler, WindowDecision
-from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
 from sparkgate.verify_runtime.drafters import ModelDrafter, NGramDrafter
+from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
 from sparkgate.verify_runtime.model import model_version
-from sparkgate.verify_runtime.profiler import ForcedWindows, even_windows, profile_model, step_version
-from tests.verify_runtime.reference import greedy_decode
+from sparkgate.verify_runtime.profiler import (
+    ForcedWindows,
+    even_windows,
+    profile_model,
+    step_version,
+)
 
+from sparkgate.cli import main
 from tests.conftest import tiny_model
+from tests.verify_runtime.reference import greedy_decode
 
 
 def flat_table(max_tokens=4096):
@@ -158,8 +162,12 @@ def test_foresight_wall_ratio_dilutes_the_decode_gain_by_what_no_policy_changes(
 def test_replay_prices_windows_on_static_steps_by_hand():
     """Two requests with a* = 3 and 0 at γ = 4, priced 1 ms per step plus 1 ms per row."""
     from sparkgate.policies.cost_model import AdditiveCostTable
+    from sparkgate.verify_runtime.bench_e2e import (
+        foresight_decode_ratio,
+        replay_decode_ratio,
+    )
+
     from tests.collectors.strategies import compact_row, step
-    from sparkgate.verify_runtime.bench_e2e import foresight_decode_ratio, replay_decode_ratio
     table = AdditiveCostTable(bias_seconds=0.001, bs_probes=(1, 8), alpha_seconds=(0.0, 0.0),
                               m_probes=(1, 64), theta_seconds=(0.001, 0.064))
     rows = [dataclasses.replace(compact_row(4, 4, a, f"r{a}"), mode="static", full_accept=a) for a in (3, 0)]

@@ -1,5 +1,4 @@
 import pytest
-
 from sparkgate.verify_runtime.tiers import TierGrid, parse_tiers
 
 

@@ -2,11 +2,21 @@ import dataclasses
 
 import pytest
 import torch
-
 from sparkgate.verify_runtime.block_drafter import DrafterArgs
 from sparkgate.verify_runtime.corpus import Corpus, Document
-from sparkgate.verify_runtime.model import BYTE_VOCAB, ModelArgs, Transformer, forward_full
-from sparkgate.verify_runtime.training import DraftObjective, TrainConfig, draft_examples, train_drafter, train_target
+from sparkgate.verify_runtime.model import (
+    BYTE_VOCAB,
+    ModelArgs,
+    Transformer,
+    forward_full,
+)
+from sparkgate.verify_runtime.training import (
+    DraftObjective,
+    TrainConfig,
+    draft_examples,
+    train_drafter,
+    train_target,
+)
 
 TINY = ModelArgs(dim=32, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=64)
 
