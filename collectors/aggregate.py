@@ -8,6 +8,7 @@ figure equals the single-pass one up to float rounding. ECE, Brier and the
 reliability diagram derive from these sums alone (DESIGN §2): 15 equal-width
 bins ``[k/15, (k+1)/15)``, the last one closed so that p = 1 lands in it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from sparkgate.collectors.labels import ACCEPTED, CENSORED, REJECTED, mode_codes
 from sparkgate.collectors.schema import MODES, Problem
 from sparkgate.collectors.validate import MAX_GAMMA
@@ -35,13 +37,14 @@ class CalibrationStats:
     sum_sq: np.ndarray
 
     @classmethod
-    def empty(cls, depths: int) -> "CalibrationStats":
+    def empty(cls, depths: int) -> CalibrationStats:
         shape = (len(MODES), depths + 1, N_BINS)
         return cls(np.zeros(shape, np.int64), np.zeros(shape), np.zeros(shape, np.int64), np.zeros(shape))
 
     @classmethod
-    def from_rows(cls, mode: np.ndarray, depth: np.ndarray, p: np.ndarray, y: np.ndarray,
-                  depths: int) -> "CalibrationStats":
+    def from_rows(
+        cls, mode: np.ndarray, depth: np.ndarray, p: np.ndarray, y: np.ndarray, depths: int
+    ) -> CalibrationStats:
         stats = cls.empty(depths)
         index = np.ravel_multi_index((mode, depth, bin_index(p)), stats.count.shape)
         size = stats.count.size
@@ -51,19 +54,19 @@ class CalibrationStats:
         stats.sum_sq += np.bincount(index, (p - y) ** 2, minlength=size).reshape(stats.count.shape)
         return stats
 
-    def padded(self, depths: int) -> "CalibrationStats":
+    def padded(self, depths: int) -> CalibrationStats:
         extra = depths + 1 - self.count.shape[1]
         return CalibrationStats(*(np.pad(a, ((0, 0), (0, extra), (0, 0))) for a in self._arrays()))
 
     def _arrays(self) -> tuple[np.ndarray, ...]:
         return self.count, self.sum_p, self.sum_y, self.sum_sq
 
-    def merge(self, other: "CalibrationStats") -> "CalibrationStats":
+    def merge(self, other: CalibrationStats) -> CalibrationStats:
         depths = max(self.count.shape[1], other.count.shape[1]) - 1
         a, b = self.padded(depths), other.padded(depths)
         return CalibrationStats(*(x + y for x, y in zip(a._arrays(), b._arrays())))
 
-    def select(self, modes: tuple[str, ...]) -> "CalibrationStats":
+    def select(self, modes: tuple[str, ...]) -> CalibrationStats:
         """Statistics summed over ``modes`` (still with a mode axis of length 1)."""
         keep = [MODES.index(m) for m in modes]
         return CalibrationStats(*(a[keep].sum(axis=0, keepdims=True) for a in self._arrays()))
@@ -87,10 +90,17 @@ class CalibrationStats:
     def reliability(self, depth: int, modes: tuple[str, ...] = FULL_BLOCK_MODES) -> list[dict]:
         """Per non-empty bin: its edges, count, mean prediction and observed frequency."""
         s = self.select(modes)
-        return [{"lo": float(EDGES[b]), "hi": float(EDGES[b + 1]), "count": int(s.count[0, depth, b]),
-                 "mean_p": float(s.sum_p[0, depth, b] / s.count[0, depth, b]),
-                 "freq_y": float(s.sum_y[0, depth, b] / s.count[0, depth, b])}
-                for b in range(N_BINS) if s.count[0, depth, b]]
+        return [
+            {
+                "lo": float(EDGES[b]),
+                "hi": float(EDGES[b + 1]),
+                "count": int(s.count[0, depth, b]),
+                "mean_p": float(s.sum_p[0, depth, b] / s.count[0, depth, b]),
+                "freq_y": float(s.sum_y[0, depth, b] / s.count[0, depth, b]),
+            }
+            for b in range(N_BINS)
+            if s.count[0, depth, b]
+        ]
 
 
 def _histogram(mode: np.ndarray, x: np.ndarray, y: np.ndarray, width: int) -> np.ndarray:
@@ -120,7 +130,7 @@ class Aggregate:
     suggest_hist: np.ndarray
 
     @classmethod
-    def from_tables(cls, requests: pa.Table, labels: pa.Table, depths: int) -> "Aggregate":
+    def from_tables(cls, requests: pa.Table, labels: pa.Table, depths: int) -> Aggregate:
         """From stored request rows and their depth labels; ``depths`` >= the largest gamma."""
         mode = mode_codes(labels.column("mode").cast(pa.string()))
         depth = labels.column("depth").to_numpy().astype(np.int64)
@@ -153,11 +163,13 @@ class Aggregate:
     def depths(self) -> int:
         return self.accept_hist.shape[-1] - 1
 
-    def merge(self, other: "Aggregate") -> "Aggregate":
+    def merge(self, other: Aggregate) -> Aggregate:
         width = max(self.depths, other.depths) + 1
-        return Aggregate(self.survival.merge(other.survival), self.conditional.merge(other.conditional),
-                         *(_pad_hist(getattr(self, f), width) + _pad_hist(getattr(other, f), width)
-                           for f in HISTOGRAMS))
+        return Aggregate(
+            self.survival.merge(other.survival),
+            self.conditional.merge(other.conditional),
+            *(_pad_hist(getattr(self, f), width) + _pad_hist(getattr(other, f), width) for f in HISTOGRAMS),
+        )
 
     def upper_bound_utilization(self) -> float | None:
         """Cap-accept ``Σ a / Σ min(a*, γ)`` (a* <= γ always); None without cap-accept samples."""
@@ -175,25 +187,30 @@ class Aggregate:
 
     def to_dict(self) -> dict:
         """A JSON-ready form (nested lists); ``from_dict`` inverts it exactly."""
-        out = {f"{kind}.{f.name}": getattr(getattr(self, kind), f.name).tolist()
-               for kind in ("survival", "conditional") for f in fields(CalibrationStats)}
+        out = {
+            f"{kind}.{f.name}": getattr(getattr(self, kind), f.name).tolist()
+            for kind in ("survival", "conditional")
+            for f in fields(CalibrationStats)
+        }
         out.update({f: getattr(self, f).tolist() for f in HISTOGRAMS})
         return out
 
     @classmethod
-    def from_dict(cls, data: Any) -> "Aggregate":
+    def from_dict(cls, data: Any) -> Aggregate:
         """Inverse of ``to_dict``; raises ``AggregateError`` listing every problem (field and value)."""
         arrays, problems = _parse_arrays(data)
         if problems:
             raise AggregateError(problems)
-        stats = {kind: CalibrationStats(*(arrays[f"{kind}.{f.name}"] for f in fields(CalibrationStats)))
-                 for kind in ("survival", "conditional")}
+        stats = {
+            kind: CalibrationStats(*(arrays[f"{kind}.{f.name}"] for f in fields(CalibrationStats)))
+            for kind in ("survival", "conditional")
+        }
         return cls(stats["survival"], stats["conditional"], *(arrays[h] for h in HISTOGRAMS))
 
 
 # One report covers one replica's interval. The bound keeps every count exact in
 # float64 and leaves a million reports' sum far inside int64.
-MAX_REPORT_COUNT = 2 ** 40
+MAX_REPORT_COUNT = 2**40
 _STATS_KEYS = tuple(f"{kind}.{f.name}" for kind in ("survival", "conditional") for f in fields(CalibrationStats))
 
 
@@ -234,8 +251,13 @@ def _parse_arrays(data: Any) -> tuple[dict[str, np.ndarray], list[Problem]]:
         return {}, problems
     width = arrays["accept_hist"].shape[-1] if arrays["accept_hist"].ndim == 3 else -1
     if not 2 <= width <= MAX_GAMMA + 1:
-        return {}, [Problem("accept_hist", list(arrays["accept_hist"].shape),
-                            f"expected shape [{len(MODES)}, depths + 1, depths + 1] with 1 <= depths <= {MAX_GAMMA}")]
+        return {}, [
+            Problem(
+                "accept_hist",
+                list(arrays["accept_hist"].shape),
+                f"expected shape [{len(MODES)}, depths + 1, depths + 1] with 1 <= depths <= {MAX_GAMMA}",
+            )
+        ]
     for key, a in arrays.items():
         shape = (len(MODES), width, N_BINS if key in _STATS_KEYS else width)
         integral = not key.endswith(("sum_p", "sum_sq"))

@@ -4,6 +4,7 @@
 rows and exploded depth labels) and quarantined ones (with every problem and the
 original bytes). A step is never split: all of its rows are stored or none are.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,21 +12,24 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+
 from sparkgate.collectors.labels import explode
 from sparkgate.collectors.schema import REQUEST_SCHEMA, Problem
 from sparkgate.collectors.validate import validate_steps
 from sparkgate.collectors.wire import Flat, Parsed, flatten
 
-QUARANTINE_SCHEMA = pa.schema([
-    pa.field("received_at", pa.float64()),
-    pa.field("source", pa.string()),
-    pa.field("position", pa.int64()),
-    pa.field("replica_id", pa.string()),
-    pa.field("step_id", pa.int64()),
-    pa.field("reason", pa.string()),
-    pa.field("problems", pa.string()),  # JSON list of {field, value, message}
-    pa.field("payload", pa.binary()),
-])
+QUARANTINE_SCHEMA = pa.schema(
+    [
+        pa.field("received_at", pa.float64()),
+        pa.field("source", pa.string()),
+        pa.field("position", pa.int64()),
+        pa.field("replica_id", pa.string()),
+        pa.field("step_id", pa.int64()),
+        pa.field("reason", pa.string()),
+        pa.field("problems", pa.string()),  # JSON list of {field, value, message}
+        pa.field("payload", pa.binary()),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -39,8 +43,12 @@ class Quarantined:
     payload: bytes
 
     def to_dict(self) -> dict:
-        return {"position": self.position, "replica_id": self.replica_id, "step_id": self.step_id,
-                "problems": [p.to_dict() for p in self.problems]}
+        return {
+            "position": self.position,
+            "replica_id": self.replica_id,
+            "step_id": self.step_id,
+            "problems": [p.to_dict() for p in self.problems],
+        }
 
 
 @dataclass(frozen=True)
@@ -54,24 +62,31 @@ class Prepared:
 
     def quarantine_table(self, source: str, received_at: float) -> pa.Table:
         q = self.quarantined
-        return pa.table({
-            "received_at": pa.array([received_at] * len(q), pa.float64()),
-            "source": pa.array([source] * len(q), pa.string()),
-            "position": pa.array([r.position for r in q], pa.int64()),
-            "replica_id": pa.array([r.replica_id for r in q], pa.string()),
-            "step_id": pa.array([r.step_id for r in q], pa.int64()),
-            "reason": pa.array(["; ".join(str(p) for p in r.problems) for r in q], pa.string()),
-            "problems": pa.array([json.dumps([p.to_dict() for p in r.problems], default=repr) for r in q]),
-            "payload": pa.array([r.payload for r in q], pa.binary()),
-        }, schema=QUARANTINE_SCHEMA)
+        return pa.table(
+            {
+                "received_at": pa.array([received_at] * len(q), pa.float64()),
+                "source": pa.array([source] * len(q), pa.string()),
+                "position": pa.array([r.position for r in q], pa.int64()),
+                "replica_id": pa.array([r.replica_id for r in q], pa.string()),
+                "step_id": pa.array([r.step_id for r in q], pa.int64()),
+                "reason": pa.array(["; ".join(str(p) for p in r.problems) for r in q], pa.string()),
+                "problems": pa.array([json.dumps([p.to_dict() for p in r.problems], default=repr) for r in q]),
+                "payload": pa.array([r.payload for r in q], pa.binary()),
+            },
+            schema=QUARANTINE_SCHEMA,
+        )
 
 
 def subset(flat: Flat, keep: np.ndarray) -> Flat:
     """The steps where ``keep`` is true, with their request rows and renumbered parents."""
     row_keep = keep[flat.parent]
     renumber = np.cumsum(keep) - 1
-    return Flat(flat.steps.filter(pa.array(keep)), flat.requests.filter(pa.array(row_keep)),
-                renumber[flat.parent[row_keep]], flat.slot[row_keep])
+    return Flat(
+        flat.steps.filter(pa.array(keep)),
+        flat.requests.filter(pa.array(row_keep)),
+        renumber[flat.parent[row_keep]],
+        flat.slot[row_keep],
+    )
 
 
 def stored_requests(flat: Flat) -> pa.Table:
@@ -96,8 +111,11 @@ def prepare(parsed: Parsed, stored: np.ndarray | None = None, flat: Flat | None 
     quarantined = [Quarantined(r.position, None, None, r.problems, r.payload) for r in parsed.rejected]
     for i in np.flatnonzero(~keep):
         position = int(parsed.positions[i])
-        quarantined.append(Quarantined(position, replica[int(i)].as_py(), step_id[int(i)].as_py(),
-                                       problems[i], parsed.payload(position)))
+        quarantined.append(
+            Quarantined(
+                position, replica[int(i)].as_py(), step_id[int(i)].as_py(), problems[i], parsed.payload(position)
+            )
+        )
     quarantined.sort(key=lambda r: r.position)
     valid = flat if keep.all() else subset(flat, keep)
     return Prepared(valid, stored_requests(valid), explode(valid), quarantined)

@@ -15,6 +15,7 @@ per step), each into its own fresh DuckDB file. Rows are depth-label rows.
   ``--body-steps`` steps (1,000 steps is ~17 MB, under the 64 MB body limit) to
   the ingest endpoint; lost rows = rows sent minus rows stored.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,6 +27,7 @@ from pathlib import Path
 import click
 import httpx
 import pyarrow as pa
+
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.ingest_api import ingest_app, serve_in_thread
 from sparkgate.collectors.labels import explode
@@ -39,8 +41,10 @@ _ROWS_PER_STEP = GAMMA * BATCH
 
 def _wire_batches(rows: int, batch_steps: int, replica: str) -> list[pa.Table]:
     steps = max(1, rows // _ROWS_PER_STEP)
-    return [synthetic_wire(min(batch_steps, steps - s), BATCH, GAMMA, replica, first_step=s, seed=s)
-            for s in range(0, steps, batch_steps)]
+    return [
+        synthetic_wire(min(batch_steps, steps - s), BATCH, GAMMA, replica, first_step=s, seed=s)
+        for s in range(0, steps, batch_steps)
+    ]
 
 
 def bench_batch(db: Path, batches: list[pa.Table]) -> tuple[int, float]:
@@ -74,6 +78,7 @@ def bench_http(db: Path, rows: int, clients: int, body_steps: int) -> tuple[int,
     sent = sum(body.count(b"\n") for body in bodies) * _ROWS_PER_STEP
     with Store(db) as store:
         with serve_in_thread(ingest_app(Ingestor(store))) as url:
+
             def post(chunk: list[bytes]) -> None:
                 with httpx.Client(base_url=url, timeout=120.0) as http:
                     for body in chunk:
@@ -96,11 +101,20 @@ def run(rows: int, rowwise_rows: int, http_rows: int, clients: int, batch_steps:
         http_sent, http_s, http_lost = bench_http(Path(tmp) / "http.duckdb", http_rows, clients, body_steps)
     batch_rate, row_rate = batch_rows / batch_s, row_rows / row_s
     return {
-        "rows": batch_rows, "batch_seconds": round(batch_s, 3), "batch_rows_per_s": round(batch_rate),
-        "rowwise_rows": row_rows, "rowwise_rows_per_s": round(row_rate), "speedup": round(batch_rate / row_rate, 1),
-        "http_rows": http_sent, "http_clients": clients, "http_rows_per_s": round(http_sent / http_s),
-        "http_lost_rows": http_lost, "batch_steps": batch_steps, "body_steps": body_steps,
-        "gamma": GAMMA, "requests_per_step": BATCH,
+        "rows": batch_rows,
+        "batch_seconds": round(batch_s, 3),
+        "batch_rows_per_s": round(batch_rate),
+        "rowwise_rows": row_rows,
+        "rowwise_rows_per_s": round(row_rate),
+        "speedup": round(batch_rate / row_rate, 1),
+        "http_rows": http_sent,
+        "http_clients": clients,
+        "http_rows_per_s": round(http_sent / http_s),
+        "http_lost_rows": http_lost,
+        "batch_steps": batch_steps,
+        "body_steps": body_steps,
+        "gamma": GAMMA,
+        "requests_per_step": BATCH,
     }
 
 
@@ -112,8 +126,9 @@ def run(rows: int, rowwise_rows: int, http_rows: int, clients: int, batch_steps:
 @click.option("--batch-steps", default=4000, show_default=True, help="Steps per transaction on the batch path.")
 @click.option("--body-steps", default=1000, show_default=True, help="Steps per HTTP body (one transaction each).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def bench_ingest(rows: int, rowwise_rows: int, http_rows: int | None, clients: int, batch_steps: int,
-                 body_steps: int, as_json: bool) -> None:
+def bench_ingest(
+    rows: int, rowwise_rows: int, http_rows: int | None, clients: int, batch_steps: int, body_steps: int, as_json: bool
+) -> None:
     """Batch ingestion vs row-wise executemany, and the HTTP path, side by side."""
     result = run(rows, rowwise_rows, rows // 4 if http_rows is None else http_rows, clients, batch_steps, body_steps)
     if as_json:

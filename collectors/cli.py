@@ -1,4 +1,5 @@
 """Commands of the record path: ``sparkgate ingest | export | collect | prune``."""
+
 from __future__ import annotations
 
 import collections
@@ -7,10 +8,12 @@ import itertools
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 import click
+
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.sglang import SGLangPoller
 from sparkgate.collectors.store import Store
@@ -47,8 +50,7 @@ def _ingest_file(ingestor: Ingestor, path: str, stream: IO[bytes], batch_lines: 
 
     # A file is read in bulk: stage one batch while another commits. A pipe may wait
     # for input, so each of its batches commits as soon as it has been read.
-    results = (ingestor.ingest(*batch) for batch in batches()) if path == "-" else \
-        ingestor.ingest_stream(batches())
+    results = (ingestor.ingest(*batch) for batch in batches()) if path == "-" else ingestor.ingest_stream(batches())
     for result in results:
         _report_problems(path, starts.popleft(), result)
         for key, value in result.summary().items():
@@ -83,7 +85,7 @@ def _day(value: str | None) -> float | None:
     if value is None:
         return None
     try:
-        return dt.datetime.strptime(value, "%Y-%m-%d").replace(tzinfo=dt.timezone.utc).timestamp()
+        return dt.datetime.strptime(value, "%Y-%m-%d").replace(tzinfo=dt.UTC).timestamp()
     except ValueError as exc:
         raise click.BadParameter(f"--since={value!r}: expected YYYY-MM-DD") from exc
 
@@ -116,8 +118,14 @@ def prune(db: str, older_than_days: float) -> None:
 @click.option("--interval", default=1.0, show_default=True, help="Seconds between polls.")
 @click.option("--polls", default=0, show_default=True, help="Stop after this many polls (0: run until interrupted).")
 @click.option("--snapshot-dir", type=click.Path(file_okay=False), help="Publish a Parquet snapshot after each poll.")
-def collect(db: str | None, sglang_urls: tuple[str, ...], vllm_urls: tuple[str, ...], interval: float,
-            polls: int, snapshot_dir: str | None) -> None:
+def collect(
+    db: str | None,
+    sglang_urls: tuple[str, ...],
+    vllm_urls: tuple[str, ...],
+    interval: float,
+    polls: int,
+    snapshot_dir: str | None,
+) -> None:
     """Poll SGLang DSpark records into the store and print vLLM survival curves, one JSON line per poll."""
     if not sglang_urls and not vllm_urls:
         raise click.UsageError("give at least one --sglang or --vllm URL")
@@ -148,10 +156,10 @@ def _poll_all(pollers: list[SGLangPoller], scrapers: list[VLLMScraper]) -> None:
             result = poller.poll_once()
             summary = result.summary() if result else {"steps": 0, "quarantined": 0}
             click.echo(json.dumps({"sglang": poller.url, **summary, "restarts": poller.restarts}))
-        except Exception as exc:  # noqa: BLE001 - keep polling the other servers
+        except Exception as exc:
             click.echo(json.dumps({"sglang": poller.url, "error": str(exc)}), err=True)
     for scraper in scrapers:
         try:
             click.echo(json.dumps({"vllm": scraper.url, **scraper.scrape().to_dict()}))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             click.echo(json.dumps({"vllm": scraper.url, "error": str(exc)}), err=True)

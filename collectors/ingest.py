@@ -5,15 +5,17 @@ metrics and spans, so what Prometheus shows was durably stored. ``StoreSink`` is
 the callable the decode engine gets: it only enqueues, and a writer thread
 commits batches, so a slow disk never stalls a verify step.
 """
+
 from __future__ import annotations
 
 import logging
 import queue
 import threading
 import time
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from opentelemetry.trace import Tracer
+
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.schema import StepRecord
 from sparkgate.collectors.store import IngestResult, Store
@@ -59,9 +61,15 @@ class StoreSink:
     growing memory without bound, and no record handed over is ever dropped.
     """
 
-    def __init__(self, ingestor: Ingestor, batch_records: int = 256, max_delay_s: float = 0.5,
-                 source: str = "runtime", on_commit: Callable[[IngestResult], None] | None = None,
-                 max_pending: int = 65_536):
+    def __init__(
+        self,
+        ingestor: Ingestor,
+        batch_records: int = 256,
+        max_delay_s: float = 0.5,
+        source: str = "runtime",
+        on_commit: Callable[[IngestResult], None] | None = None,
+        max_pending: int = 65_536,
+    ):
         if max_pending < batch_records:
             raise ValueError(f"max_pending={max_pending} must be >= batch_records={batch_records}")
         self._ingestor, self._batch, self._delay, self._source = ingestor, batch_records, max_delay_s, source
@@ -103,7 +111,7 @@ class StoreSink:
                 result = self._ingestor.ingest(from_records(batch), self._source)
                 if self._on_commit is not None:
                     self._on_commit(result)
-            except Exception as exc:  # noqa: BLE001 - keep the writer alive; flush() reports it
+            except Exception as exc:
                 log.exception("sparkgate sink: commit of %d records failed", len(batch))
                 self._errors.append(exc)
             for _ in range(len(batch) + stop):
@@ -125,7 +133,7 @@ class StoreSink:
             self._thread.join()
         self.flush()
 
-    def __enter__(self) -> "StoreSink":
+    def __enter__(self) -> StoreSink:
         return self
 
     def __exit__(self, *exc) -> None:

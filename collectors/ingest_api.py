@@ -9,17 +9,19 @@ Mount ``ingest_router(ingestor)`` in any FastAPI app. Responses:
 - 413 when the body exceeds the limit, 415 for another content type, 400 for an
   empty body, 503 when the store could not commit (nothing was written; retry).
 """
+
 from __future__ import annotations
 
 import contextlib
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
+
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.wire import Parsed, from_ipc, from_ndjson
 
@@ -63,8 +65,9 @@ def ingest_router(ingestor: Ingestor, max_body_bytes: int = DEFAULT_MAX_BODY) ->
     async def ingest(request: Request) -> Response:
         parse = _parser(request.headers.get("content-type", ""))
         if parse is None:
-            return JSONResponse({"error": "content-type must be one of "
-                                 f"{list(NDJSON_TYPES + ARROW_TYPES)}"}, status_code=415)
+            return JSONResponse(
+                {"error": f"content-type must be one of {list(NDJSON_TYPES + ARROW_TYPES)}"}, status_code=415
+            )
         try:
             body = await _read_limited(request, max_body_bytes)
         except _TooLarge:
@@ -79,7 +82,7 @@ def ingest_router(ingestor: Ingestor, max_body_bytes: int = DEFAULT_MAX_BODY) ->
 
         try:
             result = await run_in_threadpool(commit)
-        except Exception as exc:  # noqa: BLE001 - a store failure wrote nothing; tell the client to retry
+        except Exception as exc:
             return JSONResponse({"error": f"not committed: {exc}"}, status_code=503)
         payload = result.summary()
         if result.quarantined:

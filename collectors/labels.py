@@ -12,11 +12,13 @@ Depth k (1 <= k <= γ) gets exactly one status:
 The input must have passed ``collectors.validate``: list lengths equal γ, and a*
 is present wherever the mode verified the full block.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from sparkgate.collectors.schema import LABEL_SCHEMA, MODES, STATUSES
 from sparkgate.collectors.wire import Flat
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
@@ -26,9 +28,15 @@ ACCEPTED, REJECTED, NOT_AT_RISK, CENSORED = range(len(STATUSES))
 
 def status_codes(depth: np.ndarray, verified: np.ndarray, reached: np.ndarray) -> np.ndarray:
     """Status code per label from depth k, verified length v and accepted length r (all broadcast)."""
-    return np.where(depth <= reached, ACCEPTED,
-                    np.where(depth == reached + 1, np.where(depth <= verified, REJECTED, CENSORED),
-                             np.where(reached < verified, NOT_AT_RISK, CENSORED))).astype(np.int8)
+    return np.where(
+        depth <= reached,
+        ACCEPTED,
+        np.where(
+            depth == reached + 1,
+            np.where(depth <= verified, REJECTED, CENSORED),
+            np.where(reached < verified, NOT_AT_RISK, CENSORED),
+        ),
+    ).astype(np.int8)
 
 
 def mode_codes(modes: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -61,12 +69,14 @@ def explode(flat: Flat) -> pa.Table:
     step_of = flat.parent[owner]
     columns = {
         "replica_id": pa.DictionaryArray.from_arrays(
-            pa.array(replica.indices.to_numpy()[step_of], pa.int32()), replica.dictionary),
+            pa.array(replica.indices.to_numpy()[step_of], pa.int32()), replica.dictionary
+        ),
         "step_id": pa.array(steps.column("step_id").to_numpy()[step_of]),
         "ts": pa.array(steps.column("ts").to_numpy()[step_of]),
         # A dictionary over the request rows' ids: no string is copied per depth.
-        "request_id": pa.DictionaryArray.from_arrays(pa.array(owner, pa.int32()),
-                                                     reqs.column("request_id").combine_chunks()),
+        "request_id": pa.DictionaryArray.from_arrays(
+            pa.array(owner, pa.int32()), reqs.column("request_id").combine_chunks()
+        ),
         "mode": _dictionary(mode[owner], MODES),
         "depth": pa.array(depth),
         "status": _dictionary(status.astype(np.int32), STATUSES),

@@ -4,9 +4,10 @@ Each ``Metrics`` owns a registry (the process default only when asked), so
 several stores or tests never share counters. Counting is vectorised: one
 ``bincount`` per batch, then one counter update per non-empty label set.
 """
+
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from prometheus_client import (
@@ -16,6 +17,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.batch import Prepared, prepare
 from sparkgate.collectors.labels import ACCEPTED, CENSORED, REJECTED, mode_codes
@@ -35,31 +37,54 @@ class Metrics:
         self.registry = CollectorRegistry() if registry is None else registry
         r = self.registry
         labels = ("mode", "depth")
-        self.verified = Counter("sparkgate_depth_verified_total",
-                                "At-risk depths that were verified (accepted or rejected).", labels, registry=r)
+        self.verified = Counter(
+            "sparkgate_depth_verified_total",
+            "At-risk depths that were verified (accepted or rejected).",
+            labels,
+            registry=r,
+        )
         self.accepted = Counter("sparkgate_depth_accepted_total", "Depths accepted.", labels, registry=r)
-        self.censored = Counter("sparkgate_depth_censored_total",
-                                "Depths never verified with outcome unknown (compact).", labels, registry=r)
-        self.tier_hits = Counter("sparkgate_tier_hits_total", "Verify steps served by a captured graph tier.",
-                                 ("tier",), registry=r)
-        self.tier_misses = Counter("sparkgate_tier_misses_total", "Verify steps that ran eager.",
-                                   ("reason",), registry=r)
-        self.padding_rows = Counter("sparkgate_padding_rows_total", "tier_rows - verify_rows over graph hits.",
-                                    registry=r)
-        self.step_seconds = Histogram("sparkgate_step_seconds", "Wall time of a verify step.",
-                                      buckets=STEP_BUCKETS, registry=r)
-        self.part_seconds = Histogram("sparkgate_step_part_seconds", "Time of one part of a verify step.",
-                                      ("part",), buckets=STEP_BUCKETS, registry=r)
+        self.censored = Counter(
+            "sparkgate_depth_censored_total",
+            "Depths never verified with outcome unknown (compact).",
+            labels,
+            registry=r,
+        )
+        self.tier_hits = Counter(
+            "sparkgate_tier_hits_total", "Verify steps served by a captured graph tier.", ("tier",), registry=r
+        )
+        self.tier_misses = Counter(
+            "sparkgate_tier_misses_total", "Verify steps that ran eager.", ("reason",), registry=r
+        )
+        self.padding_rows = Counter(
+            "sparkgate_padding_rows_total", "tier_rows - verify_rows over graph hits.", registry=r
+        )
+        self.step_seconds = Histogram(
+            "sparkgate_step_seconds", "Wall time of a verify step.", buckets=STEP_BUCKETS, registry=r
+        )
+        self.part_seconds = Histogram(
+            "sparkgate_step_part_seconds",
+            "Time of one part of a verify step.",
+            ("part",),
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
         self.steps = Counter("sparkgate_ingested_steps_total", "Step records committed.", registry=r)
         self.depth_labels = Counter("sparkgate_ingested_depth_labels_total", "Depth labels committed.", registry=r)
-        self.quarantined = Counter("sparkgate_quarantined_total", "Records sent to quarantine.",
-                                   ("source",), registry=r)
-        self.ece = Gauge("sparkgate_survival_ece", "Survival ECE per depth (uncensored traffic).",
-                         ("depth",), registry=r)
-        self.utilization = Gauge("sparkgate_upper_bound_utilization",
-                                 "Accepted drafts over what the full block would have accepted.", registry=r)
-        self.phase = Gauge("sparkgate_rollout_phase", "1 for the current rollout phase, else 0.",
-                           ("phase",), registry=r)
+        self.quarantined = Counter(
+            "sparkgate_quarantined_total", "Records sent to quarantine.", ("source",), registry=r
+        )
+        self.ece = Gauge(
+            "sparkgate_survival_ece", "Survival ECE per depth (uncensored traffic).", ("depth",), registry=r
+        )
+        self.utilization = Gauge(
+            "sparkgate_upper_bound_utilization",
+            "Accepted drafts over what the full block would have accepted.",
+            registry=r,
+        )
+        self.phase = Gauge(
+            "sparkgate_rollout_phase", "1 for the current rollout phase, else 0.", ("phase",), registry=r
+        )
 
     def observe(self, prepared: Prepared, source: str) -> None:
         """Count one committed batch (its valid steps and its quarantined records)."""
@@ -82,8 +107,9 @@ class Metrics:
         depth = labels.column("depth").to_numpy().astype(np.int64)
         status = labels.column("status").combine_chunks().indices.to_numpy()
         width = int(depth.max()) + 1
-        counts = np.bincount((mode * width + depth) * len(STATUSES) + status,
-                             minlength=len(MODES) * width * len(STATUSES)).reshape(len(MODES), width, -1)
+        counts = np.bincount(
+            (mode * width + depth) * len(STATUSES) + status, minlength=len(MODES) * width * len(STATUSES)
+        ).reshape(len(MODES), width, -1)
         for m, d in zip(*np.nonzero(counts.sum(axis=2))):
             key = (MODES[m], str(d))
             row = counts[m, d]

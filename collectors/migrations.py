@@ -4,6 +4,7 @@ A migration is never edited once released: a change is a new entry. Each one
 runs in its own transaction together with its ``schema_migrations`` row, so a
 crash leaves the store either before or after it.
 """
+
 from __future__ import annotations
 
 import time
@@ -11,7 +12,10 @@ import time
 import duckdb
 
 MIGRATIONS: tuple[tuple[int, str, str], ...] = (
-    (1, "v1 event tables", """
+    (
+        1,
+        "v1 event tables",
+        """
     CREATE TYPE verify_mode AS ENUM ('static', 'shadow', 'compact', 'cap_accept');
     CREATE TYPE label_status AS ENUM ('accepted', 'rejected', 'not_at_risk', 'censored');
     CREATE TABLE steps (
@@ -48,8 +52,12 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         decided_at DOUBLE NOT NULL, revision BIGINT NOT NULL, phase_from VARCHAR,
         phase_to VARCHAR NOT NULL, action VARCHAR NOT NULL, reasons JSON NOT NULL
     );
-    """),
-    (2, "rollout decisions carry their stage, interval outcome and operator; consistency checks", """
+    """,
+    ),
+    (
+        2,
+        "rollout decisions carry their stage, interval outcome and operator; consistency checks",
+        """
     ALTER TABLE decisions ADD COLUMN compact_fraction DOUBLE;
     ALTER TABLE decisions ADD COLUMN outcome VARCHAR;
     ALTER TABLE decisions ADD COLUMN operator VARCHAR;
@@ -57,13 +65,18 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         received_at DOUBLE NOT NULL, replica_id VARCHAR NOT NULL, request_id VARCHAR NOT NULL,
         kind VARCHAR NOT NULL, tokens BIGINT NOT NULL, mismatch_at BIGINT, expected BIGINT, got BIGINT
     );
-    """),
-    (3, "fleet aggregates reported by replicas instead of rows", """
+    """,
+    ),
+    (
+        3,
+        "fleet aggregates reported by replicas instead of rows",
+        """
     CREATE TABLE aggregates (
         received_at DOUBLE NOT NULL, replica_id VARCHAR NOT NULL, interval_start DOUBLE NOT NULL,
         interval_end DOUBLE NOT NULL, labels BIGINT NOT NULL, payload JSON NOT NULL
     );
-    """),
+    """,
+    ),
 )
 
 

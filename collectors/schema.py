@@ -15,6 +15,7 @@ Invariants a valid record holds (``validate`` enforces them):
 The Arrow schemas below are the columnar forms of the same records: the wire form
 (a step with nested request rows) and the stored tables.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+
 from sparkgate.policies.vocabulary import MissReason, Mode, Status
 
 SCHEMA_VERSION = 1
@@ -98,15 +100,16 @@ class StepRecord:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "StepRecord":
+    def from_dict(cls, data: dict) -> StepRecord:
         """Inverse of ``to_dict``; raises ``KeyError``/``TypeError`` on a malformed object.
 
         It does not validate values: ``collectors.validate`` does, returning every
         problem instead of stopping at the first.
         """
         body = {k: v for k, v in data.items() if k in _STEP_NAMES}
-        body["requests"] = [RequestRow(**{k: v for k, v in row.items() if k in _REQUEST_NAMES})
-                            for row in data.get("requests", [])]
+        body["requests"] = [
+            RequestRow(**{k: v for k, v in row.items() if k in _REQUEST_NAMES}) for row in data.get("requests", [])
+        ]
         return cls(**body)
 
 
@@ -116,71 +119,81 @@ _REQUEST_NAMES = frozenset(f.name for f in dataclasses.fields(RequestRow))
 # Depth-label statuses (DESIGN §2), in the order of their integer codes.
 STATUSES: tuple[Status, ...] = tuple(Status)
 
-REQUEST_TYPE = pa.struct([
-    pa.field("request_id", pa.string()),
-    pa.field("mode", pa.string()),
-    pa.field("task", pa.string()),
-    pa.field("temperature", pa.float64()),
-    pa.field("window_suggested", pa.int64()),
-    pa.field("window", pa.int64()),
-    pa.field("accepted", pa.int64()),
-    pa.field("full_accept", pa.int64()),
-    pa.field("cap_trim", pa.int64()),
-    pa.field("confidence", pa.list_(pa.float64())),
-    pa.field("survival", pa.list_(pa.float64())),
-    pa.field("committed_tokens", pa.list_(pa.int64())),
-])
+REQUEST_TYPE = pa.struct(
+    [
+        pa.field("request_id", pa.string()),
+        pa.field("mode", pa.string()),
+        pa.field("task", pa.string()),
+        pa.field("temperature", pa.float64()),
+        pa.field("window_suggested", pa.int64()),
+        pa.field("window", pa.int64()),
+        pa.field("accepted", pa.int64()),
+        pa.field("full_accept", pa.int64()),
+        pa.field("cap_trim", pa.int64()),
+        pa.field("confidence", pa.list_(pa.float64())),
+        pa.field("survival", pa.list_(pa.float64())),
+        pa.field("committed_tokens", pa.list_(pa.int64())),
+    ]
+)
 
-STEP_SCHEMA = pa.schema([
-    pa.field("schema_version", pa.int64()),
-    pa.field("replica_id", pa.string()),
-    pa.field("step_id", pa.int64()),
-    pa.field("ts", pa.float64()),
-    pa.field("batch_size", pa.int64()),
-    pa.field("gamma", pa.int64()),
-    pa.field("verify_rows", pa.int64()),
-    pa.field("tier_rows", pa.int64()),
-    pa.field("tier", pa.int64()),
-    pa.field("graph_hit", pa.bool_()),
-    pa.field("miss_reason", pa.string()),
-    pa.field("draft_ms", pa.float64()),
-    pa.field("schedule_ms", pa.float64()),
-    pa.field("verify_ms", pa.float64()),
-    pa.field("accept_ms", pa.float64()),
-    pa.field("step_ms", pa.float64()),
-    pa.field("predicted_step_ms", pa.float64()),
-    pa.field("host_syncs", pa.int64()),
-    pa.field("phase", pa.string()),
-    pa.field("policy_revision", pa.int64()),
-    pa.field("model_version", pa.string()),
-    pa.field("drafter_version", pa.string()),
-    pa.field("sts_version", pa.string()),
-    pa.field("cost_table_version", pa.string()),
-])
+STEP_SCHEMA = pa.schema(
+    [
+        pa.field("schema_version", pa.int64()),
+        pa.field("replica_id", pa.string()),
+        pa.field("step_id", pa.int64()),
+        pa.field("ts", pa.float64()),
+        pa.field("batch_size", pa.int64()),
+        pa.field("gamma", pa.int64()),
+        pa.field("verify_rows", pa.int64()),
+        pa.field("tier_rows", pa.int64()),
+        pa.field("tier", pa.int64()),
+        pa.field("graph_hit", pa.bool_()),
+        pa.field("miss_reason", pa.string()),
+        pa.field("draft_ms", pa.float64()),
+        pa.field("schedule_ms", pa.float64()),
+        pa.field("verify_ms", pa.float64()),
+        pa.field("accept_ms", pa.float64()),
+        pa.field("step_ms", pa.float64()),
+        pa.field("predicted_step_ms", pa.float64()),
+        pa.field("host_syncs", pa.int64()),
+        pa.field("phase", pa.string()),
+        pa.field("policy_revision", pa.int64()),
+        pa.field("model_version", pa.string()),
+        pa.field("drafter_version", pa.string()),
+        pa.field("sts_version", pa.string()),
+        pa.field("cost_table_version", pa.string()),
+    ]
+)
 
 # The wire form (NDJSON line or Arrow IPC row): a step with its request rows nested.
 WIRE_SCHEMA = STEP_SCHEMA.append(pa.field("requests", pa.list_(REQUEST_TYPE)))
 
 # Stored request rows: the request struct flattened, keyed by step and position.
 REQUEST_SCHEMA = pa.schema(
-    [pa.field("replica_id", pa.string()), pa.field("step_id", pa.int64()),
-     pa.field("ts", pa.float64()), pa.field("slot", pa.int32())]
+    [
+        pa.field("replica_id", pa.string()),
+        pa.field("step_id", pa.int64()),
+        pa.field("ts", pa.float64()),
+        pa.field("slot", pa.int32()),
+    ]
     + list(REQUEST_TYPE)
 )
 
 # One row per (request, depth), 1 <= depth <= gamma. ``label`` is y_k, null when censored.
-LABEL_SCHEMA = pa.schema([
-    pa.field("replica_id", pa.dictionary(pa.int32(), pa.string())),
-    pa.field("step_id", pa.int64()),
-    pa.field("ts", pa.float64()),
-    pa.field("request_id", pa.dictionary(pa.int32(), pa.string())),
-    pa.field("mode", pa.dictionary(pa.int32(), pa.string())),
-    pa.field("depth", pa.int16()),
-    pa.field("status", pa.dictionary(pa.int32(), pa.string())),
-    pa.field("confidence", pa.float64()),
-    pa.field("survival", pa.float64()),
-    pa.field("label", pa.bool_()),
-])
+LABEL_SCHEMA = pa.schema(
+    [
+        pa.field("replica_id", pa.dictionary(pa.int32(), pa.string())),
+        pa.field("step_id", pa.int64()),
+        pa.field("ts", pa.float64()),
+        pa.field("request_id", pa.dictionary(pa.int32(), pa.string())),
+        pa.field("mode", pa.dictionary(pa.int32(), pa.string())),
+        pa.field("depth", pa.int16()),
+        pa.field("status", pa.dictionary(pa.int32(), pa.string())),
+        pa.field("confidence", pa.float64()),
+        pa.field("survival", pa.float64()),
+        pa.field("label", pa.bool_()),
+    ]
+)
 
 # Fields that may be null on the wire; every other field is required.
 NULLABLE_STEP_FIELDS = frozenset({"miss_reason", "predicted_step_ms", "sts_version", "cost_table_version"})

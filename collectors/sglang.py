@@ -18,12 +18,14 @@ step of one DP rank; it becomes a step record of replica ``NAME/dpRANK``.
   are -1. What stays inconsistent (e.g. cap-accept without cap_trim) is
   quarantined by validation like any other record.
 """
+
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
 import httpx
+
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.schema import SCHEMA_VERSION
 from sparkgate.collectors.store import IngestResult
@@ -64,19 +66,31 @@ def convert_request(req: dict, gamma: int | None, sglang_mode: str | None) -> di
         full_accept = None if accepted is None or trim is None else accepted + trim
     drafts, bonus = _present(req.get("draft_tokens")), _present(req.get("bonus_token"))
     committed = _present(req.get("acc_len")) or ((accepted or 0) + 1)
-    tokens = list(drafts[:accepted]) + [bonus] if drafts is not None and bonus is not None and accepted is not None \
+    tokens = (
+        list(drafts[:accepted]) + [bonus]
+        if drafts is not None and bonus is not None and accepted is not None
         else [-1] * committed
+    )
     confidence, survival = _probabilities(req)
     return {
-        "request_id": str(req.get("rid")), "mode": mode, "task": "sglang", "temperature": 0.0,
-        "window_suggested": None, "window": window, "accepted": accepted, "full_accept": full_accept,
+        "request_id": str(req.get("rid")),
+        "mode": mode,
+        "task": "sglang",
+        "temperature": 0.0,
+        "window_suggested": None,
+        "window": window,
+        "accepted": accepted,
+        "full_accept": full_accept,
         "cap_trim": (full_accept - accepted) if mode == "cap_accept" and full_accept is not None else 0,
-        "confidence": confidence, "survival": survival, "committed_tokens": tokens,
+        "confidence": confidence,
+        "survival": survival,
+        "committed_tokens": tokens,
     }
 
 
-def convert_record(record: dict, gamma: int | None, replica_id: str, step_id: int, ts: float,
-                   default_mode: str | None = None) -> dict:
+def convert_record(
+    record: dict, gamma: int | None, replica_id: str, step_id: int, ts: float, default_mode: str | None = None
+) -> dict:
     """One SGLang verify record as a wire-form step record; its mode, else ``default_mode``, is every row's."""
     reqs = record.get("reqs") or []
     rows = sum((_present(r.get("verify_len")) or 0) for r in reqs)
@@ -88,15 +102,30 @@ def convert_record(record: dict, gamma: int | None, replica_id: str, step_id: in
         return float(_present(record.get(name)) or 0.0)
 
     return {
-        "schema_version": SCHEMA_VERSION, "replica_id": replica_id, "step_id": step_id, "ts": ts,
-        "batch_size": _present(record.get("bs")) or len(reqs), "gamma": gamma,
-        "verify_rows": verify_rows, "tier_rows": tier_rows, "tier": tier_rows, "graph_hit": True,
-        "miss_reason": None, "draft_ms": ms("draft_gpu_ms"), "schedule_ms": 0.0,
-        "verify_ms": ms("target_verify_gpu_ms"), "accept_ms": 0.0,
+        "schema_version": SCHEMA_VERSION,
+        "replica_id": replica_id,
+        "step_id": step_id,
+        "ts": ts,
+        "batch_size": _present(record.get("bs")) or len(reqs),
+        "gamma": gamma,
+        "verify_rows": verify_rows,
+        "tier_rows": tier_rows,
+        "tier": tier_rows,
+        "graph_hit": True,
+        "miss_reason": None,
+        "draft_ms": ms("draft_gpu_ms"),
+        "schedule_ms": 0.0,
+        "verify_ms": ms("target_verify_gpu_ms"),
+        "accept_ms": 0.0,
         "step_ms": ms("step_gpu_ms") or ms("step_cpu_ms"),
-        "predicted_step_ms": _present(record.get("predicted_step_ms")), "host_syncs": 0,
-        "phase": "external", "policy_revision": 0, "model_version": "sglang", "drafter_version": "sglang",
-        "sts_version": None, "cost_table_version": None,
+        "predicted_step_ms": _present(record.get("predicted_step_ms")),
+        "host_syncs": 0,
+        "phase": "external",
+        "policy_revision": 0,
+        "model_version": "sglang",
+        "drafter_version": "sglang",
+        "sts_version": None,
+        "cost_table_version": None,
         "requests": [convert_request(r, gamma, record.get("mode") or default_mode) for r in reqs],
     }
 
@@ -122,8 +151,9 @@ class SGLangPoller:
     def _cursor(self, rank: int) -> _Cursor:
         if rank not in self._cursors:
             stored = self._stored.get(self.replica_id(rank))
-            self._cursors[rank] = _Cursor() if stored is None else \
-                _Cursor(stored >> EPOCH_SHIFT, stored & ((1 << EPOCH_SHIFT) - 1))
+            self._cursors[rank] = (
+                _Cursor() if stored is None else _Cursor(stored >> EPOCH_SHIFT, stored & ((1 << EPOCH_SHIFT) - 1))
+            )
         return self._cursors[rank]
 
     def replica_id(self, rank: int) -> str:
@@ -139,8 +169,12 @@ class SGLangPoller:
             cursor = _Cursor(cursor.epoch + 1, -1)  # the server restarted: its counter went backwards
         fresh = sorted((r for r in records if r["forward_ct"] > cursor.last), key=lambda r: r["forward_ct"])
         gamma = _present(info.get("gamma"))
-        out = [convert_record(r, gamma, self.replica_id(rank), cursor.epoch << EPOCH_SHIFT | r["forward_ct"], now,
-                              info.get("mode")) for r in fresh]
+        out = [
+            convert_record(
+                r, gamma, self.replica_id(rank), cursor.epoch << EPOCH_SHIFT | r["forward_ct"], now, info.get("mode")
+            )
+            for r in fresh
+        ]
         return out, _Cursor(cursor.epoch, fresh[-1]["forward_ct"]) if fresh else cursor
 
     def poll_once(self) -> IngestResult | None:

@@ -15,6 +15,7 @@ Invariants:
 The connection is shared by threads (HTTP handlers, the in-process sink); a lock
 serialises its use because a DuckDB connection is not safe to use concurrently.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,14 +24,15 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import duckdb
 import numpy as np
 import pyarrow as pa
+
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.batch import Prepared, prepare
 from sparkgate.collectors.migrations import migrate
@@ -64,8 +66,12 @@ class IngestResult:
         return len(self.prepared.quarantined)
 
     def summary(self) -> dict:
-        return {"steps": self.steps, "requests": self.prepared.requests.num_rows,
-                "depth_labels": self.labels, "quarantined": self.quarantined}
+        return {
+            "steps": self.steps,
+            "requests": self.prepared.requests.num_rows,
+            "depth_labels": self.labels,
+            "quarantined": self.quarantined,
+        }
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,7 @@ class Staged:
     """
 
     parsed: Parsed
-    flat: Flat          # every wire step, valid or not
+    flat: Flat  # every wire step, valid or not
     prepared: Prepared
 
 
@@ -96,8 +102,10 @@ class IntervalOverlap(ValueError):
 
     def __init__(self, replica_id: str, interval: tuple[float, float], stored: tuple[float, float]):
         self.replica_id, self.interval, self.stored = replica_id, interval, stored
-        super().__init__(f"replica {replica_id!r}: interval [{interval[0]}, {interval[1]}) overlaps its stored "
-                         f"report for [{stored[0]}, {stored[1]})")
+        super().__init__(
+            f"replica {replica_id!r}: interval [{interval[0]}, {interval[1]}) overlaps its stored "
+            f"report for [{stored[0]}, {stored[1]})"
+        )
 
 
 class TooManyReports(ValueError):
@@ -121,7 +129,7 @@ class Store:
         with self._lock:
             self._con.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -146,16 +154,24 @@ class Store:
     def counts(self) -> dict[str, int]:
         """Row counts of the event and quarantine tables."""
         with self._lock:
-            return {t: self._con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0]
-                    for t in EVENT_TABLES + ("quarantine",)}
+            return {
+                t: self._con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0]
+                for t in EVENT_TABLES + ("quarantine",)
+            }
 
     def _stored_mask(self, steps: pa.Table) -> np.ndarray:
-        keys = pa.table({"i": pa.array(np.arange(steps.num_rows)), "replica_id": steps.column("replica_id"),
-                         "step_id": steps.column("step_id")})
+        keys = pa.table(
+            {
+                "i": pa.array(np.arange(steps.num_rows)),
+                "replica_id": steps.column("replica_id"),
+                "step_id": steps.column("step_id"),
+            }
+        )
         self._con.register("incoming_keys", keys)
         try:
-            hits = self._con.execute("SELECT k.i FROM incoming_keys k JOIN steps s "
-                                     "ON s.replica_id = k.replica_id AND s.step_id = k.step_id").fetchall()
+            hits = self._con.execute(
+                "SELECT k.i FROM incoming_keys k JOIN steps s ON s.replica_id = k.replica_id AND s.step_id = k.step_id"
+            ).fetchall()
         finally:
             self._con.unregister("incoming_keys")
         mask = np.zeros(steps.num_rows, dtype=bool)
@@ -199,9 +215,12 @@ class Store:
         with self._lock:
             stored = self._stored_mask(staged.flat.steps)
             prepared = prepare(staged.parsed, stored, staged.flat) if stored.any() else staged.prepared
-            tables = {"steps": prepared.flat.steps, "requests": prepared.requests,
-                      "depth_labels": prepared.labels,
-                      "quarantine": prepared.quarantine_table(source, time.time())}
+            tables = {
+                "steps": prepared.flat.steps,
+                "requests": prepared.requests,
+                "depth_labels": prepared.labels,
+                "quarantine": prepared.quarantine_table(source, time.time()),
+            }
             with self._transaction():
                 for name, table in tables.items():
                     if table.num_rows:
@@ -213,12 +232,14 @@ class Store:
     def delete_before(self, cutoff_ts: float) -> dict[str, int]:
         """Retention: drop events, quarantine rows received and aggregates ending before ``cutoff_ts``, atomically."""
         deleted = {}
-        with self._lock:
-            with self._transaction():
-                for table, column in [(t, "ts") for t in EVENT_TABLES] + [("quarantine", "received_at"),
-                                                                          ("aggregates", "interval_end")]:
-                    deleted[table] = self._con.execute(
-                        f"DELETE FROM {table} WHERE {column} < ?", [cutoff_ts]).fetchall()[0][0]
+        with self._lock, self._transaction():
+            for table, column in [(t, "ts") for t in EVENT_TABLES] + [
+                ("quarantine", "received_at"),
+                ("aggregates", "interval_end"),
+            ]:
+                deleted[table] = self._con.execute(f"DELETE FROM {table} WHERE {column} < ?", [cutoff_ts]).fetchall()[
+                    0
+                ][0]
         return deleted
 
     def export(self, out_dir: str | os.PathLike, since_ts: float | None = None) -> dict[str, int]:
@@ -238,7 +259,8 @@ class Store:
             for table in EVENT_TABLES:
                 written[table] = self._con.execute(
                     f"COPY (SELECT *, {_DATE} AS date FROM {table} {where}) TO {_sql_path(staging / table)} "
-                    "(FORMAT parquet, PARTITION_BY (date, replica_id))").fetchall()[0][0]
+                    "(FORMAT parquet, PARTITION_BY (date, replica_id))"
+                ).fetchall()[0][0]
         for partition in sorted(staging.glob("*/date=*/replica_id=*")):
             target = out / partition.relative_to(staging)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -278,27 +300,54 @@ class Store:
         rows = self.query("SELECT replica_id, max(step_id) AS m FROM steps GROUP BY replica_id")
         return dict(zip(rows.column("replica_id").to_pylist(), rows.column("m").to_pylist()))
 
-    def record_decision(self, revision: int, phase_from: str | None, phase_to: str, action: str,
-                        reasons: list[dict], decided_at: float | None = None, *,
-                        compact_fraction: float | None = None, outcome: str | None = None,
-                        operator: str | None = None) -> None:
+    def record_decision(
+        self,
+        revision: int,
+        phase_from: str | None,
+        phase_to: str,
+        action: str,
+        reasons: list[dict],
+        decided_at: float | None = None,
+        *,
+        compact_fraction: float | None = None,
+        outcome: str | None = None,
+        operator: str | None = None,
+    ) -> None:
         """Persist a rollout decision with its reasons (committed before this returns)."""
         with self._lock:
             self._con.execute(
                 "INSERT INTO decisions (decided_at, revision, phase_from, phase_to, action, reasons, "
                 "compact_fraction, outcome, operator) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [time.time() if decided_at is None else decided_at, revision, phase_from, phase_to, action,
-                 json.dumps(reasons), compact_fraction, outcome, operator])
+                [
+                    time.time() if decided_at is None else decided_at,
+                    revision,
+                    phase_from,
+                    phase_to,
+                    action,
+                    json.dumps(reasons),
+                    compact_fraction,
+                    outcome,
+                    operator,
+                ],
+            )
 
     def record_consistency(self, rows: list[dict]) -> None:
         """Persist greedy-replay / state checks reported by replicas (``consistency_checks`` columns)."""
         columns = ("received_at", "replica_id", "request_id", "kind", "tokens", "mismatch_at", "expected", "got")
         with self._lock:
-            self._con.executemany(f"INSERT INTO consistency_checks ({', '.join(columns)}) VALUES "
-                                  f"({', '.join('?' * len(columns))})", [[r.get(c) for c in columns] for r in rows])
+            self._con.executemany(
+                f"INSERT INTO consistency_checks ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                [[r.get(c) for c in columns] for r in rows],
+            )
 
-    def record_aggregate(self, replica_id: str, interval_start: float, interval_end: float,
-                         aggregate: Aggregate, received_at: float | None = None) -> bool:
+    def record_aggregate(
+        self,
+        replica_id: str,
+        interval_start: float,
+        interval_end: float,
+        aggregate: Aggregate,
+        received_at: float | None = None,
+    ) -> bool:
         """Persist one replica's aggregate for an interval (committed before this returns).
 
         A report is keyed by (replica, interval): a retry of one already stored is
@@ -311,7 +360,8 @@ class Store:
                 "SELECT interval_start, interval_end FROM aggregates WHERE replica_id = ? AND "
                 "((interval_start = ? AND interval_end = ?) OR (interval_start < ? AND ? < interval_end)) "
                 "ORDER BY interval_start LIMIT 2",
-                [replica_id, interval_start, interval_end, interval_end, interval_start]).fetchall()
+                [replica_id, interval_start, interval_end, interval_end, interval_start],
+            ).fetchall()
             if (interval_start, interval_end) in stored:
                 return False
             if stored:
@@ -319,12 +369,20 @@ class Store:
             self._con.execute(
                 "INSERT INTO aggregates (received_at, replica_id, interval_start, interval_end, labels, "
                 "payload) VALUES (?, ?, ?, ?, ?, ?)",
-                [time.time() if received_at is None else received_at, replica_id, interval_start,
-                 interval_end, aggregate.observed_labels, json.dumps(aggregate.to_dict())])
+                [
+                    time.time() if received_at is None else received_at,
+                    replica_id,
+                    interval_start,
+                    interval_end,
+                    aggregate.observed_labels,
+                    json.dumps(aggregate.to_dict()),
+                ],
+            )
         return True
 
-    def aggregates(self, since: float | None = None, until: float | None = None,
-                   limit: int | None = None) -> list[tuple[str, Aggregate]]:
+    def aggregates(
+        self, since: float | None = None, until: float | None = None, limit: int | None = None
+    ) -> list[tuple[str, Aggregate]]:
         """(replica_id, aggregate) of every report whose interval lies within [since, until).
 
         With ``limit``, a span holding more reports raises ``TooManyReports`` before
@@ -336,10 +394,15 @@ class Store:
             n = self.query(f"SELECT count(*) AS n FROM aggregates WHERE {where}", params).column("n")[0].as_py()
             if n > limit:
                 raise TooManyReports(n, limit)
-        rows = self.query(f"SELECT replica_id, payload FROM aggregates WHERE {where} "
-                          "ORDER BY received_at, replica_id, interval_start", params)
-        return [(r, Aggregate.from_dict(json.loads(p))) for r, p in
-                zip(rows.column("replica_id").to_pylist(), rows.column("payload").to_pylist())]
+        rows = self.query(
+            f"SELECT replica_id, payload FROM aggregates WHERE {where} "
+            "ORDER BY received_at, replica_id, interval_start",
+            params,
+        )
+        return [
+            (r, Aggregate.from_dict(json.loads(p)))
+            for r, p in zip(rows.column("replica_id").to_pylist(), rows.column("payload").to_pylist())
+        ]
 
 
 def open_snapshot(directory: str | os.PathLike) -> duckdb.DuckDBPyConnection:

@@ -6,10 +6,12 @@ request's mode is drawn uniformly from ``MODES``, and its window, accepted count
 full_accept and cap_trim follow DESIGN §2-§3 for that mode, so every record
 passes validation.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+
 from sparkgate.collectors.schema import MODES, REQUEST_TYPE, SCHEMA_VERSION, WIRE_SCHEMA
 
 
@@ -33,47 +35,72 @@ def _requests(rng: np.random.Generator, n: int, gamma: int, first_id: int) -> pa
     suggested = np.where(mode == MODES.index("shadow"), rng.integers(0, gamma + 1, n), -1)
     tokens = rng.integers(0, 32000, int((accepted + 1).sum()))
     ids = np.char.add("req-", np.arange(first_id, first_id + n).astype(str))
-    return pa.StructArray.from_arrays([
-        pa.array(ids),
-        pa.array(np.asarray(MODES)[mode]),
-        pa.array(np.full(n, "synthetic")),
-        pa.array(np.zeros(n)),
-        pa.array(suggested, mask=suggested < 0),
-        pa.array(window),
-        pa.array(accepted),
-        pa.array(np.where(cap, full, accepted), mask=censored),
-        pa.array(np.where(cap, full - accepted, 0)),
-        _lists(confidence.ravel(), gamma, n, pa.float64()),
-        _lists(survival.ravel(), gamma, n, pa.float64()),
-        _lists(tokens, accepted + 1, n, pa.int64()),
-    ], fields=list(REQUEST_TYPE))
+    return pa.StructArray.from_arrays(
+        [
+            pa.array(ids),
+            pa.array(np.asarray(MODES)[mode]),
+            pa.array(np.full(n, "synthetic")),
+            pa.array(np.zeros(n)),
+            pa.array(suggested, mask=suggested < 0),
+            pa.array(window),
+            pa.array(accepted),
+            pa.array(np.where(cap, full, accepted), mask=censored),
+            pa.array(np.where(cap, full - accepted, 0)),
+            _lists(confidence.ravel(), gamma, n, pa.float64()),
+            _lists(survival.ravel(), gamma, n, pa.float64()),
+            _lists(tokens, accepted + 1, n, pa.int64()),
+        ],
+        fields=list(REQUEST_TYPE),
+    )
 
 
-def synthetic_wire(steps: int, batch: int = 32, gamma: int = 7, replica_id: str = "replica-0",
-                   first_step: int = 0, seed: int = 0, ts: float = 1.75e9) -> pa.Table:
+def synthetic_wire(
+    steps: int,
+    batch: int = 32,
+    gamma: int = 7,
+    replica_id: str = "replica-0",
+    first_step: int = 0,
+    seed: int = 0,
+    ts: float = 1.75e9,
+) -> pa.Table:
     """``steps`` valid step records of ``batch`` requests each, as a ``WIRE_SCHEMA`` table.
 
     Step ids run from ``first_step``; request ids are unique within the table.
     """
     rng = np.random.default_rng(seed)
     n = steps * batch
-    requests = pa.ListArray.from_arrays(pa.array(np.arange(steps + 1, dtype=np.int32) * batch),
-                                        _requests(rng, n, gamma, first_step * batch))
+    requests = pa.ListArray.from_arrays(
+        pa.array(np.arange(steps + 1, dtype=np.int32) * batch), _requests(rng, n, gamma, first_step * batch)
+    )
     verify_rows = batch * (gamma + 1)
     ms = rng.gamma(4.0, 2.0, steps)
     columns = {
-        "schema_version": np.full(steps, SCHEMA_VERSION), "replica_id": np.full(steps, replica_id),
-        "step_id": np.arange(first_step, first_step + steps), "ts": ts + np.arange(steps) * 0.01,
-        "batch_size": np.full(steps, batch), "gamma": np.full(steps, gamma),
-        "verify_rows": np.full(steps, verify_rows), "tier_rows": np.full(steps, verify_rows),
-        "tier": np.full(steps, verify_rows), "graph_hit": np.ones(steps, bool),
+        "schema_version": np.full(steps, SCHEMA_VERSION),
+        "replica_id": np.full(steps, replica_id),
+        "step_id": np.arange(first_step, first_step + steps),
+        "ts": ts + np.arange(steps) * 0.01,
+        "batch_size": np.full(steps, batch),
+        "gamma": np.full(steps, gamma),
+        "verify_rows": np.full(steps, verify_rows),
+        "tier_rows": np.full(steps, verify_rows),
+        "tier": np.full(steps, verify_rows),
+        "graph_hit": np.ones(steps, bool),
         "miss_reason": pa.nulls(steps, pa.string()),
-        "draft_ms": ms * 0.2, "schedule_ms": ms * 0.05, "verify_ms": ms * 0.6, "accept_ms": ms * 0.05,
-        "step_ms": ms, "predicted_step_ms": ms, "host_syncs": np.ones(steps, np.int64),
-        "phase": np.full(steps, "shadow"), "policy_revision": np.ones(steps, np.int64),
-        "model_version": np.full(steps, "synthetic"), "drafter_version": np.full(steps, "synthetic"),
-        "sts_version": pa.nulls(steps, pa.string()), "cost_table_version": pa.nulls(steps, pa.string()),
+        "draft_ms": ms * 0.2,
+        "schedule_ms": ms * 0.05,
+        "verify_ms": ms * 0.6,
+        "accept_ms": ms * 0.05,
+        "step_ms": ms,
+        "predicted_step_ms": ms,
+        "host_syncs": np.ones(steps, np.int64),
+        "phase": np.full(steps, "shadow"),
+        "policy_revision": np.ones(steps, np.int64),
+        "model_version": np.full(steps, "synthetic"),
+        "drafter_version": np.full(steps, "synthetic"),
+        "sts_version": pa.nulls(steps, pa.string()),
+        "cost_table_version": pa.nulls(steps, pa.string()),
         "requests": requests,
     }
-    return pa.table({k: pa.array(v) if isinstance(v, np.ndarray) else v for k, v in columns.items()},
-                    schema=WIRE_SCHEMA)
+    return pa.table(
+        {k: pa.array(v) if isinstance(v, np.ndarray) else v for k, v in columns.items()}, schema=WIRE_SCHEMA
+    )

@@ -5,6 +5,7 @@ record's ``ts`` (the step's start, unix seconds) and lasts ``step_ms``. An OTLP
 exporter is used when an endpoint is configured (the ``otlp`` extra), an
 in-memory exporter in tests.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,16 +17,28 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
 )
 from opentelemetry.trace import SpanKind, Tracer
+
 from sparkgate.collectors.labels import mode_codes
 from sparkgate.collectors.schema import MODES
 from sparkgate.collectors.wire import Flat
 
-_STEP_ATTRIBUTES = ("replica_id", "step_id", "batch_size", "gamma", "verify_rows", "tier_rows", "tier",
-                    "graph_hit", "phase", "policy_revision")
+_STEP_ATTRIBUTES = (
+    "replica_id",
+    "step_id",
+    "batch_size",
+    "gamma",
+    "verify_rows",
+    "tier_rows",
+    "tier",
+    "graph_hit",
+    "phase",
+    "policy_revision",
+)
 
 
-def tracer_provider(otlp_endpoint: str | None = None, exporter: SpanExporter | None = None,
-                    service_name: str = "sparkgate") -> TracerProvider:
+def tracer_provider(
+    otlp_endpoint: str | None = None, exporter: SpanExporter | None = None, service_name: str = "sparkgate"
+) -> TracerProvider:
     """A provider exporting to ``exporter`` (synchronously) or to OTLP/HTTP at ``otlp_endpoint`` (batched).
 
     ``otlp_endpoint`` is the collector's full traces URL (``http://host:4318/v1/traces``).

@@ -6,14 +6,17 @@ and the offending value. An empty list means the step may be stored. The same
 code checks a single ``StepRecord`` (``validate``), so producer-side checks and
 the collector can never disagree.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from sparkgate.collectors.schema import (
     MISS_REASONS,
     MODES,
@@ -48,8 +51,13 @@ class _Report:
             text = message(i) if callable(message) else message
             self.problems[i].append(Problem(name, column[int(i)].as_py(), text))
 
-    def requests(self, mask: np.ndarray, name: str, message: str | Callable[[int], str],
-                 value: Callable[[int], Any] | None = None) -> None:
+    def requests(
+        self,
+        mask: np.ndarray,
+        name: str,
+        message: str | Callable[[int], str],
+        value: Callable[[int], Any] | None = None,
+    ) -> None:
         column = self.flat.requests.column(name)
         for j in np.flatnonzero(mask):
             text = message(j) if callable(message) else message
@@ -76,17 +84,23 @@ def _check_steps(report: _Report, gamma: np.ndarray, n_requests: np.ndarray) -> 
         if name not in NULLABLE_STEP_FIELDS:
             report.steps(_nulls(steps, name), name, "missing (required field)")
     version = _ints(steps, "schema_version")
-    report.steps(~_nulls(steps, "schema_version") & (version != SCHEMA_VERSION), "schema_version",
-                 f"unknown schema_version; this collector reads {SCHEMA_VERSION}")
-    report.steps(pc.fill_null(pc.equal(steps.column("replica_id"), ""), False).to_numpy(zero_copy_only=False),
-                 "replica_id", "must not be empty")
+    report.steps(
+        ~_nulls(steps, "schema_version") & (version != SCHEMA_VERSION),
+        "schema_version",
+        f"unknown schema_version; this collector reads {SCHEMA_VERSION}",
+    )
+    report.steps(
+        pc.fill_null(pc.equal(steps.column("replica_id"), ""), False).to_numpy(zero_copy_only=False),
+        "replica_id",
+        "must not be empty",
+    )
     for name in _NON_NEGATIVE:
         report.steps(_ints(steps, name) < 0, name, "must be >= 0")
-    report.steps(~_nulls(steps, "gamma") & ((gamma < 1) | (gamma > MAX_GAMMA)), "gamma",
-                 f"must be in [1, {MAX_GAMMA}]")
+    report.steps(~_nulls(steps, "gamma") & ((gamma < 1) | (gamma > MAX_GAMMA)), "gamma", f"must be in [1, {MAX_GAMMA}]")
     batch = _ints(steps, "batch_size")
-    report.steps(batch < n_requests, "batch_size",
-                 lambda i: f"smaller than the {n_requests[i]} request rows it carries")
+    report.steps(
+        batch < n_requests, "batch_size", lambda i: f"smaller than the {n_requests[i]} request rows it carries"
+    )
     ts = _floats(steps, "ts", 1.0)
     report.steps(~np.isfinite(ts) | (ts <= 0), "ts", "must be a finite unix time > 0")
     for name in _TIMINGS + ("predicted_step_ms",):
@@ -97,11 +111,17 @@ def _check_steps(report: _Report, gamma: np.ndarray, n_requests: np.ndarray) -> 
     known = pc.is_in(steps.column("miss_reason"), pa.array(MISS_REASONS)).to_numpy(zero_copy_only=False)
     report.steps(hit & ~reason_null, "miss_reason", "must be null when graph_hit is true")
     report.steps(~hit & ~known, "miss_reason", f"a tier miss needs a reason in {list(MISS_REASONS)}")
-    report.steps(hit & (_ints(steps, "tier_rows") < _ints(steps, "verify_rows")), "tier_rows",
-                 "a graph hit needs tier_rows >= verify_rows")
+    report.steps(
+        hit & (_ints(steps, "tier_rows") < _ints(steps, "verify_rows")),
+        "tier_rows",
+        "a graph hit needs tier_rows >= verify_rows",
+    )
     tier = _ints(steps, "tier")
-    report.steps(np.where(hit, tier < 0, tier < NO_TIER), "tier",
-                 f"must be >= 0 on a graph hit, >= {NO_TIER} (no tier) on a miss")
+    report.steps(
+        np.where(hit, tier < 0, tier < NO_TIER),
+        "tier",
+        f"must be >= 0 on a graph hit, >= {NO_TIER} (no tier) on a miss",
+    )
 
 
 def _check_windows(report: _Report, g: np.ndarray, mode: np.ndarray) -> None:
@@ -109,15 +129,21 @@ def _check_windows(report: _Report, g: np.ndarray, mode: np.ndarray) -> None:
     window, accepted = _ints(reqs, "window"), _ints(reqs, "accepted")
     suggested, suggested_null = _ints(reqs, "window_suggested"), _nulls(reqs, "window_suggested")
     report.requests((window < 0) | (window > g), "window", lambda j: f"outside [0, gamma={g[j]}]")
-    report.requests((accepted < 0) | (accepted > window), "accepted",
-                    lambda j: f"outside [0, window={window[j]}]")
-    report.requests(~suggested_null & ((suggested < 0) | (suggested > g)), "window_suggested",
-                    lambda j: f"outside [0, gamma={g[j]}]")
+    report.requests((accepted < 0) | (accepted > window), "accepted", lambda j: f"outside [0, window={window[j]}]")
+    report.requests(
+        ~suggested_null & ((suggested < 0) | (suggested > g)),
+        "window_suggested",
+        lambda j: f"outside [0, gamma={g[j]}]",
+    )
     full_block = np.isin(mode, ["static", "shadow"])
-    report.requests(full_block & (window != g), "window",
-                    lambda j: f"{mode[j]} verifies the full block: window must equal gamma={g[j]}")
-    report.requests((mode == "shadow") & suggested_null, "window_suggested",
-                    "shadow must log the scheduler's suggestion")
+    report.requests(
+        full_block & (window != g),
+        "window",
+        lambda j: f"{mode[j]} verifies the full block: window must equal gamma={g[j]}",
+    )
+    report.requests(
+        (mode == "shadow") & suggested_null, "window_suggested", "shadow must log the scheduler's suggestion"
+    )
 
 
 def _check_full_accept(report: _Report, g: np.ndarray, mode: np.ndarray) -> None:
@@ -125,20 +151,27 @@ def _check_full_accept(report: _Report, g: np.ndarray, mode: np.ndarray) -> None
     window, accepted = _ints(reqs, "window"), _ints(reqs, "accepted")
     full, full_null = _ints(reqs, "full_accept"), _nulls(reqs, "full_accept")
     censored = (mode == "compact") & (accepted == window) & (window < g)
-    report.requests(censored & ~full_null, "full_accept",
-                    "must be null when censored (compact, accepted == window < gamma)")
+    report.requests(
+        censored & ~full_null, "full_accept", "must be null when censored (compact, accepted == window < gamma)"
+    )
     report.requests(~censored & full_null, "full_accept", "missing: a* is observed for this row")
     known = ~censored & ~full_null
     cap = mode == "cap_accept"
     report.requests(known & ((full < 0) | (full > g)), "full_accept", lambda j: f"outside [0, gamma={g[j]}]")
-    report.requests(known & ~cap & (full != accepted), "full_accept",
-                    lambda j: f"must equal accepted={accepted[j]} in {mode[j]}")
-    report.requests(known & cap & (np.minimum(full, window) != accepted), "full_accept",
-                    lambda j: f"cap_accept needs accepted == min(full_accept, window={window[j]}), "
-                              f"accepted={accepted[j]}")
+    report.requests(
+        known & ~cap & (full != accepted), "full_accept", lambda j: f"must equal accepted={accepted[j]} in {mode[j]}"
+    )
+    report.requests(
+        known & cap & (np.minimum(full, window) != accepted),
+        "full_accept",
+        lambda j: f"cap_accept needs accepted == min(full_accept, window={window[j]}), accepted={accepted[j]}",
+    )
     expected_trim = np.where(known, full - accepted, 0)
-    report.requests(_ints(reqs, "cap_trim") != expected_trim, "cap_trim",
-                    lambda j: f"must be min(full_accept, gamma) - accepted = {expected_trim[j]}")
+    report.requests(
+        _ints(reqs, "cap_trim") != expected_trim,
+        "cap_trim",
+        lambda j: f"must be min(full_accept, gamma) - accepted = {expected_trim[j]}",
+    )
 
 
 def _check_lists(report: _Report, g: np.ndarray, accepted: np.ndarray) -> None:
@@ -146,8 +179,12 @@ def _check_lists(report: _Report, g: np.ndarray, accepted: np.ndarray) -> None:
     for name in ("confidence", "survival"):
         column = reqs.column(name).combine_chunks()
         lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy().astype(np.int64)
-        report.requests(~_nulls(reqs, name) & (lengths != g), name,
-                        lambda j: f"length {lengths[j]} != gamma={g[j]}", value=lambda j: f"<{lengths[j]} values>")
+        report.requests(
+            ~_nulls(reqs, name) & (lengths != g),
+            name,
+            lambda j, lengths=lengths: f"length {lengths[j]} != gamma={g[j]}",
+            value=lambda j, lengths=lengths: f"<{lengths[j]} values>",
+        )
         owner = pc.list_parent_indices(column).to_numpy()
         values = pc.fill_null(pc.list_flatten(column), math.nan).to_numpy()
         bad = ~np.isfinite(values) | (values < 0) | (values > 1)
@@ -158,13 +195,15 @@ def _check_lists(report: _Report, g: np.ndarray, accepted: np.ndarray) -> None:
         for e in np.flatnonzero(bad | rising):
             j = owner[e]
             path = f"requests[{report.flat.slot[j]}].{name}[{e - starts[e]}]"
-            text = "must be a finite probability in [0, 1]" if bad[e] else \
-                "survival must be non-increasing with depth"
+            text = "must be a finite probability in [0, 1]" if bad[e] else "survival must be non-increasing with depth"
             report.problems[report.flat.parent[j]].append(Problem(path, float(values[e]), text))
     tokens = pc.fill_null(pc.list_value_length(reqs.column("committed_tokens")), 0).to_numpy()
-    report.requests(~_nulls(reqs, "committed_tokens") & (tokens != accepted + 1), "committed_tokens",
-                    lambda j: f"holds {tokens[j]} ids, accepted + 1 = {accepted[j] + 1}",
-                    value=lambda j: f"<{tokens[j]} ids>")
+    report.requests(
+        ~_nulls(reqs, "committed_tokens") & (tokens != accepted + 1),
+        "committed_tokens",
+        lambda j: f"holds {tokens[j]} ids, accepted + 1 = {accepted[j] + 1}",
+        value=lambda j: f"<{tokens[j]} ids>",
+    )
     column = reqs.column("committed_tokens")
     ids = pc.fill_null(pc.list_flatten(column), -2).to_numpy(zero_copy_only=False)
     bad_ids = np.zeros(reqs.num_rows, bool)
@@ -180,8 +219,11 @@ def _check_requests(report: _Report, gamma: np.ndarray) -> None:
     g = gamma[report.flat.parent]
     mode = pc.fill_null(reqs.column("mode"), "").to_numpy(zero_copy_only=False).astype(str)
     report.requests(~_nulls(reqs, "mode") & ~np.isin(mode, MODES), "mode", f"unknown mode; known: {list(MODES)}")
-    report.requests(pc.fill_null(pc.equal(reqs.column("request_id"), ""), False).to_numpy(zero_copy_only=False),
-                    "request_id", "must not be empty")
+    report.requests(
+        pc.fill_null(pc.equal(reqs.column("request_id"), ""), False).to_numpy(zero_copy_only=False),
+        "request_id",
+        "must not be empty",
+    )
     temperature = _floats(reqs, "temperature")
     report.requests(~np.isfinite(temperature) | (temperature < 0), "temperature", "must be finite and >= 0")
     _check_windows(report, g, mode)
@@ -201,12 +243,14 @@ def _check_duplicates(report: _Report, stored: np.ndarray) -> None:
     seen: set[tuple[str, int]] = set()
     for i, key in enumerate(zip(replica, step_id)):
         if stored[i]:
-            report.problems[i].append(Problem("step_id", key[1], f"duplicate (replica_id={key[0]!r}, step_id) "
-                                                                 "already stored"))
+            report.problems[i].append(
+                Problem("step_id", key[1], f"duplicate (replica_id={key[0]!r}, step_id) already stored")
+            )
         elif not report.problems[i]:
             if key in seen:
-                report.problems[i].append(Problem("step_id", key[1], f"duplicate (replica_id={key[0]!r}, "
-                                                                     "step_id) earlier in this batch"))
+                report.problems[i].append(
+                    Problem("step_id", key[1], f"duplicate (replica_id={key[0]!r}, step_id) earlier in this batch")
+                )
             seen.add(key)
 
 

@@ -7,6 +7,7 @@ There are no confidences, so this feeds acceptance curves, not calibration.
 Counters from several label sets (models, engines) are summed; a counter that
 went down means the server restarted, and the interval then starts from zero.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -29,16 +30,22 @@ class Counters:
     accepted: float = 0.0
     per_position: dict[int, float] = field(default_factory=dict)
 
-    def minus(self, earlier: "Counters") -> "Counters":
+    def minus(self, earlier: Counters) -> Counters:
         """The interval since ``earlier``; after a reset (any counter lower) the whole current value."""
-        values = [(self.drafts, earlier.drafts), (self.draft_tokens, earlier.draft_tokens),
-                  (self.accepted, earlier.accepted)]
+        values = [
+            (self.drafts, earlier.drafts),
+            (self.draft_tokens, earlier.draft_tokens),
+            (self.accepted, earlier.accepted),
+        ]
         values += [(v, earlier.per_position.get(k, 0.0)) for k, v in self.per_position.items()]
         if any(now < before for now, before in values):
             return self
-        return Counters(self.drafts - earlier.drafts, self.draft_tokens - earlier.draft_tokens,
-                        self.accepted - earlier.accepted,
-                        {k: v - earlier.per_position.get(k, 0.0) for k, v in self.per_position.items()})
+        return Counters(
+            self.drafts - earlier.drafts,
+            self.draft_tokens - earlier.draft_tokens,
+            self.accepted - earlier.accepted,
+            {k: v - earlier.per_position.get(k, 0.0) for k, v in self.per_position.items()},
+        )
 
 
 @dataclass(frozen=True)
@@ -51,8 +58,12 @@ class SurvivalCurve:
     mean_accepted: float | None  # accepted draft tokens per draft
 
     def to_dict(self) -> dict:
-        return {"drafts": self.drafts, "survival": self.survival, "acceptance_rate": self.acceptance_rate,
-                "mean_accepted": self.mean_accepted}
+        return {
+            "drafts": self.drafts,
+            "survival": self.survival,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted": self.mean_accepted,
+        }
 
 
 def parse_counters(text: str) -> Counters:
@@ -75,9 +86,12 @@ def survival_curve(counters: Counters) -> SurvivalCurve:
     depths = max(counters.per_position, default=-1) + 1
     drafts = counters.drafts
     survival = [counters.per_position.get(k, 0.0) / drafts if drafts else 0.0 for k in range(depths)]
-    return SurvivalCurve(drafts, survival,
-                         counters.accepted / counters.draft_tokens if counters.draft_tokens else None,
-                         counters.accepted / drafts if drafts else None)
+    return SurvivalCurve(
+        drafts,
+        survival,
+        counters.accepted / counters.draft_tokens if counters.draft_tokens else None,
+        counters.accepted / drafts if drafts else None,
+    )
 
 
 class VLLMScraper:

@@ -9,17 +9,20 @@ bad input: a record is either a row of ``wire`` or a ``Rejected``.
 The fast paths convert a whole body at once in Arrow's C++ readers; only when
 that fails does a per-record pass find which records are at fault and why.
 """
+
 from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
+
 from sparkgate.collectors.schema import (
     REQUEST_TYPE,
     STEP_SCHEMA,
@@ -59,10 +62,10 @@ class Parsed:
 class Flat:
     """A batch in columnar form: steps, their request rows, and each row's step index."""
 
-    steps: pa.Table      # STEP_SCHEMA columns, one row per step
-    requests: pa.Table   # REQUEST_TYPE columns, one row per request row
-    parent: np.ndarray   # int64 step index of each request row
-    slot: np.ndarray     # int64 position of each request row within its step
+    steps: pa.Table  # STEP_SCHEMA columns, one row per step
+    requests: pa.Table  # REQUEST_TYPE columns, one row per request row
+    parent: np.ndarray  # int64 step index of each request row
+    slot: np.ndarray  # int64 position of each request row within its step
 
 
 def _json_bytes(obj: Any) -> bytes:
@@ -77,7 +80,7 @@ def _field_problems(obj: Any) -> list[Problem]:
     for f in STEP_SCHEMA:
         try:
             pa.array([obj.get(f.name)], f.type)
-        except Exception as exc:  # noqa: BLE001 - arbitrary input; report, never crash
+        except Exception as exc:
             problems.append(Problem(f.name, obj.get(f.name), f"not a {f.type}: {exc}"))
     rows = obj.get("requests")
     if rows is not None and not isinstance(rows, list):
@@ -89,18 +92,17 @@ def _field_problems(obj: Any) -> list[Problem]:
         for f in REQUEST_TYPE:
             try:
                 pa.array([row.get(f.name)], f.type)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 problems.append(Problem(f"requests[{slot}].{f.name}", row.get(f.name), f"not a {f.type}: {exc}"))
     return problems
 
 
-def _objects(objs: Sequence[Any], payload: Callable[[int], bytes],
-             positions: Sequence[int] | None = None) -> Parsed:
+def _objects(objs: Sequence[Any], payload: Callable[[int], bytes], positions: Sequence[int] | None = None) -> Parsed:
     """Type ``objs`` (dicts in wire form); ``positions`` maps them to input indices."""
     index = np.arange(len(objs)) if positions is None else np.asarray(positions, dtype=np.int64)
     try:
         return Parsed(pa.Table.from_pylist(list(objs), schema=WIRE_SCHEMA), index, [], payload)
-    except Exception:  # noqa: BLE001 - find the culprits one by one below
+    except Exception:
         pass
     good, kept, rejected = [], [], []
     for i, obj in enumerate(objs):
@@ -108,7 +110,7 @@ def _objects(objs: Sequence[Any], payload: Callable[[int], bytes],
         if not problems:
             try:
                 pa.Table.from_pylist([obj], schema=WIRE_SCHEMA)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 problems = [Problem("<record>", None, f"does not fit the v1 wire schema: {exc}")]
         if problems:
             rejected.append(Rejected(int(index[i]), payload(int(index[i])), problems))
@@ -152,8 +154,9 @@ def from_ndjson(data: bytes) -> Parsed:
             objs.append(json.loads(line))
             kept.append(i)
         except ValueError as exc:
-            rejected.append(Rejected(i, line, [Problem("<line>", line[:80].decode(errors="replace"),
-                                                       f"invalid JSON: {exc}")]))
+            rejected.append(
+                Rejected(i, line, [Problem("<line>", line[:80].decode(errors="replace"), f"invalid JSON: {exc}")])
+            )
     parsed = _objects(objs, lines.__getitem__, kept)
     parsed.rejected.extend(rejected)
     return parsed

@@ -12,11 +12,13 @@ Every call pushes to every server, so a restarted server converges at the next
 evaluation; a server that refuses or cannot be reached is reported in the raised
 ``ActuatorError`` after the others were still pushed.
 """
+
 from __future__ import annotations
 
 import math
 
 import httpx
+
 from sparkgate.policies.payload import PolicyPayload
 from sparkgate.policies.vocabulary import Phase
 

@@ -12,6 +12,7 @@
 Times are medians of ``--repeats`` runs; the 1-minute load average is printed
 with them because the figures scale with whatever else the machine runs.
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,6 +26,7 @@ from pathlib import Path
 import click
 import numpy as np
 import pyarrow as pa
+
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import explode
 from sparkgate.collectors.store import Store
@@ -47,8 +49,15 @@ def build_store(store: Store, labels: int) -> int:
 
     def batch(first: int) -> Parsed:
         n = min(BATCH_STEPS, steps - first)
-        wire = synthetic_wire(n, BATCH, GAMMA, f"replica-{first // BATCH_STEPS % REPLICAS}", first_step=first,
-                              seed=first, ts=1.75e9 + first * 0.01)
+        wire = synthetic_wire(
+            n,
+            BATCH,
+            GAMMA,
+            f"replica-{first // BATCH_STEPS % REPLICAS}",
+            first_step=first,
+            seed=first,
+            ts=1.75e9 + first * 0.01,
+        )
         phase = "baseline" if first < baseline_steps else "canary"
         return from_wire(wire.set_column(wire.schema.get_field_index("phase"), "phase", pa.array([phase] * n)))
 
@@ -100,11 +109,18 @@ def run(labels: int, replicas: int, repeats: int) -> dict:
     merge_runs, fold_runs = time_merge(replica_aggregates(replicas), repeats)
     eval_ms, merge_ms = statistics.median(eval_runs), statistics.median(merge_runs)
     return {
-        "labels": stored, "eval_ms": round(eval_ms, 1), "eval_runs_ms": [round(x, 1) for x in eval_runs],
-        "eval_target_ms": EVAL_TARGET_MS, "merge_replicas": replicas, "merge_ms": round(merge_ms, 2),
-        "merge_fold_ms": round(statistics.median(fold_runs), 2), "merge_target_ms": MERGE_TARGET_MS,
-        "merge_speedup": round(statistics.median(fold_runs) / merge_ms, 1), "setup_s": round(setup_s, 1),
-        "load_avg_1m": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
+        "labels": stored,
+        "eval_ms": round(eval_ms, 1),
+        "eval_runs_ms": [round(x, 1) for x in eval_runs],
+        "eval_target_ms": EVAL_TARGET_MS,
+        "merge_replicas": replicas,
+        "merge_ms": round(merge_ms, 2),
+        "merge_fold_ms": round(statistics.median(fold_runs), 2),
+        "merge_target_ms": MERGE_TARGET_MS,
+        "merge_speedup": round(statistics.median(fold_runs) / merge_ms, 1),
+        "setup_s": round(setup_s, 1),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
     }
 
 

@@ -17,11 +17,13 @@ One pass over the label rows fills two histograms per kind of prediction
 Invariants: every array is indexed by depth with index 0 unused; counts are
 integers so merging (adding) histograms is exact.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+
 from sparkgate.collectors.aggregate import CalibrationStats
 from sparkgate.collectors.schema import MODES
 from sparkgate.policies.binning import N_BINS
@@ -56,8 +58,16 @@ class KindStats:
     grouped_sum_y: np.ndarray
 
     @classmethod
-    def from_rows(cls, mode: np.ndarray, depth: np.ndarray, p: np.ndarray, y: np.ndarray, group: np.ndarray,
-                  depths: int, keep: np.ndarray | None = None) -> "KindStats":
+    def from_rows(
+        cls,
+        mode: np.ndarray,
+        depth: np.ndarray,
+        p: np.ndarray,
+        y: np.ndarray,
+        group: np.ndarray,
+        depths: int,
+        keep: np.ndarray | None = None,
+    ) -> KindStats:
         """From one row per label: mode code, depth (1..depths), prediction, outcome (0/1), request group;
         only rows where ``keep`` holds count. Rows are never copied out (a mask would copy every column):
         left-out rows get key 0, which the histograms drop."""
@@ -103,7 +113,7 @@ class KindStats:
     def depths(self) -> int:
         return self.fine_count.shape[1] - 1
 
-    def __add__(self, other: "KindStats") -> "KindStats":
+    def __add__(self, other: KindStats) -> KindStats:
         """Statistics of both row sets (same depths), e.g. two chunks of one window."""
         if other.depths != self.depths:
             raise ValueError(f"depths={other.depths}: cannot add stats over {self.depths} depths")
@@ -111,6 +121,7 @@ class KindStats:
 
     def calibration_stats(self) -> CalibrationStats:
         """The collectors' equal-width statistics (per mode, depth, bin), summed from the fine bins."""
+
         def coarse(a: np.ndarray) -> np.ndarray:
             return a.reshape(*a.shape[:2], N_BINS, FINE_PER_BIN, *a.shape[3:]).sum(axis=3)
 
@@ -173,8 +184,9 @@ def grouped_ece(count: np.ndarray, sum_p: np.ndarray, sum_y: np.ndarray) -> np.n
         return np.where(n > 0, gap / np.maximum(n, 1), np.nan)
 
 
-def bootstrap_ece(stats: KindStats, resamples: int = 200, level: float = 0.95,
-                  seed: int = 0) -> dict[int, tuple[float, float]]:
+def bootstrap_ece(
+    stats: KindStats, resamples: int = 200, level: float = 0.95, seed: int = 0
+) -> dict[int, tuple[float, float]]:
     """Percentile interval of the gated-mode ECE per depth, resampling request groups with replacement.
 
     Only groups holding rows are resampled, so sparse windows (fewer requests than
@@ -186,8 +198,10 @@ def bootstrap_ece(stats: KindStats, resamples: int = 200, level: float = 0.95,
     k = int(occupied.sum())
     if not k:
         return {}
-    flat = [a[occupied].reshape(k, -1).astype(np.float64)
-            for a in (stats.grouped_count, stats.grouped_sum_p, stats.grouped_sum_y)]
+    flat = [
+        a[occupied].reshape(k, -1).astype(np.float64)
+        for a in (stats.grouped_count, stats.grouped_sum_p, stats.grouped_sum_y)
+    ]
     # Each resample draws k of the k occupied groups with replacement; weights count the draws.
     draws = np.random.default_rng(seed).integers(0, k, size=(resamples, k)) + np.arange(resamples)[:, None] * k
     weights = np.bincount(draws.ravel(), minlength=resamples * k).reshape(resamples, k).astype(np.float64)

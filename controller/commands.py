@@ -6,6 +6,7 @@ a running service over HTTP; the token comes from ``--token`` or
 ``SPARKGATE_TOKEN``. ``report`` opens a DuckDB file nobody else has open (or asks
 a running controller with ``--controller``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,6 +19,7 @@ import threading
 import click
 import httpx
 import uvicorn
+
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store
@@ -34,10 +36,17 @@ DEFAULT_PORT = 8470
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 log = logging.getLogger(__name__)
 
-controller_option = click.option("--controller", "url", default=DEFAULT_URL, show_default=True,
-                                 envvar="SPARKGATE_CONTROLLER", help="Controller base URL.")
-token_option = click.option("--token", envvar="SPARKGATE_TOKEN", default=None,
-                            help="Operator bearer token [env SPARKGATE_TOKEN].")
+controller_option = click.option(
+    "--controller",
+    "url",
+    default=DEFAULT_URL,
+    show_default=True,
+    envvar="SPARKGATE_CONTROLLER",
+    help="Controller base URL.",
+)
+token_option = click.option(
+    "--token", envvar="SPARKGATE_TOKEN", default=None, help="Operator bearer token [env SPARKGATE_TOKEN]."
+)
 
 
 def evaluate_forever(controller: Controller, stop: threading.Event, snapshot_dir: str | None = None) -> None:
@@ -47,14 +56,20 @@ def evaluate_forever(controller: Controller, stop: threading.Event, snapshot_dir
             controller.tick()
             if snapshot_dir:
                 controller.store.snapshot(snapshot_dir)
-        except Exception:  # noqa: BLE001 - the service must outlive one bad evaluation
+        except Exception:
             log.exception("evaluation failed")
 
 
 @click.command()
 @click.option("--db", required=True, type=click.Path(dir_okay=False), help="DuckDB file (created if missing).")
-@click.option("--policy", "policy_path", default=str(DEFAULT_PATH), show_default=True,
-              type=click.Path(exists=True, dir_okay=False), help="Rollout policy YAML.")
+@click.option(
+    "--policy",
+    "policy_path",
+    default=str(DEFAULT_PATH),
+    show_default=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Rollout policy YAML.",
+)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=DEFAULT_PORT, show_default=True)
 @token_option
@@ -63,10 +78,25 @@ def evaluate_forever(controller: Controller, stop: threading.Event, snapshot_dir
 @click.option("--snapshot-dir", type=click.Path(file_okay=False), help="Publish Parquet snapshots after each tick.")
 @click.option("--cost-table-version", default=None, help="Announced to replicas in the policy.")
 @click.option("--sts-version", default=None, help="Announced to replicas in the policy.")
-@click.option("--otlp-endpoint", envvar="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", default=None,
-              help="OTLP/HTTP traces URL (e.g. http://localhost:4318/v1/traces): one span per ingested step.")
-def serve(db, policy_path, host, port, token, sglang_urls, prometheus, snapshot_dir, cost_table_version,
-          sts_version, otlp_endpoint):
+@click.option(
+    "--otlp-endpoint",
+    envvar="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    default=None,
+    help="OTLP/HTTP traces URL (e.g. http://localhost:4318/v1/traces): one span per ingested step.",
+)
+def serve(
+    db,
+    policy_path,
+    host,
+    port,
+    token,
+    sglang_urls,
+    prometheus,
+    snapshot_dir,
+    cost_table_version,
+    sts_version,
+    otlp_endpoint,
+):
     """Run the controller: policy and ingest API, gates, rollout, /metrics."""
     try:
         check_bind(host, token)
@@ -78,15 +108,26 @@ def serve(db, policy_path, host, port, token, sglang_urls, prometheus, snapshot_
     tracer = provider.get_tracer("sparkgate.collectors") if provider else None
     with Store(db) as store, _flushed(provider):
         actuators = [SGLangActuator(sglang_urls)] if sglang_urls else []
-        controller = Controller(store, policy, metrics=metrics, actuators=actuators, prometheus_url=prometheus,
-                                versions=Versions(cost_table_version, sts_version))
+        controller = Controller(
+            store,
+            policy,
+            metrics=metrics,
+            actuators=actuators,
+            prometheus_url=prometheus,
+            versions=Versions(cost_table_version, sts_version),
+        )
         app = create_app(controller, Ingestor(store, metrics, tracer), token)
         stop = threading.Event()
-        loop = threading.Thread(target=evaluate_forever, args=(controller, stop, snapshot_dir),
-                                name="sparkgate-evaluate", daemon=True)
+        loop = threading.Thread(
+            target=evaluate_forever, args=(controller, stop, snapshot_dir), name="sparkgate-evaluate", daemon=True
+        )
         loop.start()
-        click.echo(json.dumps({"listening": f"http://{host}:{port}", "db": db, **controller.policy_payload().model_dump(mode="json")}),
-                   err=True)
+        click.echo(
+            json.dumps(
+                {"listening": f"http://{host}:{port}", "db": db, **controller.policy_payload().model_dump(mode="json")}
+            ),
+            err=True,
+        )
         try:
             with _exit_on_sigterm():
                 uvicorn.run(app, host=host, port=port, log_level="warning")
@@ -156,8 +197,9 @@ def _operator_command(action: str, help_text: str) -> click.Command:
     @click.option("--operator", required=True, help="Who acts (recorded with the decision).")
     @click.option("--note", default="", help="Why (recorded with the decision).")
     def command(url, token, operator, note):
-        click.echo(json.dumps(_call("POST", url, f"/v1/rollout/{action}", token,
-                                    json={"operator": operator, "note": note})))
+        click.echo(
+            json.dumps(_call("POST", url, f"/v1/rollout/{action}", token, json={"operator": operator, "note": note}))
+        )
 
     return command
 
@@ -175,11 +217,11 @@ def _since(value: str | None) -> float | None:
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     try:
         if value[-1:] in units and value[:-1].replace(".", "", 1).isdigit():
-            return dt.datetime.now(dt.timezone.utc).timestamp() - float(value[:-1]) * units[value[-1]]
+            return dt.datetime.now(dt.UTC).timestamp() - float(value[:-1]) * units[value[-1]]
         if value.replace(".", "", 1).isdigit():
             return float(value)
         parsed = dt.datetime.fromisoformat(value)
-        return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)).timestamp()
+        return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).timestamp()
     except ValueError:
         raise click.BadParameter(f"--since={value!r}: expected unix seconds, an ISO time, or e.g. 30m") from None
 
@@ -204,6 +246,8 @@ def report(db, url, since, by, phase, as_json):
         with Store(db) as store:
             body = evaluate(store, window).report(phase)
             if by:
-                body["slices"] = {str(v): evaluate(store, window, Slice(**{SLICE_COLUMNS[by]: v})).report(phase)
-                                  for v in slice_values(store, by, window)}
+                body["slices"] = {
+                    str(v): evaluate(store, window, Slice(**{SLICE_COLUMNS[by]: v})).report(phase)
+                    for v in slice_values(store, by, window)
+                }
     click.echo(json.dumps(body) if as_json else json.dumps(body, indent=2))

@@ -4,9 +4,11 @@
 the collectors' (``Metrics.set_phase`` / ``Metrics.publish``); this adds the
 revision, the compact fraction, each gate's value and verdict, and decisions.
 """
+
 from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
+
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.policies.vocabulary import Outcome
 
@@ -24,15 +26,15 @@ class ControllerMetrics:
         self.metrics = metrics
         r = metrics.registry
         self.revision = Gauge("sparkgate_rollout_revision", "Revision of the served rollout policy.", registry=r)
-        self.fraction = Gauge("sparkgate_rollout_compact_fraction", "Fraction of traffic served compact.",
-                              registry=r)
+        self.fraction = Gauge("sparkgate_rollout_compact_fraction", "Fraction of traffic served compact.", registry=r)
         self.gate_value = Gauge("sparkgate_gate_value", "Last measured value of each gate.", ("gate",), registry=r)
-        self.gate_samples = Gauge("sparkgate_gate_samples", "Samples behind each gate's value.", ("gate",),
-                                  registry=r)
-        self.gate_verdict = Gauge("sparkgate_gate_verdict", "Last verdict: 1 pass, 0 fail, -1 inconclusive.",
-                                  ("gate",), registry=r)
-        self.decisions = Counter("sparkgate_rollout_decisions_total", "Rollout decisions taken.", ("action",),
-                                 registry=r)
+        self.gate_samples = Gauge("sparkgate_gate_samples", "Samples behind each gate's value.", ("gate",), registry=r)
+        self.gate_verdict = Gauge(
+            "sparkgate_gate_verdict", "Last verdict: 1 pass, 0 fail, -1 inconclusive.", ("gate",), registry=r
+        )
+        self.decisions = Counter(
+            "sparkgate_rollout_decisions_total", "Rollout decisions taken.", ("action",), registry=r
+        )
 
     def state(self, state: RolloutState) -> None:
         self.metrics.set_phase(state.phase)

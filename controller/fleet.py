@@ -6,12 +6,14 @@ every array once per replica), and reported with the same functions the store
 path uses. Aggregates carry no request groups, so this view has no bootstrap
 intervals, equal-mass ECE or AUROC.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import fields
-from typing import Sequence
 
 import numpy as np
+
 from sparkgate.collectors.aggregate import HISTOGRAMS, Aggregate, CalibrationStats
 from sparkgate.collectors.schema import MODES
 
@@ -28,8 +30,11 @@ def merge_aggregates(aggregates: Sequence[Aggregate]) -> Aggregate:
         arrays = [[getattr(getattr(a, kind), f.name) for a in aggregates] for f in fields(CalibrationStats)]
         return CalibrationStats(*(_summed(a, (a[0].shape[0], width, a[0].shape[2])) for a in arrays))
 
-    return Aggregate(stats("survival"), stats("conditional"),
-                     *(_summed([getattr(a, h) for a in aggregates], (len(MODES), width, width)) for h in HISTOGRAMS))
+    return Aggregate(
+        stats("survival"),
+        stats("conditional"),
+        *(_summed([getattr(a, h) for a in aggregates], (len(MODES), width, width)) for h in HISTOGRAMS),
+    )
 
 
 def _summed(arrays: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
@@ -46,12 +51,13 @@ def _summed(arrays: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
 
 def fleet_report(aggregate: Aggregate) -> dict:
     """Per-depth survival and conditional ECE and Brier with counts, acceptance and utilization."""
+
     def calibration(stats: CalibrationStats) -> dict:
         ece, brier, samples = stats.ece(), stats.brier(), stats.samples()
         return {str(d): {"samples": samples[d], "ece": ece[d], "brier": brier[d]} for d in sorted(samples)}
 
-    return {"calibration": {"survival": calibration(aggregate.survival),
-                            "conditional": calibration(aggregate.conditional)},
-            "acceptance": acceptance(aggregate),
-            "utilization": {"upper_bound": aggregate.upper_bound_utilization(),
-                            "shadow": aggregate.shadow_utilization()}}
+    return {
+        "calibration": {"survival": calibration(aggregate.survival), "conditional": calibration(aggregate.conditional)},
+        "acceptance": acceptance(aggregate),
+        "utilization": {"upper_bound": aggregate.upper_bound_utilization(), "shadow": aggregate.shadow_utilization()},
+    }

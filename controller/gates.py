@@ -7,10 +7,11 @@ Equality with the threshold passes. ``dry_run`` gates get verdicts like
 any other but never decide; ``interval_outcome`` folds the deciding verdicts of
 one evaluation interval into the one outcome the state machine acts on.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Iterable, Mapping
 
 from sparkgate.policies.rollout import Gate, RolloutPolicy
 from sparkgate.policies.vocabulary import Outcome
@@ -50,8 +51,19 @@ def judge(gate: Gate, measurement: Measurement | None, stale: str | None = None)
     m = measurement or Measurement(None, 0)
 
     def verdict(outcome: str, note: str) -> Verdict:
-        return Verdict(gate.name, gate.metric, outcome, m.value, gate.threshold, gate.direction, m.samples,
-                       gate.min_samples, gate.critical, gate.dry_run, note)
+        return Verdict(
+            gate.name,
+            gate.metric,
+            outcome,
+            m.value,
+            gate.threshold,
+            gate.direction,
+            m.samples,
+            gate.min_samples,
+            gate.critical,
+            gate.dry_run,
+            note,
+        )
 
     if m.value is None:
         return verdict(Outcome.INCONCLUSIVE, stale or "no data")
@@ -71,8 +83,9 @@ def _symbol(direction: str) -> str:
     return "<=" if direction == "at_most" else ">="
 
 
-def judge_all(gates: Iterable[Gate], measurements: Mapping[str, Measurement],
-              stale: str | None = None) -> list[Verdict]:
+def judge_all(
+    gates: Iterable[Gate], measurements: Mapping[str, Measurement], stale: str | None = None
+) -> list[Verdict]:
     """Verdicts of ``gates`` in policy order. A PromQL gate reads ``measurements[gate.name]``,
     a store gate ``measurements[gate.metric]``."""
     return [judge(g, measurements.get(g.name if g.promql else g.metric), stale) for g in gates]
@@ -83,8 +96,19 @@ def judge_baseline(policy: RolloutPolicy, steps: int, stale: str | None = None) 
     It passes or waits (inconclusive), never fails: baseline changes nothing that could go wrong."""
     needed = max([g.min_samples for g in policy.gates if g.metric in BASELINE_METRICS] + [1])
     outcome = Outcome.INCONCLUSIVE if stale or steps < needed else Outcome.PASS
-    return Verdict("baseline_reference", "baseline_steps", outcome, float(steps), float(needed), "at_least",
-                   steps, needed, False, False, stale or f"{steps} baseline steps (need {needed})")
+    return Verdict(
+        "baseline_reference",
+        "baseline_steps",
+        outcome,
+        float(steps),
+        float(needed),
+        "at_least",
+        steps,
+        needed,
+        False,
+        False,
+        stale or f"{steps} baseline steps (need {needed})",
+    )
 
 
 def interval_outcome(verdicts: Iterable[Verdict]) -> str:

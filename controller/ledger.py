@@ -5,6 +5,7 @@ same phase, stage, revision, pass streak and failure count. When the policy file
 changed so that the persisted stage no longer exists, ``load_state`` says so and
 the caller decides (the supervisor rolls back to fallback, recording why).
 """
+
 from __future__ import annotations
 
 import json
@@ -20,22 +21,40 @@ _COLUMNS = "decided_at, revision, phase_from, phase_to, compact_fraction, action
 
 def record(store: Store, decision: Decision) -> None:
     """Persist ``decision``; returns after the commit."""
-    store.record_decision(decision.revision, decision.phase_from, decision.phase_to, decision.action,
-                          list(decision.reasons), decision.decided_at, compact_fraction=decision.compact_fraction,
-                          outcome=decision.outcome, operator=decision.operator)
+    store.record_decision(
+        decision.revision,
+        decision.phase_from,
+        decision.phase_to,
+        decision.action,
+        list(decision.reasons),
+        decision.decided_at,
+        compact_fraction=decision.compact_fraction,
+        outcome=decision.outcome,
+        operator=decision.operator,
+    )
 
 
 def _decision(row: dict, policy: RolloutPolicy | None) -> Decision:
     stage = None
     if policy is not None and row["action"] in CHANGES_POLICY:
         stage = stage_of(policy, row["phase_to"], row["compact_fraction"] or 0.0, row["phase_from"])
-    return Decision(row["decided_at"], row["revision"], row["phase_from"], row["phase_to"],
-                    row["compact_fraction"] or 0.0, row["action"], row["outcome"],
-                    tuple(json.loads(row["reasons"])), row["operator"], stage)
+    return Decision(
+        row["decided_at"],
+        row["revision"],
+        row["phase_from"],
+        row["phase_to"],
+        row["compact_fraction"] or 0.0,
+        row["action"],
+        row["outcome"],
+        tuple(json.loads(row["reasons"])),
+        row["operator"],
+        stage,
+    )
 
 
-def decisions(store: Store, limit: int | None = None, since: float | None = None,
-              changes_only: bool = False) -> list[Decision]:
+def decisions(
+    store: Store, limit: int | None = None, since: float | None = None, changes_only: bool = False
+) -> list[Decision]:
     """Persisted decisions, oldest first: the newest ``limit`` of them, from ``since`` on."""
     clauses, params = ["TRUE"], []
     if since is not None:
@@ -56,8 +75,14 @@ def load_state(store: Store, policy: RolloutPolicy) -> RolloutState | None:
     """The state the ledger ends in (None when empty). Only decisions since the last policy change
     matter, so only those are read. Raises ``LookupError`` when that change names a stage
     ``policy`` does not have."""
-    last = store.query(f"SELECT max(rowid) AS r FROM decisions WHERE action IN "
-                       f"({', '.join('?' * len(CHANGES_POLICY))})", sorted(CHANGES_POLICY)).column("r")[0].as_py()
+    last = (
+        store.query(
+            f"SELECT max(rowid) AS r FROM decisions WHERE action IN ({', '.join('?' * len(CHANGES_POLICY))})",
+            sorted(CHANGES_POLICY),
+        )
+        .column("r")[0]
+        .as_py()
+    )
     if last is None:
         return None
     rows = store.query(f"SELECT {_COLUMNS} FROM decisions WHERE rowid >= ? ORDER BY rowid", [last]).to_pylist()

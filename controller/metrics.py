@@ -13,12 +13,14 @@ compact view is reported apart under ``compact_censored`` with its censored
 label count. Latency ratios compare each load bucket with the same bucket of
 the baseline phase and weight buckets by their step count.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import ACCEPTED, CENSORED, REJECTED
 from sparkgate.collectors.schema import MODES
@@ -80,18 +82,22 @@ class Evaluation:
             "p99_step_ratio": p99,
             "tokens_per_s_ratio": tokens,
             # A count with no checks is 0 of 0: min_samples decides whether that suffices.
-            "consistency_mismatches": Measurement(float(checks["greedy_replay"]["mismatches"]),
-                                                  checks["greedy_replay"]["checks"]),
-            "state_rollback_failures": Measurement(float(checks["state_rollback"]["mismatches"]),
-                                                   checks["state_rollback"]["checks"]),
+            "consistency_mismatches": Measurement(
+                float(checks["greedy_replay"]["mismatches"]), checks["greedy_replay"]["checks"]
+            ),
+            "state_rollback_failures": Measurement(
+                float(checks["state_rollback"]["mismatches"]), checks["state_rollback"]["checks"]
+            ),
         }
 
     def _utilization(self, mode: str) -> Measurement:
         if mode == "shadow":
-            return Measurement(self.aggregate.shadow_utilization(),
-                               int(self.aggregate.suggest_hist[MODES.index("shadow")].sum()))
-        return Measurement(self.aggregate.upper_bound_utilization(),
-                           int(self.aggregate.full_hist[MODES.index("cap_accept")].sum()))
+            return Measurement(
+                self.aggregate.shadow_utilization(), int(self.aggregate.suggest_hist[MODES.index("shadow")].sum())
+            )
+        return Measurement(
+            self.aggregate.upper_bound_utilization(), int(self.aggregate.full_hist[MODES.index("cap_accept")].sum())
+        )
 
     def _total(self, column: str) -> int:
         return int(sum(self.steps.column(column).to_pylist())) if self.steps is not None else 0
@@ -126,10 +132,11 @@ class Evaluation:
                 },
             },
             "acceptance": acceptance(self.aggregate),
-            "utilization": {"upper_bound": self._utilization("cap_accept").to_dict(),
-                            "shadow": self._utilization("shadow").to_dict()},
-            "consistency": {kind: self.consistency.get(kind, {"checks": 0, "mismatches": 0})
-                            for kind in CHECK_KINDS},
+            "utilization": {
+                "upper_bound": self._utilization("cap_accept").to_dict(),
+                "shadow": self._utilization("shadow").to_dict(),
+            },
+            "consistency": {kind: self.consistency.get(kind, {"checks": 0, "mismatches": 0}) for kind in CHECK_KINDS},
         }
         if self.steps is not None:
             out.update(step_report(self.steps, self.misses))
@@ -142,10 +149,19 @@ class Evaluation:
         stats = kind.calibration_stats()
         ece, brier, samples = stats.ece(), stats.brier(), stats.samples()
         equal_mass, auroc, curve = kind.equal_mass_ece(), kind.auroc(), kind.curve()
-        return {str(d): {"samples": samples[d], "ece": ece[d], "ece_interval": self.intervals[name].get(d),
-                         "ece_equal_mass": equal_mass[d], "brier": brier[d], "auroc": auroc.get(d),
-                         "mean_p": curve[d]["mean_p"], "rate": curve[d]["rate"]}
-                for d in sorted(samples)}
+        return {
+            str(d): {
+                "samples": samples[d],
+                "ece": ece[d],
+                "ece_interval": self.intervals[name].get(d),
+                "ece_equal_mass": equal_mass[d],
+                "brier": brier[d],
+                "auroc": auroc.get(d),
+                "mean_p": curve[d]["mean_p"],
+                "rate": curve[d]["rate"],
+            }
+            for d in sorted(samples)
+        }
 
 
 def _tokens_per_s(row: dict) -> float:
@@ -156,8 +172,16 @@ def _censored_view(kind: KindStats, censored: dict[int, int]) -> dict:
     """The compact arm's figures over the labels it observed; biased by censoring, so never gated."""
     stats = kind.calibration_stats()
     ece, samples, curve = stats.ece(("compact",)), stats.samples(("compact",)), kind.curve(("compact",))
-    return {str(d): {"samples": samples[d], "censored": censored.get(d, 0), "ece": ece[d],
-                     "mean_p": curve[d]["mean_p"], "rate": curve[d]["rate"]} for d in sorted(samples)}
+    return {
+        str(d): {
+            "samples": samples[d],
+            "censored": censored.get(d, 0),
+            "ece": ece[d],
+            "mean_p": curve[d]["mean_p"],
+            "rate": curve[d]["rate"],
+        }
+        for d in sorted(samples)
+    }
 
 
 def acceptance(aggregate: Aggregate) -> dict:
@@ -169,16 +193,27 @@ def acceptance(aggregate: Aggregate) -> dict:
         if n:
             window, accepted = np.indices(hist.shape)
             mean_accepted = float((hist * accepted).sum() / n)
-            out[mode] = {"requests": n, "mean_window": float((hist * window).sum() / n),
-                         "mean_accepted": mean_accepted, "mean_committed": mean_accepted + 1}
+            out[mode] = {
+                "requests": n,
+                "mean_window": float((hist * window).sum() / n),
+                "mean_accepted": mean_accepted,
+                "mean_committed": mean_accepted + 1,
+            }
     return out
 
 
 def latency(buckets: pa.Table) -> dict:
     """Per load bucket: steps, step-time p50/p95/p99 (ms) and committed tokens per busy second."""
-    return {queries.load_bucket_label(r["bucket"]): {
-        "steps": r["steps"], "p50_ms": r["p50_ms"], "p95_ms": r["p95_ms"], "p99_ms": r["p99_ms"],
-        "tokens_per_s": _tokens_per_s(r)} for r in buckets.to_pylist()}
+    return {
+        queries.load_bucket_label(r["bucket"]): {
+            "steps": r["steps"],
+            "p50_ms": r["p50_ms"],
+            "p95_ms": r["p95_ms"],
+            "p99_ms": r["p99_ms"],
+            "tokens_per_s": _tokens_per_s(r),
+        }
+        for r in buckets.to_pylist()
+    }
 
 
 def step_report(buckets: pa.Table, misses: dict[str, int]) -> dict:
@@ -188,12 +223,20 @@ def step_report(buckets: pa.Table, misses: dict[str, int]) -> dict:
     tier_rows = sum(r["hit_tier_rows"] for r in rows)
     tokens, busy = sum(r["tokens"] or 0 for r in rows), sum(r["busy_s"] for r in rows)
     return {
-        "tiers": {"steps": steps, "hit_rate": (steps - missed) / steps if steps else None,
-                  "miss_rate": missed / steps if steps else None, "misses": misses,
-                  "padding_ratio": sum(r["padding_rows"] for r in rows) / tier_rows if tier_rows else None},
+        "tiers": {
+            "steps": steps,
+            "hit_rate": (steps - missed) / steps if steps else None,
+            "miss_rate": missed / steps if steps else None,
+            "misses": misses,
+            "padding_ratio": sum(r["padding_rows"] for r in rows) / tier_rows if tier_rows else None,
+        },
         "latency": latency(buckets),
-        "throughput": {"steps": steps, "committed_tokens": tokens, "busy_s": busy,
-                       "tokens_per_s": tokens / busy if busy else None},
+        "throughput": {
+            "steps": steps,
+            "committed_tokens": tokens,
+            "busy_s": busy,
+            "tokens_per_s": tokens / busy if busy else None,
+        },
     }
 
 
@@ -215,8 +258,13 @@ def _kinds(cols: queries.LabelColumns, depths: int) -> tuple[KindStats, KindStat
     return survival, conditional, {d: int(censored[d]) for d in range(1, depths + 1) if censored[d]}
 
 
-def evaluate(store: Store, window: Window = Window(), slice_: Slice = Slice(),
-             resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> Evaluation:
+def evaluate(
+    store: Store,
+    window: Window = Window(),
+    slice_: Slice = Slice(),
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> Evaluation:
     """Measure ``window`` and ``slice_`` of the store. The baseline is every step recorded in the
     baseline phase (same replica and load slice), whatever the window."""
     cols = queries.label_columns(store, window, slice_)
@@ -224,8 +272,10 @@ def evaluate(store: Store, window: Window = Window(), slice_: Slice = Slice(),
     survival, conditional, censored = _kinds(cols, depths)
     hists = queries.request_histograms(store, window, slice_, depths + 1)
     aggregate = Aggregate(survival.calibration_stats(), conditional.calibration_stats(), **hists)
-    intervals = {name: bootstrap_ece(kind, resamples, INTERVAL_LEVEL, seed)
-                 for name, kind in (("survival", survival), ("conditional", conditional))}
+    intervals = {
+        name: bootstrap_ece(kind, resamples, INTERVAL_LEVEL, seed)
+        for name, kind in (("survival", survival), ("conditional", conditional))
+    }
     steps = baseline = None
     misses: dict[str, int] = {}
     as_of = None
@@ -234,6 +284,17 @@ def evaluate(store: Store, window: Window = Window(), slice_: Slice = Slice(),
         baseline = queries.step_buckets(store, Window(), slice_, phase="baseline")
         misses = queries.miss_reasons(store, window, slice_)
         as_of = max(steps.column("newest").to_pylist(), default=None)
-    return Evaluation(window, slice_, aggregate, survival, conditional, censored, intervals, steps, baseline,
-                      misses, queries.consistency_counts(store, window, slice_), as_of)
-
+    return Evaluation(
+        window,
+        slice_,
+        aggregate,
+        survival,
+        conditional,
+        censored,
+        intervals,
+        steps,
+        baseline,
+        misses,
+        queries.consistency_counts(store, window, slice_),
+        as_of,
+    )

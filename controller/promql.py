@@ -6,6 +6,7 @@ An empty result has no value, so the gate is inconclusive; an unreachable server
 or a query error is reported as the measurement's ``error`` and the gate stays
 inconclusive too (never a pass).
 """
+
 from __future__ import annotations
 
 import math

@@ -11,6 +11,7 @@ Enum codes: the store's ``verify_mode`` and ``label_status`` enums are declared
 in the order of ``collectors.schema.MODES`` and ``STATUSES``, so ``enum_code``
 gives the collectors' integer codes.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,6 +19,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import pyarrow as pa
+
 from sparkgate.collectors.store import Store
 
 from .calibration import REQUEST_GROUPS
@@ -27,7 +29,7 @@ LOAD_BUCKET_SQL = "floor(log2(batch_size))::INTEGER"
 
 
 def load_bucket_label(bucket: int) -> str:
-    return f"{2 ** bucket}-{2 ** (bucket + 1) - 1}"
+    return f"{2**bucket}-{2 ** (bucket + 1) - 1}"
 
 
 @dataclass(frozen=True)
@@ -83,19 +85,22 @@ def _where(table: str, window: Window, slice_: Slice, alias: str, ts: str = "ts"
         clauses.append(f"{LOAD_BUCKET_SQL} = ?")
         params.append(slice_.load_bucket)
     elif slice_.load_bucket is not None:
-        clauses.append(f"({alias}.replica_id, {alias}.step_id) IN (SELECT (replica_id, step_id) FROM steps "
-                       f"WHERE {LOAD_BUCKET_SQL} = ?)")
+        clauses.append(
+            f"({alias}.replica_id, {alias}.step_id) IN (SELECT (replica_id, step_id) FROM steps "
+            f"WHERE {LOAD_BUCKET_SQL} = ?)"
+        )
         params.append(slice_.load_bucket)
-    request_filters = [(c, v) for c, v in (("task", slice_.task), ("temperature", slice_.temperature))
-                       if v is not None]
+    request_filters = [(c, v) for c, v in (("task", slice_.task), ("temperature", slice_.temperature)) if v is not None]
     if request_filters and table == "requests":
         for column, value in request_filters:
             clauses.append(f"{alias}.{column} = ?")
             params.append(value)
     elif request_filters and table == "depth_labels":
         inner = " AND ".join(f"{c} = ?" for c, _ in request_filters)
-        clauses.append(f"({alias}.replica_id, {alias}.step_id, {alias}.request_id) IN "
-                       f"(SELECT (replica_id, step_id, request_id) FROM requests WHERE {inner})")
+        clauses.append(
+            f"({alias}.replica_id, {alias}.step_id, {alias}.request_id) IN "
+            f"(SELECT (replica_id, step_id, request_id) FROM requests WHERE {inner})"
+        )
         params.extend(v for _, v in request_filters)
     return " AND ".join(clauses), params
 
@@ -118,7 +123,7 @@ class LabelColumns:
     def __len__(self) -> int:
         return len(self.depth)
 
-    def rows(self, start: int, stop: int) -> "LabelColumns":
+    def rows(self, start: int, stop: int) -> LabelColumns:
         """Rows ``start:stop`` (views, no copy)."""
         return LabelColumns(*(getattr(self, f)[start:stop] for f in self.__dataclass_fields__))
 
@@ -128,23 +133,30 @@ def label_columns(store: Store, window: Window, slice_: Slice) -> LabelColumns:
     table = store.query(
         "SELECT enum_code(l.mode)::TINYINT AS mode, l.depth, enum_code(l.status)::TINYINT AS status,"
         f" l.survival, l.confidence, (hash(l.request_id) % {REQUEST_GROUPS})::SMALLINT AS grp"
-        f" FROM depth_labels l WHERE {where}", params)
-    return LabelColumns(*(table.column(c).to_numpy() for c in
-                          ("mode", "depth", "status", "survival", "confidence", "grp")))
+        f" FROM depth_labels l WHERE {where}",
+        params,
+    )
+    return LabelColumns(
+        *(table.column(c).to_numpy() for c in ("mode", "depth", "status", "survival", "confidence", "grp"))
+    )
 
 
 def request_histograms(store: Store, window: Window, slice_: Slice, width: int) -> dict[str, np.ndarray]:
     """The collectors' request histograms ``accept_hist[mode, window, accepted]``, ``full_hist[mode,
     accepted, full_accept]`` and ``suggest_hist[mode, window_suggested, full_accept]``, ``width`` wide."""
     where, params = _where("requests", window, slice_, "r")
-    specs = {"accept_hist": ('"window"', "accepted", "TRUE"),
-             "full_hist": ("accepted", "full_accept", "full_accept IS NOT NULL"),
-             "suggest_hist": ("window_suggested", "full_accept",
-                              "window_suggested IS NOT NULL AND full_accept IS NOT NULL")}
+    specs = {
+        "accept_hist": ('"window"', "accepted", "TRUE"),
+        "full_hist": ("accepted", "full_accept", "full_accept IS NOT NULL"),
+        "suggest_hist": ("window_suggested", "full_accept", "window_suggested IS NOT NULL AND full_accept IS NOT NULL"),
+    }
     out = {}
     for name, (x, y, condition) in specs.items():
-        rows = store.query(f"SELECT enum_code(r.mode)::INTEGER AS m, r.{x} AS x, r.{y} AS y, count(*) AS n "
-                           f"FROM requests r WHERE {where} AND {condition} GROUP BY ALL", params)
+        rows = store.query(
+            f"SELECT enum_code(r.mode)::INTEGER AS m, r.{x} AS x, r.{y} AS y, count(*) AS n "
+            f"FROM requests r WHERE {where} AND {condition} GROUP BY ALL",
+            params,
+        )
         hist = np.zeros((4, width, width), np.int64)
         columns = [rows.column(c).to_numpy().astype(np.int64) for c in ("m", "x", "y", "n")]
         hist[columns[0], columns[1], columns[2]] = columns[3]
@@ -159,7 +171,8 @@ def step_buckets(store: Store, window: Window, slice_: Slice, phase: str | None 
     if phase is not None:
         where += " AND s.phase = ?"
         params = params + [phase]
-    return store.query(f"""
+    return store.query(
+        f"""
         WITH s AS (SELECT *, {LOAD_BUCKET_SQL} AS bucket FROM steps s WHERE {where}),
         committed AS (
             SELECT s.bucket, sum(r.accepted + 1)::BIGINT AS tokens FROM requests r
@@ -171,13 +184,18 @@ def step_buckets(store: Store, window: Window, slice_: Slice, phase: str | None 
                coalesce(sum(tier_rows - verify_rows) FILTER (WHERE graph_hit), 0)::BIGINT AS padding_rows,
                coalesce(sum(tier_rows) FILTER (WHERE graph_hit), 0)::BIGINT AS hit_tier_rows,
                max(ts) AS newest, any_value(c.tokens) AS tokens
-        FROM s LEFT JOIN committed c USING (bucket) GROUP BY s.bucket ORDER BY s.bucket""", params)
+        FROM s LEFT JOIN committed c USING (bucket) GROUP BY s.bucket ORDER BY s.bucket""",
+        params,
+    )
 
 
 def miss_reasons(store: Store, window: Window, slice_: Slice) -> dict[str, int]:
     where, params = _where("steps", window, slice_, "s")
-    rows = store.query(f"SELECT coalesce(miss_reason, 'unknown') AS reason, count(*) AS n FROM steps s "
-                       f"WHERE {where} AND NOT graph_hit GROUP BY 1 ORDER BY 1", params)
+    rows = store.query(
+        f"SELECT coalesce(miss_reason, 'unknown') AS reason, count(*) AS n FROM steps s "
+        f"WHERE {where} AND NOT graph_hit GROUP BY 1 ORDER BY 1",
+        params,
+    )
     return dict(zip(rows.column("reason").to_pylist(), rows.column("n").to_pylist()))
 
 
@@ -185,8 +203,11 @@ def consistency_counts(store: Store, window: Window, slice_: Slice) -> dict[str,
     """Per check kind: checks received in the window and how many found a mismatch (replica slice only:
     checks are reported per request after it finished)."""
     where, params = _where("consistency_checks", window, Slice(replica_id=slice_.replica_id), "c", "received_at")
-    rows = store.query(f"SELECT kind, count(*) AS checks, count(mismatch_at) AS mismatches "
-                       f"FROM consistency_checks c WHERE {where} GROUP BY kind", params)
+    rows = store.query(
+        f"SELECT kind, count(*) AS checks, count(mismatch_at) AS mismatches "
+        f"FROM consistency_checks c WHERE {where} GROUP BY kind",
+        params,
+    )
     return {r["kind"]: {"checks": r["checks"], "mismatches": r["mismatches"]} for r in rows.to_pylist()}
 
 
@@ -194,8 +215,12 @@ def slice_values(store: Store, key: str, window: Window) -> list:
     """Distinct values of a slice key (``task``, ``temperature``, ``load``, ``replica``) in the window."""
     if key not in SLICE_COLUMNS:
         raise ValueError(f"by={key!r}: expected one of {', '.join(SLICE_COLUMNS)}")
-    table, column = {"task": ("requests", "task"), "temperature": ("requests", "temperature"),
-                     "load": ("steps", LOAD_BUCKET_SQL), "replica": ("steps", "replica_id")}[key]
+    table, column = {
+        "task": ("requests", "task"),
+        "temperature": ("requests", "temperature"),
+        "load": ("steps", LOAD_BUCKET_SQL),
+        "replica": ("steps", "replica_id"),
+    }[key]
     where, params = _where(table, window, Slice(), "t")
     rows = store.query(f"SELECT DISTINCT {column} AS v FROM {table} t WHERE {where} ORDER BY 1", params)
     return rows.column("v").to_pylist()

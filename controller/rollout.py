@@ -17,10 +17,11 @@ Invariants:
 - ``paused`` holds the stage it paused at (``stage``), never advances, and still
   rolls back on a critical failure.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Iterable
 
 from sparkgate.policies.rollout import RolloutPolicy
 from sparkgate.policies.vocabulary import (
@@ -71,27 +72,63 @@ class Decision:
     stage: int | None = None
 
     def to_dict(self) -> dict:
-        return {"decided_at": self.decided_at, "revision": self.revision, "phase_from": self.phase_from,
-                "phase_to": self.phase_to, "compact_fraction": self.compact_fraction, "action": self.action,
-                "outcome": self.outcome, "reasons": list(self.reasons), "operator": self.operator}
+        return {
+            "decided_at": self.decided_at,
+            "revision": self.revision,
+            "phase_from": self.phase_from,
+            "phase_to": self.phase_to,
+            "compact_fraction": self.compact_fraction,
+            "action": self.action,
+            "outcome": self.outcome,
+            "reasons": list(self.reasons),
+            "operator": self.operator,
+        }
 
 
-def _move(policy: RolloutPolicy, state: RolloutState | None, now: float, action: str, stage: int | None,
-          reasons: tuple[dict, ...], outcome: str | None = None, operator: str | None = None,
-          paused: bool = False) -> Decision:
+def _move(
+    policy: RolloutPolicy,
+    state: RolloutState | None,
+    now: float,
+    action: str,
+    stage: int | None,
+    reasons: tuple[dict, ...],
+    outcome: str | None = None,
+    operator: str | None = None,
+    paused: bool = False,
+) -> Decision:
     """A decision that changes the served policy to ladder ``stage`` (None: fallback)."""
     if stage is None:
         phase, fraction = Phase.FALLBACK, 0.0
     else:
         rung = policy.stages()[stage]
         phase, fraction = (Phase.PAUSED if paused else rung.phase), rung.compact_fraction
-    return Decision(now, (state.revision if state else 0) + 1, state.phase if state else None, phase, fraction,
-                    action, outcome, reasons, operator, stage)
+    return Decision(
+        now,
+        (state.revision if state else 0) + 1,
+        state.phase if state else None,
+        phase,
+        fraction,
+        action,
+        outcome,
+        reasons,
+        operator,
+        stage,
+    )
 
 
 def _hold(state: RolloutState, now: float, outcome: str, reasons: tuple[dict, ...]) -> Decision:
-    return Decision(now, state.revision, state.phase, state.phase, state.compact_fraction, Action.HOLD, outcome,
-                    reasons, None, state.stage)
+    return Decision(
+        now,
+        state.revision,
+        state.phase,
+        state.phase,
+        state.compact_fraction,
+        Action.HOLD,
+        outcome,
+        reasons,
+        None,
+        state.stage,
+    )
 
 
 def start(policy: RolloutPolicy, now: float) -> Decision:
@@ -120,30 +157,56 @@ def decide(policy: RolloutPolicy, state: RolloutState, verdicts: Iterable[Verdic
     if state.phase == Phase.PAUSED:
         return _hold(state, now, outcome, because("paused"))
     if outcome == Outcome.FAIL and state.failures + 1 > policy.failure_limit:
-        return _move(policy, state, now, Action.ROLLBACK, None,
-                     because("failure limit", failures=state.failures + 1, limit=policy.failure_limit), outcome)
+        return _move(
+            policy,
+            state,
+            now,
+            Action.ROLLBACK,
+            None,
+            because("failure limit", failures=state.failures + 1, limit=policy.failure_limit),
+            outcome,
+        )
     if outcome == Outcome.FAIL:
-        return _hold(state, now, outcome, because("failed interval", failures=state.failures + 1,
-                                                  limit=policy.failure_limit))
+        return _hold(
+            state, now, outcome, because("failed interval", failures=state.failures + 1, limit=policy.failure_limit)
+        )
     inconclusive_for = now - state.last_conclusive_at
     if outcome == Outcome.INCONCLUSIVE and state.phase != "baseline" and inconclusive_for >= policy.progress_deadline_s:
-        return _move(policy, state, now, Action.ROLLBACK, None,
-                     because("progress deadline", inconclusive_s=inconclusive_for,
-                             deadline_s=policy.progress_deadline_s), outcome)
+        return _move(
+            policy,
+            state,
+            now,
+            Action.ROLLBACK,
+            None,
+            because("progress deadline", inconclusive_s=inconclusive_for, deadline_s=policy.progress_deadline_s),
+            outcome,
+        )
     if outcome == Outcome.INCONCLUSIVE:
-        return _hold(state, now, outcome, because("inconclusive", inconclusive_s=inconclusive_for,
-                                                  deadline_s=policy.progress_deadline_s))
+        return _hold(
+            state,
+            now,
+            outcome,
+            because("inconclusive", inconclusive_s=inconclusive_for, deadline_s=policy.progress_deadline_s),
+        )
     passes = state.passes + 1
     if passes < policy.consecutive_passes:
         return _hold(state, now, outcome, because("passing", passes=passes, needed=policy.consecutive_passes))
     if state.stage == len(policy.stages()) - 1:
         return _hold(state, now, outcome, because("top of the ladder", passes=passes))
-    return _move(policy, state, now, Action.ADVANCE, state.stage + 1,
-                 because("consecutive passes", passes=passes, needed=policy.consecutive_passes), outcome)
+    return _move(
+        policy,
+        state,
+        now,
+        Action.ADVANCE,
+        state.stage + 1,
+        because("consecutive passes", passes=passes, needed=policy.consecutive_passes),
+        outcome,
+    )
 
 
-def command(policy: RolloutPolicy, state: RolloutState, action: str, operator: str, now: float,
-            note: str = "") -> Decision:
+def command(
+    policy: RolloutPolicy, state: RolloutState, action: str, operator: str, now: float, note: str = ""
+) -> Decision:
     """An operator's ``promote`` (one rung up, skipping gates), ``abort`` (to fallback), ``pause`` or
     ``resume`` (from fallback to the first serving stage; from paused to the paused stage)."""
     if action not in OPERATOR_ACTIONS:
@@ -174,14 +237,23 @@ def command(policy: RolloutPolicy, state: RolloutState, action: str, operator: s
 def apply(state: RolloutState | None, decision: Decision) -> RolloutState:
     """The state after ``decision`` (which ``decide``/``command``/``start`` made from ``state``)."""
     if decision.action in CHANGES_POLICY:
-        return RolloutState(decision.revision, decision.phase_to, decision.stage, decision.compact_fraction,
-                            decision.decided_at, last_conclusive_at=decision.decided_at)
+        return RolloutState(
+            decision.revision,
+            decision.phase_to,
+            decision.stage,
+            decision.compact_fraction,
+            decision.decided_at,
+            last_conclusive_at=decision.decided_at,
+        )
     if state is None:
         raise ValueError(f"action={decision.action!r}: a ledger must begin with {str(Action.START)!r}")
     conclusive = decision.outcome in (Outcome.PASS, Outcome.FAIL)
-    return replace(state, passes=state.passes + 1 if decision.outcome == Outcome.PASS else 0,
-                   failures=state.failures + (decision.outcome == Outcome.FAIL),
-                   last_conclusive_at=decision.decided_at if conclusive else state.last_conclusive_at)
+    return replace(
+        state,
+        passes=state.passes + 1 if decision.outcome == Outcome.PASS else 0,
+        failures=state.failures + (decision.outcome == Outcome.FAIL),
+        last_conclusive_at=decision.decided_at if conclusive else state.last_conclusive_at,
+    )
 
 
 def stage_of(policy: RolloutPolicy, phase: str, compact_fraction: float, phase_from: str | None) -> int | None:

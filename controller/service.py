@@ -5,7 +5,8 @@
 | ``GET /v1/policy`` | the policy replicas follow |
 | ``POST /v1/records`` | step records (NDJSON or Arrow IPC), the collectors' ingest endpoint |
 | ``POST /v1/consistency`` | replicas' greedy-replay and state checks |
-| ``POST /v1/aggregates``, ``GET /v1/fleet`` | mergeable per-interval aggregates replicas report instead of rows (a retried interval counts once; an overlapping one is refused); their merged calibration, acceptance and utilization |
+| ``POST /v1/aggregates``, ``GET /v1/fleet`` | mergeable per-interval aggregates (a retried interval counts |
+|   | once; an overlapping one is refused); their merged calibration, acceptance and utilization |
 | ``GET /v1/requests/{request_id}/committed`` | a request's stored committed tokens, in step order |
 | ``GET /v1/replicas/{replica_id}`` | the step id a (restarted) replica continues from |
 | ``GET /v1/status``, ``GET /v1/decisions``, ``GET /v1/report`` | state, ledger, metrics |
@@ -16,6 +17,7 @@ Operator routes answer 401 without a bearer token and 403 with a wrong one when
 a token is configured. Without a token the service must listen on loopback only
 (``check_bind`` refuses anything else), so only local users can act.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -27,6 +29,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
+
 from sparkgate.collectors.aggregate import Aggregate, AggregateError
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.ingest_api import ARROW_TYPES, NDJSON_TYPES, ingest_router
@@ -43,7 +46,7 @@ from .rollout import TransitionError
 from .supervisor import Controller
 
 # Stored as BIGINT: anything beyond is a client error, not a database failure.
-TOKEN_LIMIT = 2 ** 62
+TOKEN_LIMIT = 2**62
 # Reports one /v1/fleet call merges (~20 ms per 1000): past it the caller narrows the span.
 MAX_FLEET_REPORTS = 20_000
 
@@ -52,8 +55,9 @@ class Check(BaseModel):
     request_id: str = Field(min_length=1, max_length=512)
     kind: Literal[CHECK_KINDS] = "greedy_replay"  # type: ignore[valid-type]
     tokens: int = Field(ge=0, le=TOKEN_LIMIT, description="Tokens compared.")
-    mismatch_at: int | None = Field(None, ge=0, le=TOKEN_LIMIT,
-                                    description="First differing position; null when identical.")
+    mismatch_at: int | None = Field(
+        None, ge=0, le=TOKEN_LIMIT, description="First differing position; null when identical."
+    )
     expected: int | None = Field(None, ge=-TOKEN_LIMIT, le=TOKEN_LIMIT)
     got: int | None = Field(None, ge=-TOKEN_LIMIT, le=TOKEN_LIMIT)
 
@@ -107,8 +111,13 @@ def _authorizer(token: str | None):
 def _ingest_body_spec() -> dict:
     content = {t: {"schema": {"type": "string"}} for t in NDJSON_TYPES}
     content.update({t: {"schema": {"type": "string", "format": "binary"}} for t in ARROW_TYPES})
-    return {"requestBody": {"required": True, "content": content,
-                            "description": "One step record per line (NDJSON), or an Arrow IPC stream."}}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": content,
+            "description": "One step record per line (NDJSON), or an Arrow IPC stream.",
+        }
+    }
 
 
 def create_app(controller: Controller, ingestor: Ingestor, token: str | None = None) -> FastAPI:
@@ -119,8 +128,9 @@ def create_app(controller: Controller, ingestor: Ingestor, token: str | None = N
     ingest = ingest_router(ingestor)
     app.include_router(ingest)
     endpoint = next(r.endpoint for r in ingest.routes if getattr(r, "path", "") == "/v1/ingest")
-    app.add_api_route("/v1/records", endpoint, methods=["POST"], summary="Ingest step records",
-                      openapi_extra=_ingest_body_spec())
+    app.add_api_route(
+        "/v1/records", endpoint, methods=["POST"], summary="Ingest step records", openapi_extra=_ingest_body_spec()
+    )
 
     @app.get("/healthz")
     def healthz() -> dict:
@@ -135,14 +145,17 @@ def create_app(controller: Controller, ingestor: Ingestor, token: str | None = N
         return controller.status()
 
     @app.get("/v1/decisions")
-    def decisions(limit: int = Query(100, ge=1, le=10_000),
-                  since: float | None = Query(None, allow_inf_nan=False),
-                  changes_only: bool = False) -> list[dict]:
+    def decisions(
+        limit: int = Query(100, ge=1, le=10_000),
+        since: float | None = Query(None, allow_inf_nan=False),
+        changes_only: bool = False,
+    ) -> list[dict]:
         return [d.to_dict() for d in ledger.decisions(store, limit, since, changes_only)]
 
     @app.get("/v1/report")
-    async def report(since: float | None = Query(None, allow_inf_nan=False),
-                     until: float | None = Query(None, allow_inf_nan=False)) -> dict:
+    async def report(
+        since: float | None = Query(None, allow_inf_nan=False), until: float | None = Query(None, allow_inf_nan=False)
+    ) -> dict:
         try:
             window = Window(since, until)
         except ValueError as exc:
@@ -153,14 +166,18 @@ def create_app(controller: Controller, ingestor: Ingestor, token: str | None = N
     @app.post("/v1/consistency")
     def consistency(body: ConsistencyReport) -> dict:
         now = controller.clock()
-        store.record_consistency([{"received_at": now, "replica_id": body.replica_id, **c.model_dump()}
-                                  for c in body.checks])
+        store.record_consistency(
+            [{"received_at": now, "replica_id": body.replica_id, **c.model_dump()} for c in body.checks]
+        )
         return {"recorded": len(body.checks), "mismatches": sum(c.mismatch_at is not None for c in body.checks)}
 
     @app.post("/v1/aggregates")
     def aggregates(body: AggregateReport) -> Response:
-        problems = [] if body.interval_end >= body.interval_start else [
-            Problem("interval_end", body.interval_end, "must be >= interval_start")]
+        problems = (
+            []
+            if body.interval_end >= body.interval_start
+            else [Problem("interval_end", body.interval_end, "must be >= interval_start")]
+        )
         try:
             aggregate = Aggregate.from_dict(body.aggregate)
         except AggregateError as exc:
@@ -168,16 +185,17 @@ def create_app(controller: Controller, ingestor: Ingestor, token: str | None = N
         if problems:
             return JSONResponse({"problems": [p.to_dict() for p in problems]}, status_code=422)
         try:
-            recorded = store.record_aggregate(body.replica_id, body.interval_start, body.interval_end, aggregate,
-                                              received_at=controller.clock())
+            recorded = store.record_aggregate(
+                body.replica_id, body.interval_start, body.interval_end, aggregate, received_at=controller.clock()
+            )
         except IntervalOverlap as exc:  # its shared labels would count twice
             return JSONResponse({"detail": str(exc), "stored_interval": list(exc.stored)}, status_code=409)
-        return JSONResponse({"recorded": int(recorded), "duplicate": not recorded,
-                             "labels": aggregate.observed_labels})
+        return JSONResponse({"recorded": int(recorded), "duplicate": not recorded, "labels": aggregate.observed_labels})
 
     @app.get("/v1/fleet")
-    def fleet(since: float | None = Query(None, allow_inf_nan=False),
-              until: float | None = Query(None, allow_inf_nan=False)) -> dict:
+    def fleet(
+        since: float | None = Query(None, allow_inf_nan=False), until: float | None = Query(None, allow_inf_nan=False)
+    ) -> dict:
         if since is not None and until is not None and since > until:
             raise HTTPException(422, f"since={since} is after until={until}")
         try:
@@ -186,20 +204,28 @@ def create_app(controller: Controller, ingestor: Ingestor, token: str | None = N
             raise HTTPException(422, str(exc)) from None
         if not reports:
             return {"reports": 0, "replicas": []}
-        return {"reports": len(reports), "replicas": sorted({r for r, _ in reports}),
-                **fleet_report(merge_aggregates([a for _, a in reports]))}
+        return {
+            "reports": len(reports),
+            "replicas": sorted({r for r, _ in reports}),
+            **fleet_report(merge_aggregates([a for _, a in reports])),
+        }
 
     @app.get("/v1/requests/{request_id}/committed")
     def committed(request_id: str = Path(max_length=512), replica_id: str | None = None) -> dict:
         rows = store.query(
             "SELECT replica_id, mode::VARCHAR AS mode, temperature, committed_tokens FROM requests "
             "WHERE request_id = ? AND (? IS NULL OR replica_id = ?) ORDER BY replica_id, step_id",
-            [request_id, replica_id, replica_id]).to_pylist()
+            [request_id, replica_id, replica_id],
+        ).to_pylist()
         if not rows:
             raise HTTPException(404, f"request_id={request_id!r}: no stored rows")
-        return {"request_id": request_id, "replicas": sorted({r["replica_id"] for r in rows}),
-                "modes": sorted({r["mode"] for r in rows}), "temperatures": sorted({r["temperature"] for r in rows}),
-                "tokens": [t for r in rows for t in r["committed_tokens"]]}
+        return {
+            "request_id": request_id,
+            "replicas": sorted({r["replica_id"] for r in rows}),
+            "modes": sorted({r["mode"] for r in rows}),
+            "temperatures": sorted({r["temperature"] for r in rows}),
+            "tokens": [t for r in rows for t in r["committed_tokens"]],
+        }
 
     @app.get("/v1/replicas/{replica_id}")
     def replica(replica_id: str = Path(max_length=512)) -> dict:

@@ -10,13 +10,14 @@ Thread safety: the evaluation (the slow part) runs without the lock; the decisio
 is taken under it, and dropped if an operator changed the policy meanwhile (its
 window no longer describes the stage in force).
 """
+
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store
@@ -49,10 +50,19 @@ class Versions:
 class Controller:
     """Rollout state over a store; ``tick`` and ``act`` are the only ways it changes."""
 
-    def __init__(self, store: Store, policy: RolloutPolicy, *, metrics: Metrics | None = None,
-                 actuators: Sequence[Actuator] = (), prometheus_url: str | None = None,
-                 versions: Versions = Versions(), lookback_s: float | None = None, resamples: int = 200,
-                 clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        store: Store,
+        policy: RolloutPolicy,
+        *,
+        metrics: Metrics | None = None,
+        actuators: Sequence[Actuator] = (),
+        prometheus_url: str | None = None,
+        versions: Versions = Versions(),
+        lookback_s: float | None = None,
+        resamples: int = 200,
+        clock: Callable[[], float] = time.time,
+    ):
         self.store, self.policy, self.versions, self.clock = store, policy, versions, clock
         self.actuators, self.prometheus_url, self.resamples = list(actuators), prometheus_url, resamples
         self.lookback_s = policy.evaluation_interval_s * LOOKBACK_INTERVALS if lookback_s is None else lookback_s
@@ -69,8 +79,10 @@ class Controller:
         except LookupError as exc:
             last = ledger.decisions(self.store, limit=1, changes_only=True)[0]
             orphan = RolloutState(last.revision, last.phase_to, None, last.compact_fraction, last.decided_at)
-            return self._commit(orphan, rollout.fall_back(self.policy, orphan, self.clock(),
-                                                          "stage not in the policy file", note=str(exc)))
+            return self._commit(
+                orphan,
+                rollout.fall_back(self.policy, orphan, self.clock(), "stage not in the policy file", note=str(exc)),
+            )
         if state is None:
             return self._commit(None, rollout.start(self.policy, self.clock()))
         return state
@@ -89,18 +101,23 @@ class Controller:
     def policy_payload(self) -> PolicyPayload:
         """``GET /v1/policy`` (docs/design.md §6)."""
         state = self.state
-        return PolicyPayload(revision=state.revision, phase=state.phase, compact_fraction=state.compact_fraction,
-                             observe_fraction=self.policy.observe_fraction,
-                             fallback_window=self.policy.fallback_window_value, gamma=self.policy.gamma,
-                             cost_table_version=self.versions.cost_table_version,
-                             sts_version=self.versions.sts_version)
+        return PolicyPayload(
+            revision=state.revision,
+            phase=state.phase,
+            compact_fraction=state.compact_fraction,
+            observe_fraction=self.policy.observe_fraction,
+            fallback_window=self.policy.fallback_window_value,
+            gamma=self.policy.gamma,
+            cost_table_version=self.versions.cost_table_version,
+            sts_version=self.versions.sts_version,
+        )
 
     def _actuate(self) -> None:
         payload = self.policy_payload()
         for actuator in self.actuators:
             try:
                 actuator(payload)
-            except Exception:  # noqa: BLE001 - one unreachable fleet must not stop the others or the controller
+            except Exception:
                 log.exception("actuator %r failed at revision %s", actuator, payload.revision)
 
     # -- one interval ------------------------------------------------------------
@@ -124,8 +141,11 @@ class Controller:
         if evaluation.as_of is None:
             return "no steps in the window"
         age = now - evaluation.as_of
-        return f"newest step is {age:.0f} s old (stale_after_s {self.policy.stale_after_s:g})" \
-            if age > self.policy.stale_after_s else None
+        return (
+            f"newest step is {age:.0f} s old (stale_after_s {self.policy.stale_after_s:g})"
+            if age > self.policy.stale_after_s
+            else None
+        )
 
     def _promql(self, query: str) -> Measurement:
         if self.prometheus_url is None:
@@ -163,9 +183,15 @@ class Controller:
     def status(self) -> dict:
         """``GET /v1/status``: the policy in force, counters of the stage, and the last verdicts."""
         state = self.state
-        return {"policy": self.policy_payload().model_dump(mode="json"), "stage": state.stage, "entered_at": state.entered_at,
-                "passes": state.passes, "needed_passes": self.policy.consecutive_passes,
-                "failures": state.failures, "failure_limit": self.policy.failure_limit,
-                "last_conclusive_at": state.last_conclusive_at,
-                "ladder": [{"phase": s.phase, "compact_fraction": s.compact_fraction} for s in self.policy.stages()],
-                "gates": [v.to_dict() for v in self.last_verdicts]}
+        return {
+            "policy": self.policy_payload().model_dump(mode="json"),
+            "stage": state.stage,
+            "entered_at": state.entered_at,
+            "passes": state.passes,
+            "needed_passes": self.policy.consecutive_passes,
+            "failures": state.failures,
+            "failure_limit": self.policy.failure_limit,
+            "last_conclusive_at": state.last_conclusive_at,
+            "ladder": [{"phase": s.phase, "compact_fraction": s.compact_fraction} for s in self.policy.stages()],
+            "gates": [v.to_dict() for v in self.last_verdicts],
+        }

@@ -1,10 +1,12 @@
 """The Streamlit entry point: ``streamlit run dashboards/app.py -- --db FILE`` (``sparkgate dashboard``
 builds that command). The app's own arguments follow ``--``; see ``context.parse_args``."""
+
 from __future__ import annotations
 
 import sys
 
 import streamlit as st
+
 from sparkgate.dashboards import context
 
 st.set_page_config(page_title="sparkgate", layout="wide")

@@ -9,6 +9,7 @@ each other page once, every page's data caches cold. Times are the app
 script's run on the server (Streamlit's AppTest), which is what delays the
 first paint; the browser's drawing of the charts comes after and is not included.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,17 +39,35 @@ def build_store(root: Path, labels: int) -> dict:
     start = time.perf_counter()
     with Store(root / "events.duckdb") as store:
         controller = Controller(store, load_rollout_policy(), clock=lambda: now[0])
-        batches = ((from_wire(synthetic_wire(min(2000, steps - first), BATCH, GAMMA, f"replica-{r}", first_step=first,
-                                             seed=r * 1_000_003 + first, ts=T0 + first * 0.01)), "bench")
-                   for r in range(REPLICAS) for first in range(0, steps, 2000))
+        batches = (
+            (
+                from_wire(
+                    synthetic_wire(
+                        min(2000, steps - first),
+                        BATCH,
+                        GAMMA,
+                        f"replica-{r}",
+                        first_step=first,
+                        seed=r * 1_000_003 + first,
+                        ts=T0 + first * 0.01,
+                    )
+                ),
+                "bench",
+            )
+            for r in range(REPLICAS)
+            for first in range(0, steps, 2000)
+        )
         for _ in store.ingest_stream(batches):
             pass
         now[0] = T0 + steps * 0.01 + 1
         controller.tick()
         counts = store.counts()
         store.snapshot(root / "snapshots")
-    return {"depth_labels": counts["depth_labels"], "steps": counts["steps"],
-            "build_s": round(time.perf_counter() - start, 1)}
+    return {
+        "depth_labels": counts["depth_labels"],
+        "steps": counts["steps"],
+        "build_s": round(time.perf_counter() - start, 1),
+    }
 
 
 def measure(args: list[str]) -> dict[str, float]:
@@ -70,15 +89,20 @@ def measure(args: list[str]) -> dict[str, float]:
 
 
 def _measure_fresh(args: list[str]) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-m", "sparkgate.dashboards.bench", *args], check=True, capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "sparkgate.dashboards.bench", *args], check=True, capture_output=True, text=True
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 @click.command("dashboard")
 @click.option("--labels", default=10_000_000, show_default=True, help="Depth labels in the synthetic store.")
-@click.option("--keep", type=click.Path(file_okay=False), default=None,
-              help="Build (or reuse) the store here instead of a temporary directory.")
+@click.option(
+    "--keep",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Build (or reuse) the store here instead of a temporary directory.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_dashboard(labels: int, keep: str | None, as_json: bool) -> None:
     """First render of each dashboard page, from a Parquet snapshot and from a DuckDB copy."""
@@ -86,9 +110,11 @@ def bench_dashboard(labels: int, keep: str | None, as_json: bool) -> None:
         root = Path(keep or tmp)
         root.mkdir(parents=True, exist_ok=True)
         built = {"reused": True} if (root / "snapshots" / "CURRENT").exists() else build_store(root, labels)
-        result = {"store": built,
-                  "snapshot_s": _measure_fresh(["--snapshot-dir", str(root / "snapshots")]),
-                  "db_copy_s": _measure_fresh(["--db", str(root / "events.duckdb")])}
+        result = {
+            "store": built,
+            "snapshot_s": _measure_fresh(["--snapshot-dir", str(root / "snapshots")]),
+            "db_copy_s": _measure_fresh(["--db", str(root / "events.duckdb")]),
+        }
     result["landing_first_render_s"] = {k: result[f"{k}_s"]["rollout"] for k in ("snapshot", "db_copy")}
     result["slowest_page_first_render_s"] = {k: max(result[f"{k}_s"].values()) for k in ("snapshot", "db_copy")}
     click.echo(json.dumps(result) if as_json else json.dumps(result, indent=2))

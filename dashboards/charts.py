@@ -1,4 +1,5 @@
 """Altair charts for the pages; each takes plain DataFrames and knows nothing about sources."""
+
 from __future__ import annotations
 
 import math
@@ -35,28 +36,49 @@ def reliability_frame(bins: list[dict]) -> pd.DataFrame:
 def reliability(frame: pd.DataFrame, title: str) -> alt.Chart:
     """Observed rate against mean prediction per bin, with intervals and the diagonal; bar widths
     below show bin counts."""
-    diagonal = alt.Chart(pd.DataFrame({"p": [0.0, 1.0]})).mark_line(strokeDash=[4, 4], color="gray").encode(
-        x="p:Q", y="p:Q")
+    diagonal = (
+        alt.Chart(pd.DataFrame({"p": [0.0, 1.0]})).mark_line(strokeDash=[4, 4], color="gray").encode(x="p:Q", y="p:Q")
+    )
     scale = alt.Scale(domain=[0, 1])
     base = alt.Chart(frame)
     points = base.mark_circle(size=70).encode(
         x=alt.X("mean_p:Q", scale=scale, title="mean predicted survival S_k"),
         y=alt.Y("freq_y:Q", scale=scale, title="observed rate of y_k"),
-        tooltip=["lo", "hi", "count", alt.Tooltip("mean_p", format=".4f"), alt.Tooltip("freq_y", format=".4f"),
-                 alt.Tooltip("freq_lo", format=".4f"), alt.Tooltip("freq_hi", format=".4f")])
+        tooltip=[
+            "lo",
+            "hi",
+            "count",
+            alt.Tooltip("mean_p", format=".4f"),
+            alt.Tooltip("freq_y", format=".4f"),
+            alt.Tooltip("freq_lo", format=".4f"),
+            alt.Tooltip("freq_hi", format=".4f"),
+        ],
+    )
     bars = base.mark_rule().encode(x="mean_p:Q", y="freq_lo:Q", y2="freq_hi:Q")
     top = alt.layer(diagonal, bars, points).properties(height=300, width=340, title=title)
-    counts = base.mark_bar().encode(x=alt.X("lo:Q", scale=scale, title="bin"), x2="hi:Q",
-                                    y=alt.Y("count:Q", title="labels"), tooltip=["lo", "hi", "count"])
+    counts = base.mark_bar().encode(
+        x=alt.X("lo:Q", scale=scale, title="bin"),
+        x2="hi:Q",
+        y=alt.Y("count:Q", title="labels"),
+        tooltip=["lo", "hi", "count"],
+    )
     return alt.vconcat(top, counts.properties(height=90, width=340))
 
 
-def lines(frame: pd.DataFrame, y: str, color: str, title: str, threshold: float | None = None,
-          y_title: str | None = None) -> alt.Chart:
+def lines(
+    frame: pd.DataFrame, y: str, color: str, title: str, threshold: float | None = None, y_title: str | None = None
+) -> alt.Chart:
     """A time series per ``color`` value (x = bucket ``start``), with an optional gate threshold rule."""
-    chart = alt.Chart(frame).mark_line(point=True).encode(
-        x=alt.X("start:T", title="time (UTC)"), y=alt.Y(f"{y}:Q", title=y_title or y),
-        color=alt.Color(f"{color}:N"), tooltip=["start:T", f"{color}:N", alt.Tooltip(y, format=".4f"), "samples"])
+    chart = (
+        alt.Chart(frame)
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("start:T", title="time (UTC)"),
+            y=alt.Y(f"{y}:Q", title=y_title or y),
+            color=alt.Color(f"{color}:N"),
+            tooltip=["start:T", f"{color}:N", alt.Tooltip(y, format=".4f"), "samples"],
+        )
+    )
     if threshold is not None:
         rule = alt.Chart(pd.DataFrame({"threshold": [threshold]})).mark_rule(color="#c62828", strokeDash=[6, 3])
         chart = alt.layer(chart, rule.encode(y="threshold:Q"))
@@ -67,11 +89,22 @@ def timeline(segments: pd.DataFrame, changes: pd.DataFrame) -> alt.Chart:
     """Phase bands over time and a point per policy change (tooltip: action, rule, operator)."""
     y = alt.Y("phase:N", sort=PHASE_ORDER, title=None)
     color = alt.Color("phase:N", scale=alt.Scale(domain=PHASE_ORDER, range=PHASE_COLORS), legend=None)
-    bands = alt.Chart(segments).mark_bar(height=18).encode(
-        x=alt.X("start:T", title="time (UTC)"), x2="end:T", y=y, color=color,
-        tooltip=["phase", "stage", "revision", "start:T", "end:T"])
-    points = alt.Chart(changes).mark_point(filled=True, size=80, color="black").encode(
-        x="time:T", y=y, tooltip=["time:T", "revision", "action", "outcome", "rule", "operator"])
+    bands = (
+        alt.Chart(segments)
+        .mark_bar(height=18)
+        .encode(
+            x=alt.X("start:T", title="time (UTC)"),
+            x2="end:T",
+            y=y,
+            color=color,
+            tooltip=["phase", "stage", "revision", "start:T", "end:T"],
+        )
+    )
+    points = (
+        alt.Chart(changes)
+        .mark_point(filled=True, size=80, color="black")
+        .encode(x="time:T", y=y, tooltip=["time:T", "revision", "action", "outcome", "rule", "operator"])
+    )
     return alt.layer(bands, points).properties(height=220)
 
 
@@ -85,13 +118,20 @@ def bars(frame: pd.DataFrame, x: str, y: str, title: str, color: str | None = No
 
 def curves(frame: pd.DataFrame, title: str) -> alt.Chart:
     """Predicted vs observed per depth (``task``, ``source`` predicted / observed) for one kind."""
-    return alt.Chart(frame).mark_line(point=True).encode(
-        x=alt.X("depth:O"), y=alt.Y("value:Q", scale=alt.Scale(domain=[0, 1]), title="probability"),
-        color=alt.Color("task:N"),
-        strokeDash=alt.StrokeDash("source:N", scale=alt.Scale(domain=["predicted", "observed"],
-                                                              range=[[1, 0], [5, 3]])),
-        tooltip=["task", "depth", "source", alt.Tooltip("value", format=".4f"), "samples"],
-    ).properties(height=260, title=title)
+    return (
+        alt.Chart(frame)
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("depth:O"),
+            y=alt.Y("value:Q", scale=alt.Scale(domain=[0, 1]), title="probability"),
+            color=alt.Color("task:N"),
+            strokeDash=alt.StrokeDash(
+                "source:N", scale=alt.Scale(domain=["predicted", "observed"], range=[[1, 0], [5, 3]])
+            ),
+            tooltip=["task", "depth", "source", alt.Tooltip("value", format=".4f"), "samples"],
+        )
+        .properties(height=260, title=title)
+    )
 
 
 def step_cost(frame: pd.DataFrame) -> alt.Chart:
@@ -100,9 +140,13 @@ def step_cost(frame: pd.DataFrame) -> alt.Chart:
     x = alt.X("verify_rows:Q", title="verify rows")
     spread = base.mark_rule(color="#1565c0").encode(x=x, y=alt.Y("p10_ms:Q", title="step ms"), y2="p90_ms:Q")
     measured = base.mark_circle(size=60, color="#1565c0").encode(
-        x=x, y="p50_ms:Q", tooltip=["verify_rows", "cost_table_version", "steps", "p10_ms", "p50_ms", "p90_ms",
-                                    "predicted_ms"])
+        x=x,
+        y="p50_ms:Q",
+        tooltip=["verify_rows", "cost_table_version", "steps", "p10_ms", "p50_ms", "p90_ms", "predicted_ms"],
+    )
     predicted = base.mark_line(point=True, color="#ef6c00", strokeDash=[5, 3]).encode(
-        x=x, y="predicted_ms:Q", detail="cost_table_version:N")
+        x=x, y="predicted_ms:Q", detail="cost_table_version:N"
+    )
     return alt.layer(spread, measured, predicted).properties(
-        height=280, title="step time vs verify rows (blue: measured p50, p10-p90; orange: cost table)")
+        height=280, title="step time vs verify rows (blue: measured p50, p10-p90; orange: cost table)"
+    )

@@ -4,6 +4,7 @@
 read it with ``current()``. Readers are cached per source token, so a new
 snapshot generation or a changed DuckDB file is picked up on the next rerun.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import streamlit as st
+
 from sparkgate.controller.queries import Slice
 from sparkgate.policies.rollout import DEFAULT_PATH, RolloutPolicy, load_rollout_policy
 from sparkgate.policies.vocabulary import CHANGES_POLICY
@@ -21,8 +23,13 @@ from . import data, series
 from .source import ControllerClient, NoData, SourceError, SourceSpec, StoreReader
 
 _KEY, _WINDOW_KEY = "sparkgate.context", "sparkgate.window"
-STAGE, PREVIOUS, HOUR, DAY, ALL = ("Current stage", "Previous stage (what the last change judged)",
-                                   "Last hour of data", "Last day of data", "All data")
+STAGE, PREVIOUS, HOUR, DAY, ALL = (
+    "Current stage",
+    "Previous stage (what the last change judged)",
+    "Last hour of data",
+    "Last day of data",
+    "All data",
+)
 _SPANS = {HOUR: 3600.0, DAY: 86400.0}
 
 
@@ -49,7 +56,7 @@ def _policy(path: Path) -> RolloutPolicy:
 
 
 def when(ts: float | None) -> str:
-    return "—" if ts is None else dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return "—" if ts is None else dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 @dataclass(frozen=True)
@@ -90,16 +97,20 @@ class Context:
         """False (after saying so) when ``what`` needs raw rows the controller API does not serve."""
         if self.is_store:
             return True
-        st.info(f"{what} needs the stored rows: start the dashboard with `--snapshot-dir DIR` (the directory "
-                "`sparkgate serve --snapshot-dir` publishes) or `--db FILE`.")
+        st.info(
+            f"{what} needs the stored rows: start the dashboard with `--snapshot-dir DIR` (the directory "
+            "`sparkgate serve --snapshot-dir` publishes) or `--db FILE`."
+        )
         return False
 
     def require_steps(self) -> bool:
         """False (after saying what to do) when the window holds no step records."""
         if self.overview is not None and self.overview.empty:
-            st.info("No step records yet. Point replicas at the controller (`sparkgate replica --controller URL`), "
-                    "poll an SGLang server (`sparkgate collect`) or ingest NDJSON (`sparkgate ingest`); the "
-                    "figures appear here after the next snapshot.")
+            st.info(
+                "No step records yet. Point replicas at the controller (`sparkgate replica --controller URL`), "
+                "poll an SGLang server (`sparkgate collect`) or ingest NDJSON (`sparkgate ingest`); the "
+                "figures appear here after the next snapshot."
+            )
             return False
         return True
 
@@ -123,13 +134,23 @@ def _window(source, overview: data.Overview | None, decisions: list[dict]) -> tu
     options = _windows(overview, decisions)
     labels = list(options)
     # Open on the first window holding steps: after a rollback the current stage may have none yet.
-    default = next((i for i, label in enumerate(labels)
-                    if overview is None or data.steps_in(source, source.token, *options[label])), len(labels) - 1)
+    default = next(
+        (
+            i
+            for i, label in enumerate(labels)
+            if overview is None or data.steps_in(source, source.token, *options[label])
+        ),
+        len(labels) - 1,
+    )
     # The choice lives in session state of its own so that it survives page switches.
     chosen = st.session_state.get(_WINDOW_KEY)
-    label = st.sidebar.radio("Window", labels, index=labels.index(chosen) if chosen in labels else default,
-                             help="Rows with ts in the window. The gates judge the current stage; the gate table "
-                                  "on the Rollout page shows exactly what they judged.")
+    label = st.sidebar.radio(
+        "Window",
+        labels,
+        index=labels.index(chosen) if chosen in labels else default,
+        help="Rows with ts in the window. The gates judge the current stage; the gate table "
+        "on the Rollout page shows exactly what they judged.",
+    )
     st.session_state[_WINDOW_KEY] = label
     return (*options[label], label)
 
@@ -150,8 +171,10 @@ def build(argv: list[str]) -> Context | None:
         return None
     st.sidebar.caption(f"Source: {source.label}")
     if overview is not None:
-        st.sidebar.caption(f"Newest step: {when(overview.newest)} · {overview.counts['depth_labels']:,} depth "
-                           f"labels · {overview.counts['decisions']:,} decisions")
+        st.sidebar.caption(
+            f"Newest step: {when(overview.newest)} · {overview.counts['depth_labels']:,} depth "
+            f"labels · {overview.counts['decisions']:,} decisions"
+        )
     since, until, label = _window(source, overview, ledger["decisions"])
     if st.sidebar.button("Reload", help="Read the newest published data (a rerun does this too)."):
         st.rerun()

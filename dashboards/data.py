@@ -7,6 +7,7 @@ cached per source ``token`` (it changes when new data is published) and per
 window; ``_source`` is left out of the cache key on purpose (Streamlit skips
 arguments starting with an underscore), the token stands for it.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import streamlit as st
+
 from sparkgate.collectors.schema import MODES
 from sparkgate.controller import ledger
 from sparkgate.controller.metrics import evaluate
@@ -44,8 +46,10 @@ class Overview:
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def overview(_source, token: str) -> Overview:
-    counts = {t: _source.query(f"SELECT count(*) AS n FROM {t}").column("n")[0].as_py()
-              for t in ("steps", "requests", "depth_labels", "decisions", "quarantine")}
+    counts = {
+        t: _source.query(f"SELECT count(*) AS n FROM {t}").column("n")[0].as_py()
+        for t in ("steps", "requests", "depth_labels", "decisions", "quarantine")
+    }
     span = _source.query("SELECT min(ts) AS lo, max(ts) AS hi FROM steps").to_pylist()[0]
     return Overview(counts, span["lo"], span["hi"])
 
@@ -68,10 +72,19 @@ def ledger_view(_source, token: str, policy: RolloutPolicy) -> dict:
         state = ledger.load_state(_source, policy)
     except LookupError:  # the ledger's stage is not in the policy file given to the dashboard
         state = None
-    status = None if state is None else {
-        "stage": state.stage, "entered_at": state.entered_at, "passes": state.passes,
-        "needed_passes": policy.consecutive_passes, "failures": state.failures,
-        "failure_limit": policy.failure_limit, "last_conclusive_at": state.last_conclusive_at}
+    status = (
+        None
+        if state is None
+        else {
+            "stage": state.stage,
+            "entered_at": state.entered_at,
+            "passes": state.passes,
+            "needed_passes": policy.consecutive_passes,
+            "failures": state.failures,
+            "failure_limit": policy.failure_limit,
+            "last_conclusive_at": state.last_conclusive_at,
+        }
+    )
     return {"decisions": decisions, "status": status}
 
 
@@ -97,8 +110,9 @@ def rule_of(decision: dict) -> str:
 
 
 @st.cache_data(show_spinner=False, max_entries=32, ttl=API_TTL_S)
-def window_figures(_source, token: str, since: float | None, until: float | None, phase: str,
-                   slice_: Slice = Slice()) -> dict:
+def window_figures(
+    _source, token: str, since: float | None, until: float | None, phase: str, slice_: Slice = Slice()
+) -> dict:
     """The controller's report over the window (``Evaluation.report``) plus, from a store, the
     reliability bins per depth (gated and compact views) and the window-length histograms."""
     if _source.kind == "controller":
@@ -106,10 +120,15 @@ def window_figures(_source, token: str, since: float | None, until: float | None
     evaluation = evaluate(_source, Window(since, until), slice_)
     survival = evaluation.aggregate.survival
     depths = sorted(survival.samples(FULL_BLOCK_MODES) | survival.samples(("compact",)))
-    reliability = {view: {d: survival.reliability(d, modes) for d in depths}
-                   for view, modes in (("uncensored", FULL_BLOCK_MODES), ("compact", ("compact",)))}
-    return {"report": evaluation.report(phase), "reliability": reliability,
-            "windows": window_lengths(evaluation.aggregate.accept_hist, evaluation.aggregate.suggest_hist)}
+    reliability = {
+        view: {d: survival.reliability(d, modes) for d in depths}
+        for view, modes in (("uncensored", FULL_BLOCK_MODES), ("compact", ("compact",)))
+    }
+    return {
+        "report": evaluation.report(phase),
+        "reliability": reliability,
+        "windows": window_lengths(evaluation.aggregate.accept_hist, evaluation.aggregate.suggest_hist),
+    }
 
 
 def window_lengths(accept_hist: np.ndarray, suggest_hist: np.ndarray) -> pd.DataFrame:

@@ -12,11 +12,13 @@ bins by truncating ``p * FINE_BINS`` and sums ``FINE_PER_BIN`` of them per
 equal-width bin (``controller.calibration``); the SQL below does the same
 arithmetic on the same doubles.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 import streamlit as st
+
 from sparkgate.collectors.aggregate import Aggregate, CalibrationStats
 from sparkgate.collectors.schema import MODES
 from sparkgate.controller import queries
@@ -32,10 +34,12 @@ _NICE_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600,
 def _stats_sql(alias: str = "") -> str:
     """Select list of the per-(mode, depth, bin) sums behind ``CalibrationStats`` for survival labels."""
     p, y = f"{alias}survival", f"({alias}status = 'accepted')"
-    return (f"{alias}mode::VARCHAR AS mode, {alias}depth::INTEGER AS d, "
-            f"(least(floor({p} * {FINE_BINS}), {FINE_BINS - 1})::BIGINT // {FINE_PER_BIN})::INTEGER AS bin, "
-            f"count(*) AS n, sum({p}) AS sum_p, count(*) FILTER (WHERE {y}) AS sum_y, "
-            f"sum(power({p} - {y}::DOUBLE, 2)) AS sum_sq")
+    return (
+        f"{alias}mode::VARCHAR AS mode, {alias}depth::INTEGER AS d, "
+        f"(least(floor({p} * {FINE_BINS}), {FINE_BINS - 1})::BIGINT // {FINE_PER_BIN})::INTEGER AS bin, "
+        f"count(*) AS n, sum({p}) AS sum_p, count(*) FILTER (WHERE {y}) AS sum_y, "
+        f"sum(power({p} - {y}::DOUBLE, 2)) AS sum_sq"
+    )
 
 
 def bucket_seconds(since: float, until: float, buckets: int = BUCKETS) -> float:
@@ -56,8 +60,7 @@ def time_where(since: float | None, until: float | None, alias: str = "") -> tup
     return " AND ".join(clauses), params
 
 
-def _bucketed(source, sql: str, since: float | None, until: float | None, origin: float,
-              width: float) -> pd.DataFrame:
+def _bucketed(source, sql: str, since: float | None, until: float | None, origin: float, width: float) -> pd.DataFrame:
     """Run ``sql`` (with ``{bucket}`` and ``{where}`` placeholders) and return a DataFrame."""
     where, params = time_where(since, until)
     bucket = f"floor((ts - {origin!r}) / {width!r})::BIGINT"
@@ -69,19 +72,28 @@ def _start(origin: float, width: float, b: int) -> pd.Timestamp:
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def calibration(_source, token: str, since: float | None, until: float | None, origin: float,
-                width: float) -> pd.DataFrame:
+def calibration(
+    _source, token: str, since: float | None, until: float | None, origin: float, width: float
+) -> pd.DataFrame:
     """Survival ECE and samples per (bucket, depth) over the gated (uncensored) modes."""
-    frame = _bucketed(_source, f"""
+    frame = _bucketed(
+        _source,
+        f"""
         SELECT {{bucket}} AS b, {_stats_sql()}
         FROM {_source.plain("depth_labels")} WHERE {{where}} AND status != 'censored' GROUP BY ALL""",
-                      since, until, origin, width)
+        since,
+        until,
+        origin,
+        width,
+    )
     rows = []
     for b, part in frame.groupby("b"):
         stats = calibration_stats(part)
         samples = stats.samples()
-        rows += [{"start": _start(origin, width, b), "depth": d, "ece": ece, "samples": samples[d]}
-                 for d, ece in stats.ece().items()]
+        rows += [
+            {"start": _start(origin, width, b), "depth": d, "ece": ece, "samples": samples[d]}
+            for d, ece in stats.ece().items()
+        ]
     return pd.DataFrame(rows, columns=["start", "depth", "ece", "samples"])
 
 
@@ -100,39 +112,57 @@ def sts_versions(_source, token: str, since: float | None, until: float | None) 
     """Survival ECE per depth for each STS version the steps announced (null: no STS). With one
     version there is nothing to compare: one row per depth is returned without touching the labels."""
     where, params = time_where(since, until)
-    announced = _source.query(f"SELECT DISTINCT coalesce(sts_version, '(none)') AS v FROM steps WHERE {where}",
-                              params).column("v").to_pylist()
+    announced = (
+        _source.query(f"SELECT DISTINCT coalesce(sts_version, '(none)') AS v FROM steps WHERE {where}", params)
+        .column("v")
+        .to_pylist()
+    )
     if len(announced) < 2:
         return pd.DataFrame({"sts_version": announced, "depth": None, "ece": None, "samples": None})
     where, params = time_where(since, until, "l.")
-    frame = _source.query(f"""
+    frame = _source.query(
+        f"""
         SELECT coalesce(s.sts_version, '(none)') AS version, {_stats_sql("l.")}
         FROM {_source.plain("depth_labels")} l JOIN steps s USING (replica_id, step_id)
-        WHERE {where} AND l.status != 'censored' GROUP BY ALL""", params).to_pandas()
+        WHERE {where} AND l.status != 'censored' GROUP BY ALL""",
+        params,
+    ).to_pandas()
     rows = []
     for version, part in frame.groupby("version"):
         stats = calibration_stats(part)
         samples = stats.samples()
-        rows += [{"sts_version": version, "depth": d, "ece": ece, "samples": samples[d]}
-                 for d, ece in stats.ece().items()]
+        rows += [
+            {"sts_version": version, "depth": d, "ece": ece, "samples": samples[d]} for d, ece in stats.ece().items()
+        ]
     return pd.DataFrame(rows, columns=["sts_version", "depth", "ece", "samples"])
 
 
-_HISTOGRAMS = {"accept_hist": ('"window"', "accepted", "TRUE"),
-               "full_hist": ("accepted", "full_accept", "full_accept IS NOT NULL"),
-               "suggest_hist": ("window_suggested", "full_accept",
-                                "window_suggested IS NOT NULL AND full_accept IS NOT NULL")}
+_HISTOGRAMS = {
+    "accept_hist": ('"window"', "accepted", "TRUE"),
+    "full_hist": ("accepted", "full_accept", "full_accept IS NOT NULL"),
+    "suggest_hist": ("window_suggested", "full_accept", "window_suggested IS NOT NULL AND full_accept IS NOT NULL"),
+}
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def acceptance_series(_source, token: str, since: float | None, until: float | None, origin: float,
-                      width: float) -> pd.DataFrame:
+def acceptance_series(
+    _source, token: str, since: float | None, until: float | None, origin: float, width: float
+) -> pd.DataFrame:
     """Per bucket: mean accepted and committed length per mode, upper-bound and shadow utilization
     (the bucketed form of ``controller.queries.request_histograms``, judged by ``Aggregate``)."""
-    parts = {name: _bucketed(_source, f"""
+    parts = {
+        name: _bucketed(
+            _source,
+            f"""
         SELECT {{bucket}} AS b, mode::VARCHAR AS mode, {x}::INTEGER AS x, {y}::INTEGER AS y, count(*) AS n
-        FROM {_source.plain("requests")} WHERE {{where}} AND {condition} GROUP BY ALL""", since, until, origin, width)
-             for name, (x, y, condition) in _HISTOGRAMS.items()}
+        FROM {_source.plain("requests")} WHERE {{where}} AND {condition} GROUP BY ALL""",
+            since,
+            until,
+            origin,
+            width,
+        )
+        for name, (x, y, condition) in _HISTOGRAMS.items()
+    }
     width_hist = 1 + max([int(max(p["x"].max(), p["y"].max())) for p in parts.values() if len(p)] + [0])
     rows = []
     for b in sorted(set().union(*(set(p["b"]) for p in parts.values()))):
@@ -146,36 +176,62 @@ def acceptance_series(_source, token: str, since: float | None, until: float | N
         empty = CalibrationStats.empty(width_hist - 1)
         aggregate = Aggregate(empty, empty, **hists)
         start = _start(origin, width, b)
-        rows += [{"start": start, "series": f"mean accepted ({mode})", "value": figures["mean_accepted"],
-                  "samples": figures["requests"]} for mode, figures in acceptance(aggregate).items()]
+        rows += [
+            {
+                "start": start,
+                "series": f"mean accepted ({mode})",
+                "value": figures["mean_accepted"],
+                "samples": figures["requests"],
+            }
+            for mode, figures in acceptance(aggregate).items()
+        ]
         for series, value, samples in (
-                ("upper-bound utilization (cap_accept)", aggregate.upper_bound_utilization(),
-                 hists["full_hist"][MODES.index("cap_accept")].sum()),
-                ("shadow utilization (suggested)", aggregate.shadow_utilization(),
-                 hists["suggest_hist"][MODES.index("shadow")].sum())):
+            (
+                "upper-bound utilization (cap_accept)",
+                aggregate.upper_bound_utilization(),
+                hists["full_hist"][MODES.index("cap_accept")].sum(),
+            ),
+            (
+                "shadow utilization (suggested)",
+                aggregate.shadow_utilization(),
+                hists["suggest_hist"][MODES.index("shadow")].sum(),
+            ),
+        ):
             if value is not None:
                 rows.append({"start": start, "series": series, "value": value, "samples": int(samples)})
     return pd.DataFrame(rows, columns=["start", "series", "value", "samples"])
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def tier_series(_source, token: str, since: float | None, until: float | None, origin: float,
-                width: float) -> pd.DataFrame:
+def tier_series(
+    _source, token: str, since: float | None, until: float | None, origin: float, width: float
+) -> pd.DataFrame:
     """Per bucket: the controller's ``step_report`` tiers (miss rate, misses per reason, padding ratio)."""
-    occupied = _bucketed(_source, "SELECT DISTINCT {bucket} AS b FROM steps WHERE {where} ORDER BY 1",
-                         since, until, origin, width)["b"]
+    occupied = _bucketed(
+        _source, "SELECT DISTINCT {bucket} AS b FROM steps WHERE {where} ORDER BY 1", since, until, origin, width
+    )["b"]
     rows = []
     for b in occupied:
         lo, hi = origin + b * width, origin + (b + 1) * width
         window = Window(lo if since is None else max(lo, since), hi if until is None else min(hi, until))
-        tiers = step_report(queries.step_buckets(_source, window, Slice()),
-                            queries.miss_reasons(_source, window, Slice()))["tiers"]
+        tiers = step_report(
+            queries.step_buckets(_source, window, Slice()), queries.miss_reasons(_source, window, Slice())
+        )["tiers"]
         start = _start(origin, width, b)
-        rows.append({"start": start, "series": "miss rate (all reasons)", "value": tiers["miss_rate"],
-                     "samples": tiers["steps"]})
-        rows += [{"start": start, "series": f"miss rate ({reason})", "value": n / tiers["steps"],
-                  "samples": tiers["steps"]} for reason, n in tiers["misses"].items()]
+        rows.append(
+            {
+                "start": start,
+                "series": "miss rate (all reasons)",
+                "value": tiers["miss_rate"],
+                "samples": tiers["steps"],
+            }
+        )
+        rows += [
+            {"start": start, "series": f"miss rate ({reason})", "value": n / tiers["steps"], "samples": tiers["steps"]}
+            for reason, n in tiers["misses"].items()
+        ]
         if tiers["padding_ratio"] is not None:
-            rows.append({"start": start, "series": "padding ratio", "value": tiers["padding_ratio"],
-                         "samples": tiers["steps"]})
+            rows.append(
+                {"start": start, "series": "padding ratio", "value": tiers["padding_ratio"], "samples": tiers["steps"]}
+            )
     return pd.DataFrame(rows, columns=["start", "series", "value", "samples"])

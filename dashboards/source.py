@@ -15,6 +15,7 @@ method returning Arrow), so the controller's own ``metrics.evaluate`` and
 figures the controller decides on. ``token`` changes whenever the underlying
 data does, and keys every cache.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,14 +27,14 @@ from pathlib import Path
 import duckdb
 import httpx
 import pyarrow as pa
+
 from sparkgate.collectors.schema import MODES, STATUSES
 from sparkgate.collectors.store import open_snapshot
 
 # Parquet keeps enums as plain strings; the controller's queries use enum_code, so the
 # views put the store's enum types back (declared in the order of MODES / STATUSES).
 _ENUMS = {"verify_mode": MODES, "label_status": STATUSES}
-_ENUM_COLUMNS = {"requests": {"mode": "verify_mode"},
-                 "depth_labels": {"mode": "verify_mode", "status": "label_status"}}
+_ENUM_COLUMNS = {"requests": {"mode": "verify_mode"}, "depth_labels": {"mode": "verify_mode", "status": "label_status"}}
 _COPY_ATTEMPTS = 3
 
 
@@ -54,8 +55,14 @@ class StoreReader:
 
     kind = "store"
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, token: str, label: str, keep: object = None,
-                 plain: dict[str, str] | None = None):
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        token: str,
+        label: str,
+        keep: object = None,
+        plain: dict[str, str] | None = None,
+    ):
         self._con, self.token, self.label = con, token, label
         self._keep = keep  # e.g. the temporary directory holding a private copy
         self._plain = plain or {}
@@ -79,9 +86,11 @@ def snapshot_token(directory: str | os.PathLike) -> str:
     """The generation a snapshot directory publishes now; raises ``NoData`` before the first one."""
     pointer = Path(directory) / "CURRENT"
     if not pointer.is_file():
-        raise NoData(f"No snapshot has been published in {directory} yet. Run `sparkgate serve --db FILE "
-                     f"--snapshot-dir {directory}` (it publishes after each evaluation) or `sparkgate collect "
-                     f"--snapshot-dir {directory}`, then reload.")
+        raise NoData(
+            f"No snapshot has been published in {directory} yet. Run `sparkgate serve --db FILE "
+            f"--snapshot-dir {directory}` (it publishes after each evaluation) or `sparkgate collect "
+            f"--snapshot-dir {directory}`, then reload."
+        )
     return pointer.read_text().strip()
 
 
@@ -100,19 +109,27 @@ def open_snapshot_reader(directory: str | os.PathLike) -> StoreReader:
     # The ledger orders decisions by rowid (insertion order), which a Parquet view lacks; the snapshot
     # copies the table in insertion order, so the row number within the file is that order.
     decisions = _literal(str(Path(directory) / token / "decisions.parquet"))
-    con.execute(f"CREATE OR REPLACE VIEW decisions AS SELECT * EXCLUDE (file_row_number), file_row_number AS rowid "
-                f"FROM read_parquet({decisions}, file_row_number = true)")
+    con.execute(
+        f"CREATE OR REPLACE VIEW decisions AS SELECT * EXCLUDE (file_row_number), file_row_number AS rowid "
+        f"FROM read_parquet({decisions}, file_row_number = true)"
+    )
     # Tokens key caches shared by every source the server ever opened: make them unique per path.
-    return StoreReader(con, f"{Path(directory).resolve()}#{token}", f"snapshot {directory} ({token})",
-                       plain={table: f"{table}_parquet" for table in _ENUM_COLUMNS})
+    return StoreReader(
+        con,
+        f"{Path(directory).resolve()}#{token}",
+        f"snapshot {directory} ({token})",
+        plain={table: f"{table}_parquet" for table in _ENUM_COLUMNS},
+    )
 
 
 def db_token(path: str | os.PathLike) -> str:
     """Changes whenever the file or its WAL does; raises ``NoData`` when the file does not exist."""
     path = Path(path)
     if not path.is_file():
-        raise NoData(f"{path} does not exist yet. Start the controller on it (`sparkgate serve --db {path}`) "
-                     f"or ingest records (`sparkgate ingest --db {path} FILE.ndjson`), then reload.")
+        raise NoData(
+            f"{path} does not exist yet. Start the controller on it (`sparkgate serve --db {path}`) "
+            f"or ingest records (`sparkgate ingest --db {path} FILE.ndjson`), then reload."
+        )
     parts = []
     for p in (path, Path(f"{path}.wal")):
         if p.exists():
@@ -141,8 +158,10 @@ def open_db_copy(path: str | os.PathLike) -> StoreReader:
             error = exc
             continue
         return StoreReader(con, f"{path.resolve()}#{token}", f"copy of {path}", keep=tmp)
-    raise SourceError(f"{path}: could not read a consistent copy ({error}). For a store a controller is "
-                      "writing, use --snapshot-dir (serve --snapshot-dir) or --controller.")
+    raise SourceError(
+        f"{path}: could not read a consistent copy ({error}). For a store a controller is "
+        "writing, use --snapshot-dir (serve --snapshot-dir) or --controller."
+    )
 
 
 class ControllerClient:
@@ -163,7 +182,6 @@ class ControllerClient:
         if response.status_code >= 400:
             raise SourceError(f"{self.url}{path}: HTTP {response.status_code}: {response.text[:500]}")
         return response.json()
-
 
 
 @dataclass(frozen=True)

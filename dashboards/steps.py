@@ -4,6 +4,7 @@ The ``steps`` table holds one row per verify step per replica (tens of
 thousands for a 10M-label store), so these are single grouped queries; only
 the aggregated rows leave DuckDB.
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -22,12 +23,15 @@ RATE_WINDOW_S = 60.0
 def tier_histogram(_source, token: str, since: float | None, until: float | None) -> pd.DataFrame:
     """Steps per captured tier (graph hits, by tier rows) and per miss reason (eager)."""
     where, params = time_where(since, until)
-    return _source.query(f"""
+    return _source.query(
+        f"""
         SELECT CASE WHEN graph_hit THEN tier_rows::VARCHAR ELSE 'eager: ' || coalesce(miss_reason, 'unknown') END
                    AS tier,
                graph_hit, count(*) AS steps, avg(verify_rows) AS mean_verify_rows,
                avg(tier_rows - verify_rows) FILTER (WHERE graph_hit) AS mean_padding_rows
-        FROM steps WHERE {where} GROUP BY ALL ORDER BY graph_hit DESC, min(tier_rows)""", params).to_pandas()
+        FROM steps WHERE {where} GROUP BY ALL ORDER BY graph_hit DESC, min(tier_rows)""",
+        params,
+    ).to_pandas()
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -35,11 +39,14 @@ def step_cost(_source, token: str, since: float | None, until: float | None) -> 
     """Per verify-row count and cost table version: measured step time quantiles and the mean
     time the cost table predicted for those steps (``predicted_step_ms``)."""
     where, params = time_where(since, until)
-    return _source.query(f"""
+    return _source.query(
+        f"""
         SELECT verify_rows, coalesce(cost_table_version, '(none)') AS cost_table_version, count(*) AS steps,
                quantile_cont(step_ms, 0.1) AS p10_ms, quantile_cont(step_ms, 0.5) AS p50_ms,
                quantile_cont(step_ms, 0.9) AS p90_ms, avg(predicted_step_ms) AS predicted_ms
-        FROM steps WHERE {where} GROUP BY ALL ORDER BY verify_rows""", params).to_pandas()
+        FROM steps WHERE {where} GROUP BY ALL ORDER BY verify_rows""",
+        params,
+    ).to_pandas()
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -49,14 +56,20 @@ def prediction_error(_source, token: str, since: float | None, until: float | No
     where, params = time_where(since, until)
     error = "(step_ms - predicted_step_ms) / predicted_step_ms"
     valid = f"{where} AND predicted_step_ms > 0"
-    hist = _source.query(f"""
+    hist = _source.query(
+        f"""
         SELECT (floor(greatest(least({error}, {_ERROR_CLIP - 1e-9}), {-_ERROR_CLIP}) / {_ERROR_BIN})
                 * {_ERROR_BIN}) AS error, count(*) AS steps
-        FROM steps WHERE {valid} GROUP BY 1 ORDER BY 1""", params).to_pandas()
-    summary = _source.query(f"""
+        FROM steps WHERE {valid} GROUP BY 1 ORDER BY 1""",
+        params,
+    ).to_pandas()
+    summary = _source.query(
+        f"""
         SELECT count(*) AS steps, median(abs({error})) AS median_abs, quantile_cont(abs({error}), 0.9) AS p90_abs,
                avg({error}) AS bias
-        FROM steps WHERE {valid}""", params).to_pylist()[0]
+        FROM steps WHERE {valid}""",
+        params,
+    ).to_pylist()[0]
     return hist, summary
 
 

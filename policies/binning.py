@@ -4,6 +4,7 @@
 goes in the last bin. ``bin_index`` is the NumPy form of the rule (collectors and
 controller); ``policies.calibration`` applies the same edges to torch tensors.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -13,6 +13,7 @@ The file layout is SGLang's: ``{"temperatures": [γ], "dataset", "num_samples",
 Metrics follow DESIGN §2: 15 equal-width bins ``[k/15, (k+1)/15)``, the last one
 closed, over the rows where the label is observed.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from sparkgate.policies.binning import EDGES, N_BINS
 
 _INNER_EDGES = torch.tensor(EDGES[1:-1], dtype=torch.float64)
@@ -81,8 +83,9 @@ def auroc(scores: np.ndarray, labels: np.ndarray) -> float | None:
     return float((rank_sum - positives * (positives + 1) / 2.0) / (positives * negatives))
 
 
-def auroc_per_depth(survival: torch.Tensor, labels: torch.Tensor,
-                    observed: torch.Tensor | None = None) -> list[float | None]:
+def auroc_per_depth(
+    survival: torch.Tensor, labels: torch.Tensor, observed: torch.Tensor | None = None
+) -> list[float | None]:
     return [auroc(s.cpu().numpy(), y.cpu().numpy()) for s, y in _observed_columns(survival, labels, observed)]
 
 
@@ -94,8 +97,15 @@ def reliability(pred: torch.Tensor, y: torch.Tensor) -> list[dict]:
         inside = index == b
         n = int(inside.sum())
         if n:
-            rows.append({"lo": b / N_BINS, "hi": (b + 1) / N_BINS, "count": n,
-                         "mean_p": float(pred[inside].double().mean()), "freq_y": float(y[inside].double().mean())})
+            rows.append(
+                {
+                    "lo": b / N_BINS,
+                    "hi": (b + 1) / N_BINS,
+                    "count": n,
+                    "mean_p": float(pred[inside].double().mean()),
+                    "freq_y": float(y[inside].double().mean()),
+                }
+            )
     return rows
 
 
@@ -136,8 +146,7 @@ class STS:
         key = (confidence.device, confidence.dtype, tuple(self.temperatures))
         t = self._on_device.get(key)
         if t is None:
-            t = self._on_device[key] = torch.tensor(self.temperatures, dtype=confidence.dtype,
-                                                    device=confidence.device)
+            t = self._on_device[key] = torch.tensor(self.temperatures, dtype=confidence.dtype, device=confidence.device)
         return scale_confidence(confidence, t)
 
     def __call__(self, confidence: torch.Tensor) -> torch.Tensor:
@@ -148,17 +157,18 @@ class STS:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: object, source: str = "STS") -> "STS":
+    def from_dict(cls, data: object, source: str = "STS") -> STS:
         _validate(data, source)
-        return cls(**{k: data[k] for k in ("temperatures", "dataset", "num_samples", "ece_before", "ece_after")
-                      if k in data})
+        return cls(
+            **{k: data[k] for k in ("temperatures", "dataset", "num_samples", "ece_before", "ece_after") if k in data}
+        )
 
     def save(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
-    def load(cls, path: str | Path) -> "STS":
+    def load(cls, path: str | Path) -> STS:
         try:
             data = json.loads(Path(path).read_text())
         except json.JSONDecodeError as exc:
@@ -192,8 +202,13 @@ def _validate(data: object, source: str) -> None:
                 fail(f"{name}[{i}]", v, "must be a number in [0, 1]")
 
 
-def fit_sts(confidence: torch.Tensor, labels: torch.Tensor, observed: torch.Tensor | None = None,
-            grid: torch.Tensor = DEFAULT_GRID, dataset: str = "") -> STS:
+def fit_sts(
+    confidence: torch.Tensor,
+    labels: torch.Tensor,
+    observed: torch.Tensor | None = None,
+    grid: torch.Tensor = DEFAULT_GRID,
+    dataset: str = "",
+) -> STS:
     """Fit per-depth temperatures left to right on raw ``confidence [N, γ]`` against
     survival labels ``labels [N, γ]`` (``y_k = 1[a* >= k]``), using at depth k only rows
     where ``observed[:, k]`` (all rows when None).
@@ -202,8 +217,9 @@ def fit_sts(confidence: torch.Tensor, labels: torch.Tensor, observed: torch.Tens
     is already calibrated is left alone.
     """
     if confidence.dim() != 2 or confidence.shape != labels.shape:
-        raise ValueError(f"confidence {tuple(confidence.shape)} and labels {tuple(labels.shape)} "
-                         "must both be [N, gamma]")
+        raise ValueError(
+            f"confidence {tuple(confidence.shape)} and labels {tuple(labels.shape)} must both be [N, gamma]"
+        )
     if observed is not None and observed.shape != labels.shape:
         raise ValueError(f"observed has shape {tuple(observed.shape)}, expected {tuple(labels.shape)}")
     if (grid <= 0).any():

@@ -25,14 +25,16 @@ Prediction invariants:
   that holds them, so cost steps at tier boundaries; above the largest tier the
   step runs eager at its raw row count.
 """
+
 from __future__ import annotations
 
 import json
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Union
+from typing import Any
 
 import torch
 
@@ -74,8 +76,9 @@ def _check_probes(name: str, probes: tuple[int, ...], *, allow_empty: bool = Fal
             raise CostTableError(f"{name}: must be strictly increasing, got {list(probes)}")
 
 
-def _check_seconds(name: str, values: tuple[float, ...], probes_name: str, n_probes: int,
-                   *, positive: bool = False) -> None:
+def _check_seconds(
+    name: str, values: tuple[float, ...], probes_name: str, n_probes: int, *, positive: bool = False
+) -> None:
     if len(values) != n_probes:
         raise CostTableError(f"{name}: has {len(values)} values but {probes_name} has {n_probes}")
     for i, v in enumerate(values):
@@ -144,12 +147,22 @@ class StepsPerSecondTable(_Predictor):
 
     def __post_init__(self) -> None:
         _check_probes("sample_batch_tokens", self.sample_batch_tokens)
-        _check_seconds("sample_steps_per_sec", self.sample_steps_per_sec, "sample_batch_tokens",
-                       len(self.sample_batch_tokens), positive=True)
-        if isinstance(self.max_batch_tokens, bool) or not isinstance(self.max_batch_tokens, int) \
-                or self.max_batch_tokens < self.sample_batch_tokens[-1]:
-            raise CostTableError(f"max_batch_tokens: expected an integer >= the largest probe "
-                                 f"{self.sample_batch_tokens[-1]}, got {self.max_batch_tokens!r}")
+        _check_seconds(
+            "sample_steps_per_sec",
+            self.sample_steps_per_sec,
+            "sample_batch_tokens",
+            len(self.sample_batch_tokens),
+            positive=True,
+        )
+        if (
+            isinstance(self.max_batch_tokens, bool)
+            or not isinstance(self.max_batch_tokens, int)
+            or self.max_batch_tokens < self.sample_batch_tokens[-1]
+        ):
+            raise CostTableError(
+                f"max_batch_tokens: expected an integer >= the largest probe "
+                f"{self.sample_batch_tokens[-1]}, got {self.max_batch_tokens!r}"
+            )
 
     @property
     def max_verify_rows(self) -> int | None:
@@ -162,9 +175,12 @@ class StepsPerSecondTable(_Predictor):
         return piecewise_linear(xs, secs, rows)
 
     def to_json_dict(self) -> dict[str, Any]:
-        return {"sample_batch_tokens": list(self.sample_batch_tokens),
-                "sample_steps_per_sec": list(self.sample_steps_per_sec),
-                "max_batch_tokens": self.max_batch_tokens, **_meta_json(self.meta)}
+        return {
+            "sample_batch_tokens": list(self.sample_batch_tokens),
+            "sample_steps_per_sec": list(self.sample_steps_per_sec),
+            "max_batch_tokens": self.max_batch_tokens,
+            **_meta_json(self.meta),
+        }
 
 
 @dataclass(frozen=True)
@@ -185,8 +201,10 @@ class AdditiveCostTable(_Predictor):
         _check_probes("m_probes", self.m_probes)
         _check_seconds("theta_seconds", self.theta_seconds, "m_probes", len(self.m_probes))
         if self.bias_seconds + min(self.alpha_seconds) + min(self.theta_seconds) <= 0:
-            raise CostTableError("bias_seconds: with alpha_seconds and theta_seconds it "
-                                 f"predicts a zero step time, got bias {self.bias_seconds!r}")
+            raise CostTableError(
+                "bias_seconds: with alpha_seconds and theta_seconds it "
+                f"predicts a zero step time, got bias {self.bias_seconds!r}"
+            )
 
     @property
     def max_verify_rows(self) -> int | None:
@@ -194,27 +212,42 @@ class AdditiveCostTable(_Predictor):
 
     def _seconds(self, batch_size: float, rows: torch.Tensor) -> torch.Tensor:
         f64 = torch.float64
-        alpha = piecewise_linear(torch.tensor(self.bs_probes, dtype=f64),
-                        torch.tensor(self.alpha_seconds, dtype=f64),
-                        torch.tensor([batch_size], dtype=f64))
-        theta = piecewise_linear(torch.tensor(self.m_probes, dtype=f64),
-                        torch.tensor(self.theta_seconds, dtype=f64), rows)
+        alpha = piecewise_linear(
+            torch.tensor(self.bs_probes, dtype=f64),
+            torch.tensor(self.alpha_seconds, dtype=f64),
+            torch.tensor([batch_size], dtype=f64),
+        )
+        theta = piecewise_linear(
+            torch.tensor(self.m_probes, dtype=f64), torch.tensor(self.theta_seconds, dtype=f64), rows
+        )
         return self.bias_seconds + alpha + theta
 
     def to_json_dict(self) -> dict[str, Any]:
-        return {"bias_seconds": self.bias_seconds, "bs_probes": list(self.bs_probes),
-                "alpha_seconds": list(self.alpha_seconds), "m_probes": list(self.m_probes),
-                "theta_seconds": list(self.theta_seconds), **_meta_json(self.meta)}
+        return {
+            "bias_seconds": self.bias_seconds,
+            "bs_probes": list(self.bs_probes),
+            "alpha_seconds": list(self.alpha_seconds),
+            "m_probes": list(self.m_probes),
+            "theta_seconds": list(self.theta_seconds),
+            **_meta_json(self.meta),
+        }
 
 
-CostTable = Union[StepsPerSecondTable, AdditiveCostTable]
+CostTable = StepsPerSecondTable | AdditiveCostTable
 
 
 def _meta_json(meta: CostMeta) -> dict[str, Any]:
     if meta == CostMeta():
         return {}  # a table without provenance stays byte-compatible with SGLang's layout
-    return {"meta": {"hardware": meta.hardware, "model": meta.model, "tiers": list(meta.tiers),
-                     "created_at": meta.created_at, "version": meta.version}}
+    return {
+        "meta": {
+            "hardware": meta.hardware,
+            "model": meta.model,
+            "tiers": list(meta.tiers),
+            "created_at": meta.created_at,
+            "version": meta.version,
+        }
+    }
 
 
 def _require(obj: Mapping[str, Any], key: str, where: str = "") -> Any:
@@ -238,15 +271,20 @@ def _parse_meta(raw: Any) -> CostMeta:
     if unknown:
         raise CostTableError(f"meta.{unknown[0]}: unknown key (known: {', '.join(META_KEYS)})")
     hardware = raw.get("hardware")
-    if hardware is not None and (not isinstance(hardware, dict)
-                                 or not all(isinstance(v, str) for v in hardware.values())):
+    if hardware is not None and (
+        not isinstance(hardware, dict) or not all(isinstance(v, str) for v in hardware.values())
+    ):
         raise CostTableError(f"meta.hardware: expected an object of strings, got {hardware!r}")
     for key in ("model", "created_at", "version"):
         if raw.get(key) is not None and not isinstance(raw[key], str):
             raise CostTableError(f"meta.{key}: expected a string, got {raw[key]!r}")
-    return CostMeta(hardware=hardware, model=raw.get("model"),
-                    tiers=_as_list("meta.tiers", raw.get("tiers", [])),
-                    created_at=raw.get("created_at"), version=raw.get("version"))
+    return CostMeta(
+        hardware=hardware,
+        model=raw.get("model"),
+        tiers=_as_list("meta.tiers", raw.get("tiers", [])),
+        created_at=raw.get("created_at"),
+        version=raw.get("version"),
+    )
 
 
 def parse_cost_table(obj: Mapping[str, Any]) -> CostTable:
@@ -255,8 +293,9 @@ def parse_cost_table(obj: Mapping[str, Any]) -> CostTable:
         raise CostTableError(f"cost table: expected a JSON object, got {type(obj).__name__}")
     is_sps, is_add = "sample_batch_tokens" in obj, "bias_seconds" in obj
     if is_sps == is_add:
-        raise CostTableError("cost table: expected exactly one layout, keyed by "
-                             "'sample_batch_tokens' (1-D) or 'bias_seconds' (additive)")
+        raise CostTableError(
+            "cost table: expected exactly one layout, keyed by 'sample_batch_tokens' (1-D) or 'bias_seconds' (additive)"
+        )
     keys = SPS_KEYS if is_sps else ADDITIVE_KEYS
     unknown = sorted(set(obj) - set(keys) - {"meta"})
     if unknown:
@@ -266,17 +305,22 @@ def parse_cost_table(obj: Mapping[str, Any]) -> CostTable:
         return StepsPerSecondTable(
             sample_batch_tokens=_as_list("sample_batch_tokens", _require(obj, "sample_batch_tokens")),
             sample_steps_per_sec=_as_list("sample_steps_per_sec", _require(obj, "sample_steps_per_sec")),
-            max_batch_tokens=_require(obj, "max_batch_tokens"), meta=meta)
+            max_batch_tokens=_require(obj, "max_batch_tokens"),
+            meta=meta,
+        )
     return AdditiveCostTable(
         bias_seconds=_require(obj, "bias_seconds"),
         bs_probes=_as_list("bs_probes", _require(obj, "bs_probes")),
         alpha_seconds=_as_list("alpha_seconds", _require(obj, "alpha_seconds")),
         m_probes=_as_list("m_probes", _require(obj, "m_probes")),
-        theta_seconds=_as_list("theta_seconds", _require(obj, "theta_seconds")), meta=meta)
+        theta_seconds=_as_list("theta_seconds", _require(obj, "theta_seconds")),
+        meta=meta,
+    )
 
 
-def check_fingerprint(table: CostTable, *, hardware: Mapping[str, str] | None = None,
-                      model: str | None = None, force: bool = False) -> None:
+def check_fingerprint(
+    table: CostTable, *, hardware: Mapping[str, str] | None = None, model: str | None = None, force: bool = False
+) -> None:
     """Refuse a table measured elsewhere. Only the fingerprints given are checked.
 
     A table with no fingerprint for a checked field is refused too: nothing
@@ -287,20 +331,25 @@ def check_fingerprint(table: CostTable, *, hardware: Mapping[str, str] | None = 
     if hardware is not None:
         theirs = table.meta.hardware
         if theirs is None:
-            raise FingerprintMismatch("meta.hardware: missing, cannot tell where the table was "
-                                      "measured (force to use it anyway)")
+            raise FingerprintMismatch(
+                "meta.hardware: missing, cannot tell where the table was measured (force to use it anyway)"
+            )
         for key in sorted(set(theirs) | set(hardware)):
             if theirs.get(key) != hardware.get(key):
-                raise FingerprintMismatch(f"meta.hardware.{key}: table has {theirs.get(key)!r}, "
-                                          f"this machine has {hardware.get(key)!r} "
-                                          "(force to use it anyway)")
+                raise FingerprintMismatch(
+                    f"meta.hardware.{key}: table has {theirs.get(key)!r}, "
+                    f"this machine has {hardware.get(key)!r} "
+                    "(force to use it anyway)"
+                )
     if model is not None and table.meta.model != model:
-        raise FingerprintMismatch(f"meta.model: table has {table.meta.model!r}, running model is "
-                                  f"{model!r} (force to use it anyway)")
+        raise FingerprintMismatch(
+            f"meta.model: table has {table.meta.model!r}, running model is {model!r} (force to use it anyway)"
+        )
 
 
-def load_cost_table(path: str | Path, *, hardware: Mapping[str, str] | None = None,
-                    model: str | None = None, force: bool = False) -> CostTable:
+def load_cost_table(
+    path: str | Path, *, hardware: Mapping[str, str] | None = None, model: str | None = None, force: bool = False
+) -> CostTable:
     """Read, validate and fingerprint-check a table file."""
     try:
         obj = json.loads(Path(path).read_text(encoding="utf-8"))

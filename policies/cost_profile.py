@@ -5,16 +5,18 @@ prediction error of a table against measurements.
 The profiler itself (timing the model) lives in the runtime; everything here
 is pure arithmetic on its samples.
 """
+
 from __future__ import annotations
 
 import math
 import platform
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
-from typing import Sequence
 
 import torch
+
 from sparkgate.policies.cost_model import (
     AdditiveCostTable,
     CostMeta,
@@ -51,8 +53,13 @@ def hardware_fingerprint(device: str | torch.device = "cpu") -> dict[str, str]:
     """
     dev = torch.device(device)
     device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
-    return {"system": platform.system(), "machine": platform.machine(), "cpu": _cpu_model(),
-            "torch": torch.__version__, "device": device_name}
+    return {
+        "system": platform.system(),
+        "machine": platform.machine(),
+        "cpu": _cpu_model(),
+        "torch": torch.__version__,
+        "device": device_name,
+    }
 
 
 def _check_samples(samples: Sequence[StepSample]) -> None:
@@ -60,8 +67,10 @@ def _check_samples(samples: Sequence[StepSample]) -> None:
         raise CostTableError("samples: need at least one measured step, got []")
     for i, s in enumerate(samples):
         if s.batch_size < 1 or s.verify_rows < s.batch_size:
-            raise CostTableError(f"samples[{i}]: needs 1 <= batch_size <= verify_rows, "
-                                 f"got batch_size={s.batch_size}, verify_rows={s.verify_rows}")
+            raise CostTableError(
+                f"samples[{i}]: needs 1 <= batch_size <= verify_rows, "
+                f"got batch_size={s.batch_size}, verify_rows={s.verify_rows}"
+            )
         if not (math.isfinite(s.seconds) and s.seconds > 0):
             raise CostTableError(f"samples[{i}].seconds: expected a finite number > 0, got {s.seconds!r}")
 
@@ -69,16 +78,21 @@ def _check_samples(samples: Sequence[StepSample]) -> None:
 def _hat_basis(probes: tuple[int, ...], x: torch.Tensor, name: str) -> torch.Tensor:
     """[n, P] interpolation weights, so that ``basis @ values == piecewise_linear(probes, values, x)``."""
     if x.max() > probes[-1]:
-        raise CostTableError(f"{name}: a sample at {int(x.max())} lies beyond the last probe "
-                             f"{probes[-1]}; the fit only interpolates")
+        raise CostTableError(
+            f"{name}: a sample at {int(x.max())} lies beyond the last probe {probes[-1]}; the fit only interpolates"
+        )
     xs = torch.tensor(probes, dtype=torch.float64)
     eye = torch.eye(len(probes), dtype=torch.float64)
     return torch.stack([piecewise_linear(xs, eye[j], x) for j in range(len(probes))], dim=1)
 
 
-def fit_additive_table(samples: Sequence[StepSample], *, bs_probes: Sequence[int] | None = None,
-                       m_probes: Sequence[int] | None = None,
-                       meta: CostMeta = CostMeta()) -> AdditiveCostTable:
+def fit_additive_table(
+    samples: Sequence[StepSample],
+    *,
+    bs_probes: Sequence[int] | None = None,
+    m_probes: Sequence[int] | None = None,
+    meta: CostMeta = CostMeta(),
+) -> AdditiveCostTable:
     """Least-squares ``bias + alpha(bs) + theta(M)`` with alpha, theta piecewise linear.
 
     Probes default to the distinct measured values. Rows are rounded up to
@@ -95,19 +109,30 @@ def fit_additive_table(samples: Sequence[StepSample], *, bs_probes: Sequence[int
     secs = torch.tensor([s.seconds for s in samples], dtype=torch.float64)
     bs_grid = tuple(bs_probes) if bs_probes is not None else tuple(sorted({int(b) for b in bs.tolist()}))
     m_grid = tuple(m_probes) if m_probes is not None else tuple(sorted({int(m) for m in rows.tolist()}))
-    design = torch.cat([torch.ones(len(samples), 1, dtype=torch.float64),
-                        _hat_basis(bs_grid, bs, "bs_probes"), _hat_basis(m_grid, rows, "m_probes")], dim=1)
+    design = torch.cat(
+        [
+            torch.ones(len(samples), 1, dtype=torch.float64),
+            _hat_basis(bs_grid, bs, "bs_probes"),
+            _hat_basis(m_grid, rows, "m_probes"),
+        ],
+        dim=1,
+    )
     solution = torch.linalg.lstsq(design, secs.unsqueeze(1), driver="gelsd").solution.squeeze(1)
     # A larger batch or more verify rows never make a step cheaper; noisy samples must
     # not tell the scheduler otherwise, so each curve is raised to its running maximum.
-    alpha = torch.cummax(solution[1:1 + len(bs_grid)], 0).values
-    theta = torch.cummax(solution[1 + len(bs_grid):], 0).values
+    alpha = torch.cummax(solution[1 : 1 + len(bs_grid)], 0).values
+    theta = torch.cummax(solution[1 + len(bs_grid) :], 0).values
     # bias is the fit's cheapest prediction. Noisy samples can push it to zero or
     # below; no step is that cheap, so floor it at half the fastest measured step.
     bias = (solution[0] + alpha.min() + theta.min()).clamp(min=0.5 * float(secs.min()))
-    return AdditiveCostTable(bias_seconds=float(bias), bs_probes=bs_grid,
-                             alpha_seconds=tuple((alpha - alpha.min()).tolist()), m_probes=m_grid,
-                             theta_seconds=tuple((theta - theta.min()).tolist()), meta=meta)
+    return AdditiveCostTable(
+        bias_seconds=float(bias),
+        bs_probes=bs_grid,
+        alpha_seconds=tuple((alpha - alpha.min()).tolist()),
+        m_probes=m_grid,
+        theta_seconds=tuple((theta - theta.min()).tolist()),
+        meta=meta,
+    )
 
 
 def median_relative_error(table: CostTable, samples: Sequence[StepSample]) -> float:

@@ -5,9 +5,11 @@ from the rollout state, the service returns it (and documents it in OpenAPI),
 and a replica validates what it fetched before it follows it, so a key renamed on
 one side fails loudly on the other instead of reading ``None``.
 """
+
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
+
 from sparkgate.policies.vocabulary import Phase
 
 

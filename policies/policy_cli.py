@@ -1,10 +1,12 @@
 """``sparkgate policy schema | check FILE``: the rollout policy file's JSON Schema, and a validator."""
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import click
+
 from sparkgate.policies.rollout import (
     RolloutPolicyError,
     json_schema,

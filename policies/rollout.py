@@ -8,12 +8,14 @@ a number, got 'high'``, and ``problems`` lists every one at once. Loading is
 pure: the controller decides what to do with the policy; nothing here evaluates
 metrics or holds state.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -24,6 +26,7 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+
 from sparkgate.policies.vocabulary import LADDER, SERVING_PHASES, Phase
 
 Direction = Literal["at_most", "at_least"]
@@ -77,8 +80,11 @@ class Gate(BaseModel):
 
     model_config = _FROZEN
 
-    metric: str = Field(description="What is measured: " + "; ".join(f"{k}: {v}" for k, v in METRICS.items())
-                        + " (any label when promql is set).")
+    metric: str = Field(
+        description="What is measured: "
+        + "; ".join(f"{k}: {v}" for k, v in METRICS.items())
+        + " (any label when promql is set)."
+    )
     threshold: Float = Field(description="The value compared with; equality passes.")
     direction: Direction = Field(description="at_most: pass when value <= threshold; at_least: value >= threshold.")
     name: str = Field("", description="Unique gate name [default: the metric].")
@@ -156,8 +162,9 @@ class RolloutPolicy(BaseModel):
     consecutive_passes: Int = Field(3, description="All-pass intervals in a row that advance a stage.")
     failure_limit: Int = Field(2, description="Failed intervals a phase may have; one more rolls back.")
     evaluation_interval_s: Float = Field(60.0, description="Seconds between evaluations.")
-    progress_deadline_s: Float = Field(3600.0, description="Roll back when a serving phase stays inconclusive "
-                                       "this long.")
+    progress_deadline_s: Float = Field(
+        3600.0, description="Roll back when a serving phase stays inconclusive this long."
+    )
     stale_after_s: Float = Field(300.0, description="Data older than this makes a gate inconclusive.")
     fallback_window: Int | None = Field(None, description="Window served in fallback; null: static (gamma).")
     gates: tuple[Gate, ...] = Field(DEFAULT_GATES, description="The checks every evaluation interval runs.")
@@ -183,23 +190,34 @@ class RolloutPolicy(BaseModel):
             if not (math.isfinite(getattr(self, key)) and getattr(self, key) > 0):
                 problems.append(_want(key, getattr(self, key), "a finite number of seconds > 0"))
         if not (self.progress_deadline_s >= self.evaluation_interval_s):
-            problems.append(_want("progress_deadline_s", self.progress_deadline_s,
-                                  f"at least evaluation_interval_s ({self.evaluation_interval_s})"))
+            problems.append(
+                _want(
+                    "progress_deadline_s",
+                    self.progress_deadline_s,
+                    f"at least evaluation_interval_s ({self.evaluation_interval_s})",
+                )
+            )
         if self.fallback_window is not None and not (0 <= self.fallback_window <= self.gamma):
-            problems.append(_want("fallback_window", self.fallback_window,
-                                  f"an integer in [0, gamma={self.gamma}] or null"))
+            problems.append(
+                _want("fallback_window", self.fallback_window, f"an integer in [0, gamma={self.gamma}] or null")
+            )
         names = [g.name for g in self.gates]
-        problems += [_want(f"gates[{i}].name", name, "a name no other gate uses")
-                     for i, name in enumerate(names) if name in names[:i]]
+        problems += [
+            _want(f"gates[{i}].name", name, "a name no other gate uses")
+            for i, name in enumerate(names)
+            if name in names[:i]
+        ]
         _raise_all(problems)
         return self
 
     def _phase_problems(self) -> list[str]:
         if not self.phases or self.phases[0] != Phase.BASELINE:
             return [_want("phases", list(self.phases), "a list starting with baseline")]
-        return [_want(f"phases[{i}]", phase, f"a phase after {self.phases[i - 1]} in {' -> '.join(LADDER)}")
-                for i, phase in enumerate(self.phases)
-                if i and LADDER.index(Phase(phase)) <= LADDER.index(Phase(self.phases[i - 1]))]
+        return [
+            _want(f"phases[{i}]", phase, f"a phase after {self.phases[i - 1]} in {' -> '.join(LADDER)}")
+            for i, phase in enumerate(self.phases)
+            if i and LADDER.index(Phase(phase)) <= LADDER.index(Phase(self.phases[i - 1]))
+        ]
 
     @property
     def fallback_window_value(self) -> int:
@@ -208,10 +226,14 @@ class RolloutPolicy(BaseModel):
 
     def stages(self) -> tuple[Stage, ...]:
         """The ladder the controller walks, one rung per canary step."""
-        fractions = {"baseline": (0.0,), "shadow": (0.0,), "canary": self.canary_steps,
-                     "compact": (1.0,), "adaptive": (1.0,)}
-        return tuple(Stage(Phase(phase), f) for phase in self.phases
-                     for f in fractions[phase])
+        fractions = {
+            "baseline": (0.0,),
+            "shadow": (0.0,),
+            "canary": self.canary_steps,
+            "compact": (1.0,),
+            "adaptive": (1.0,),
+        }
+        return tuple(Stage(Phase(phase), f) for phase in self.phases for f in fractions[phase])
 
     def gates_for(self, phase: str) -> tuple[Gate, ...]:
         return tuple(g for g in self.gates if phase in g.phases)
@@ -246,9 +268,15 @@ def _message(error: Mapping[str, Any]) -> list[str]:
     if kind == "literal_error":
         want = "one of " + error["ctx"]["expected"].replace("'", "").replace(" or ", ", ")
     else:
-        want = {"float_type": "a number", "int_type": "an integer", "bool_type": "true or false",
-                "string_type": "a string", "tuple_type": "a list", "model_type": "a mapping",
-                "finite_number": "a finite number"}.get(kind, error["msg"])
+        want = {
+            "float_type": "a number",
+            "int_type": "an integer",
+            "bool_type": "true or false",
+            "string_type": "a string",
+            "tuple_type": "a list",
+            "model_type": "a mapping",
+            "finite_number": "a finite number",
+        }.get(kind, error["msg"])
     return [_want(key or "rollout policy", value, want)]
 
 

@@ -20,6 +20,7 @@ admitted shallower-depth first, a request's depth d is admitted only after all
 its depths < d: every budget yields per-request prefixes, and a larger budget
 never shortens any window.
 """
+
 from __future__ import annotations
 
 import torch

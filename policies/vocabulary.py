@@ -4,6 +4,7 @@ A member is its wire string (``Mode.CAP_ACCEPT == "cap_accept"``), so records,
 JSON, DuckDB columns and YAML keep the strings they always had; code compares
 and dispatches on the members.
 """
+
 from __future__ import annotations
 
 from enum import StrEnum

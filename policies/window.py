@@ -5,6 +5,7 @@ Every policy has one signature (DESIGN §5): calibrated prefix survivals
 a ``WindowDecision`` out whose ``windows`` are int64 in ``[0, γ]``, shape ``[B]``,
 on the same device as ``S``.
 """
+
 from __future__ import annotations
 
 import math
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+
 from sparkgate.policies.cost_model import CostTable
 from sparkgate.policies.scheduler import (
     admission_order,
@@ -144,7 +146,7 @@ class CostAwareScheduler:
             max_rows = self.cost_table.max_verify_rows
             hi = n if max_rows is None else max(lo, min(n, max_rows - batch_size))
             seconds[:lo] = math.inf
-            seconds[hi + 1:] = math.inf
+            seconds[hi + 1 :] = math.inf
             curve = seconds.to(device=device, dtype=torch.float32)
             self._curves[key] = curve
         return curve
@@ -161,14 +163,17 @@ class CostAwareScheduler:
         if lagged is None:
             raise ValueError(f"CostAwareScheduler(lag={self.lag}) needs ctx.lagged_survival, got None")
         if lagged.shape != survival.shape:
-            raise ValueError(f"ctx.lagged_survival: shape {tuple(lagged.shape)} does not match "
-                             f"survival {tuple(survival.shape)}")
+            raise ValueError(
+                f"ctx.lagged_survival: shape {tuple(lagged.shape)} does not match survival {tuple(survival.shape)}"
+            )
         return clean_survival(lagged)
 
     def __call__(self, survival: torch.Tensor, ctx: WindowContext) -> WindowDecision:
         if survival.dim() != 2 or survival.shape[0] != ctx.batch_size or survival.shape[1] != ctx.gamma:
-            raise ValueError(f"survival: shape {tuple(survival.shape)} does not match "
-                             f"ctx (batch_size={ctx.batch_size}, gamma={ctx.gamma})")
+            raise ValueError(
+                f"survival: shape {tuple(survival.shape)} does not match "
+                f"ctx (batch_size={ctx.batch_size}, gamma={ctx.gamma})"
+            )
         batch_size = survival.shape[0]
         if batch_size == 0:
             return WindowDecision(torch.zeros(0, dtype=torch.int64, device=survival.device))
@@ -183,6 +188,9 @@ class CostAwareScheduler:
         # index_select, not curve[k]: indexing with a 0-d tensor may read it on the host.
         seconds = curve.index_select(0, k.reshape(1)).squeeze(0)
         committed = tau.index_select(0, k.reshape(1)).squeeze(0)
-        return WindowDecision(windows=assign_windows(requests, k, batch_size),
-                              predicted_step_ms=seconds * 1000.0,
-                              predicted_tokens_per_s=committed / seconds, budget=budget)
+        return WindowDecision(
+            windows=assign_windows(requests, k, batch_size),
+            predicted_step_ms=seconds * 1000.0,
+            predicted_tokens_per_s=committed / seconds,
+            budget=budget,
+        )

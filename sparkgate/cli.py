@@ -5,10 +5,12 @@ imports its layer's commands inside a function, so ``sparkgate --help`` and the
 controller's commands never load torch, and the import-direction test reads
 these imports like any other.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import click
 
@@ -25,8 +27,14 @@ def _runtime() -> Commands:
         train_cli,
     )
 
-    return {"generate": cli.generate, "train": train_cli.train, "eval": eval_cli.evaluate,
-            "calibrate": calibrate_cli.calibrate, "profile": profile_cli.profile, "replica": replica_cli.replica}
+    return {
+        "generate": cli.generate,
+        "train": train_cli.train,
+        "eval": eval_cli.evaluate,
+        "calibrate": calibrate_cli.calibrate,
+        "profile": profile_cli.profile,
+        "replica": replica_cli.replica,
+    }
 
 
 def _runtime_bench() -> Commands:
@@ -50,8 +58,9 @@ def _collectors_bench() -> Commands:
 def _controller() -> Commands:
     from sparkgate.controller import commands
 
-    return {name: getattr(commands, name) for name in
-            ("serve", "status", "promote", "abort", "pause", "resume", "report")}
+    return {
+        name: getattr(commands, name) for name in ("serve", "status", "promote", "abort", "pause", "resume", "report")
+    }
 
 
 def _controller_bench() -> Commands:

@@ -1,12 +1,14 @@
 """Fixtures and helpers every layer's tests share (one place, so there is one ``store`` and one clock)."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-import sparkgate.dashboards
 import torch
+
+import sparkgate.dashboards
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store
@@ -52,13 +54,22 @@ def fixture_store(tmp_path_factory):
 def with_columns(wire: pa.Table, **values) -> pa.Table:
     """``wire`` with step columns replaced by one value each (e.g. phase, batch_size)."""
     for name, value in values.items():
-        wire = wire.set_column(wire.schema.get_field_index(name), name,
-                               pa.array([value] * wire.num_rows, wire.schema.field(name).type))
+        wire = wire.set_column(
+            wire.schema.get_field_index(name), name, pa.array([value] * wire.num_rows, wire.schema.field(name).type)
+        )
     return wire
 
 
-def ingest_synthetic(store: Store, steps: int, ts: float, phase: str = "shadow", replica: str = "r0",
-                     first_step: int = 0, batch: int = 32, **columns) -> pa.Table:
+def ingest_synthetic(
+    store: Store,
+    steps: int,
+    ts: float,
+    phase: str = "shadow",
+    replica: str = "r0",
+    first_step: int = 0,
+    batch: int = 32,
+    **columns,
+) -> pa.Table:
     """``steps`` valid synthetic steps (10 ms apart from ``ts``) stored as recorded in ``phase``."""
     wire = synthetic_wire(steps, batch, 7, replica, first_step=first_step, seed=first_step, ts=ts)
     wire = with_columns(wire, phase=phase, **columns)
@@ -70,8 +81,17 @@ def ingest_synthetic(store: Store, steps: int, ts: float, phase: str = "shadow",
 def tiny_model(vocab: int = 32, seed: int = 0, init_std: float = 0.3, **kw) -> Transformer:
     """A small random-initialised model, float64 so packed and dense paths agree far below any argmax margin."""
     torch.manual_seed(seed)
-    args = ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=64, vocab_size=vocab,
-                     max_seq_len=96, init_std=init_std, **kw)
+    args = ModelArgs(
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_hidden=64,
+        vocab_size=vocab,
+        max_seq_len=96,
+        init_std=init_std,
+        **kw,
+    )
     return Transformer(args).double().eval()
 
 

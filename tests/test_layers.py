@@ -1,6 +1,7 @@
 """Imports go one way: every arrow between layers must be in docs/design.md §1's table, and no
 module imports itself back through others. Imports are read from the source (every ``import``
 statement, those inside functions included), so a lazy import is checked like any other."""
+
 from __future__ import annotations
 
 import ast
@@ -36,11 +37,14 @@ def layer_table(design: Path) -> dict[str, tuple[str, ...]]:
 
 
 def module_files(root: Path) -> dict[str, Path]:
-    """Installed module name -> source file, as pyproject's package-dir maps the folders."""
+    """Installed module name -> source file: ``sparkgate/`` itself, and each layer folder as ``sparkgate.<layer>``
+    (``sparkgate/<layer>`` is a symlink to it; it is read once, through the folder)."""
     files = {}
     for folder, prefix in [(root / "sparkgate", "sparkgate"), *((root / f, f"sparkgate.{f}") for f in LAYER_FOLDERS)]:
         for path in folder.rglob("*.py"):
             parts = [*path.relative_to(folder).with_suffix("").parts]
+            if prefix == "sparkgate" and parts[0] in LAYER_FOLDERS:
+                continue
             if parts[-1] == "__init__":
                 parts.pop()
             files[".".join([prefix, *parts])] = path
@@ -103,14 +107,15 @@ def violations(root: Path) -> list[str]:
 def cycles(root: Path) -> list[list[str]]:
     """Import cycles among the project's modules (each listed once, from its smallest member)."""
     files = module_files(root)
-    graph = {m: {a.target for a in arrows(m, p, set(files)) if a.target in files and a.target != m}
-             for m, p in files.items()}
+    graph = {
+        m: {a.target for a in arrows(m, p, set(files)) if a.target in files and a.target != m} for m, p in files.items()
+    }
     found, seen = [], set()
 
     def walk(node: str, stack: list[str]) -> None:
         for nxt in sorted(graph[node]):
             if nxt in stack:
-                loop = stack[stack.index(nxt):]
+                loop = stack[stack.index(nxt) :]
                 key = frozenset(loop)
                 if key not in seen:
                     seen.add(key)
@@ -167,10 +172,17 @@ def test_a_planted_wrong_way_import_is_caught(tree):
     assert violations(tree) == [
         "controller/old.py:1: imports collectors.schema; use sparkgate.collectors.schema",
         "policies/bad.py:2: policies -> sparkgate.controller is not an arrow of docs/design.md §1",
-        "verify_runtime/replica.py:1: verify_runtime -> sparkgate.collectors.store is not an arrow of docs/design.md §1",
+        "verify_runtime/replica.py:1: verify_runtime -> sparkgate.collectors.store"
+        " is not an arrow of docs/design.md §1",
     ]
 
 
 def test_a_planted_cycle_is_caught(tree):
     (tree / "collectors" / "schema.py").write_text("def f():\n    from . import store\n")
     assert cycles(tree) == [["sparkgate.collectors.schema", "sparkgate.collectors.store"]]
+
+
+def test_each_layer_is_linked_into_the_namespace():
+    for folder in LAYER_FOLDERS:
+        link = ROOT / "sparkgate" / folder
+        assert link.is_symlink() and link.resolve() == (ROOT / folder).resolve(), link

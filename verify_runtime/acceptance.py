@@ -15,10 +15,11 @@ Per request:
   bonus from ``p``. Cutting at the limit therefore commits exactly what a
   compact window of that size would, given the same uniforms.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

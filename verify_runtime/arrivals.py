@@ -6,12 +6,13 @@ load buckets the latency gates compare, change over time. Arrivals beyond the
 running batch wait; past ``BACKLOG`` they are shed (counted), so an overloaded
 machine slows a run, never wedges it.
 """
+
 from __future__ import annotations
 
 import collections
 import math
 import random
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from .engine import Request
 
@@ -34,8 +35,14 @@ class Arrivals:
     next step, which is exactly continuous batching under open-loop arrivals.
     """
 
-    def __init__(self, source: Iterator[Request], rate: Callable[[float], float], clock: Callable[[], float],
-                 seed: int = 0, backlog: int = BACKLOG):
+    def __init__(
+        self,
+        source: Iterator[Request],
+        rate: Callable[[float], float],
+        clock: Callable[[], float],
+        seed: int = 0,
+        backlog: int = BACKLOG,
+    ):
         self.source, self.rate, self.clock, self.backlog = source, rate, clock, backlog
         self.rng = random.Random(seed)
         self.start = clock()
@@ -57,7 +64,7 @@ class Arrivals:
                 self.shed += 1
             self.next_at += self._gap(self.next_at)
 
-    def __iter__(self) -> "Arrivals":
+    def __iter__(self) -> Arrivals:
         return self
 
     def __next__(self) -> Request:

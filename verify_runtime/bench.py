@@ -5,6 +5,7 @@ step by step so machine noise hits both alike. Compact windows are drawn from a
 binomial with the requested mean, so the packed rows (not ``B × (γ+1)``) decide
 the cost.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,11 +52,20 @@ def time_static_verify(batch: int, gamma: int, steps: int = 10, device: str = "c
     return statistics.median(times[2:])
 
 
-def run_verify_bench(batch: int, gamma: int, mean_window: float, steps: int, warmup: int,
-                     prompt_len: int, device: str, graphs: bool = False) -> dict:
+def run_verify_bench(
+    batch: int,
+    gamma: int,
+    mean_window: float,
+    steps: int,
+    warmup: int,
+    prompt_len: int,
+    device: str,
+    graphs: bool = False,
+) -> dict:
     runner, slots, params = prepared_runner(batch, prompt_len, device)
     if graphs:
         from .cuda_graphs import GraphTiers
+
         runner.graphs = GraphTiers(runner.model, runner.cache, runner.grid, gamma, batch)
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, 256, (batch, gamma + 1), generator=gen).to(device)
@@ -63,7 +73,7 @@ def run_verify_bench(batch: int, gamma: int, mean_window: float, steps: int, war
     static_ms, compact_ms, compact_rows, compact_tier_rows = [], [], [], []
     for i in range(warmup + steps):
         windows = windows_dist.sample((batch,)).long().tolist()
-        s_ms, s_tier = _timed(runner, tokens, [gamma + 1] * batch, slots)
+        s_ms, _ = _timed(runner, tokens, [gamma + 1] * batch, slots)
         c_lens = [w + 1 for w in windows]
         c_ms, c_tier = _timed(runner, tokens, c_lens, slots)
         if i >= warmup:
@@ -75,11 +85,22 @@ def run_verify_bench(batch: int, gamma: int, mean_window: float, steps: int, war
     static, compact = statistics.median(static_ms), statistics.median(compact_ms)
     tier_rows_compact = statistics.median(compact_tier_rows)
     return {
-        "device": device, "graphs": graphs, "threads": torch.get_num_threads(), "params": params, "batch": batch, "gamma": gamma,
-        "prompt_len": prompt_len, "steps": steps, "mean_window": statistics.mean(r / batch - 1 for r in compact_rows),
-        "rows_static": rows_static, "rows_compact": statistics.median(compact_rows),
-        "tier_rows_compact": tier_rows_compact, "static_ms": round(static, 3), "compact_ms": round(compact, 3),
-        "time_ratio": round(compact / static, 4), "row_ratio": round(tier_rows_compact / rows_static, 4),
+        "device": device,
+        "graphs": graphs,
+        "threads": torch.get_num_threads(),
+        "params": params,
+        "batch": batch,
+        "gamma": gamma,
+        "prompt_len": prompt_len,
+        "steps": steps,
+        "mean_window": statistics.mean(r / batch - 1 for r in compact_rows),
+        "rows_static": rows_static,
+        "rows_compact": statistics.median(compact_rows),
+        "tier_rows_compact": tier_rows_compact,
+        "static_ms": round(static, 3),
+        "compact_ms": round(compact, 3),
+        "time_ratio": round(compact / static, 4),
+        "row_ratio": round(tier_rows_compact / rows_static, 4),
     }
 
 
@@ -91,9 +112,13 @@ def run_verify_bench(batch: int, gamma: int, mean_window: float, steps: int, war
 @click.option("--warmup", default=5, show_default=True)
 @click.option("--prompt-len", default=64, show_default=True)
 @device_options
-@click.option("--threads", default=1, show_default=True,
-              help="torch intra-op threads. One by default: at decode-sized row counts a second thread buys "
-                   "little, and spin-waiting threads make timings collapse when any other process shares the cores.")
+@click.option(
+    "--threads",
+    default=1,
+    show_default=True,
+    help="torch intra-op threads. One by default: at decode-sized row counts a second thread buys "
+    "little, and spin-waiting threads make timings collapse when any other process shares the cores.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON result.")
 def bench_verify(batch, gamma, mean_window, steps, warmup, prompt_len, device, graphs, threads, as_json):
     """Static vs compact verification cost on one batch; prints JSON."""

@@ -27,16 +27,18 @@ its windows replayed on static's recorded survivals and a* (see
 ``replay_decode_ratio``). These three are computed from the cost table, not
 timed, so they hold still between runs; they are as good as the table.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import statistics
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import click
 import torch
+
 from sparkgate.collectors.schema import StepRecord
 from sparkgate.policies.cost_model import CostTable
 from sparkgate.policies.window import (
@@ -52,19 +54,33 @@ from .summary import run_timed, summarize
 from .workload import mixed_workload
 
 
-def run_arm(target, drafter, policy, mode: str, batch: int, prompts, max_new_tokens: int, gamma: int,
-            calibrate=None, graphs: bool = False, prefill_threads: int | None = None) -> tuple[list[StepRecord], dict]:
+def run_arm(
+    target,
+    drafter,
+    policy,
+    mode: str,
+    batch: int,
+    prompts,
+    max_new_tokens: int,
+    gamma: int,
+    calibrate=None,
+    graphs: bool = False,
+    prefill_threads: int | None = None,
+) -> tuple[list[StepRecord], dict]:
     """(step records, summary) of one timed run."""
     config = EngineConfig(gamma=gamma, max_batch=batch, prefill_threads=prefill_threads)
     engine = Engine(target, drafter, config, policy=policy, calibrate=calibrate, graphs=graphs)
-    requests = [Request(f"{p.task}-{i}", p.tokens, max_new_tokens, mode=mode, task=p.task, seed=i, stop_at_eos=False)
-                for i, p in enumerate(prompts)]
+    requests = [
+        Request(f"{p.task}-{i}", p.tokens, max_new_tokens, mode=mode, task=p.task, seed=i, stop_at_eos=False)
+        for i, p in enumerate(prompts)
+    ]
     records, outputs, seconds = run_timed(engine, requests)
     return records, summarize(records, outputs, seconds)
 
 
-def replay_decode_ratio(static_records: list[StepRecord], table: CostTable,
-                        windows: Callable[[StepRecord], list[int]]) -> float:
+def replay_decode_ratio(
+    static_records: list[StepRecord], table: CostTable, windows: Callable[[StepRecord], list[int]]
+) -> float:
     """Decode throughput over static's when each step of a static run had verified ``windows(record)``
     drafts per request instead, both priced by ``table``.
 
@@ -98,9 +114,11 @@ def foresight_decode_ratio(static_records: list[StepRecord], table: CostTable) -
 
 def policy_windows(policy: WindowPolicy) -> Callable[[StepRecord], list[int]]:
     """The windows a (non-lagged) ``policy`` picks from a record's survivals."""
+
     def windows(r: StepRecord) -> list[int]:
         survival = torch.tensor([q.survival for q in r.requests], dtype=torch.float32)
         return policy(survival, WindowContext(r.batch_size, r.gamma)).windows.tolist()
+
     return windows
 
 
@@ -111,9 +129,22 @@ def foresight_wall_ratio(decode_ratio: float, decode_share: float) -> float:
     return 1.0 / (1.0 - decode_share * (1.0 - 1.0 / decode_ratio))
 
 
-def run_e2e(target, drafter, table: CostTable, batches: tuple[int, ...], gamma: int, short_window: int,
-            waves: int, max_new_tokens: int, rounds: int = 2, min_requests: int = 8, calibrate=None,
-            progress: bool = True, graphs: bool = False, prefill_threads: int | None = None) -> dict:
+def run_e2e(
+    target,
+    drafter,
+    table: CostTable,
+    batches: tuple[int, ...],
+    gamma: int,
+    short_window: int,
+    waves: int,
+    max_new_tokens: int,
+    rounds: int = 2,
+    min_requests: int = 8,
+    calibrate=None,
+    progress: bool = True,
+    graphs: bool = False,
+    prefill_threads: int | None = None,
+) -> dict:
     """Per batch size, each arm runs ``rounds`` times, interleaved; the median run is reported, and each
     ratio to static is the median of the per-round ratios."""
     arms = {
@@ -127,23 +158,41 @@ def run_e2e(target, drafter, table: CostTable, batches: tuple[int, ...], gamma: 
         prompts = mixed_workload(max(batch * waves, min_requests), seed=batch)
         runs = {name: [] for name in arms}
         for r in range(rounds):
-            for name, (mode, policy) in (list(arms.items()) if r % 2 == 0 else list(arms.items())[::-1]):
+            for name, (mode, policy) in list(arms.items()) if r % 2 == 0 else list(arms.items())[::-1]:
                 if progress:
                     print(f"bench e2e: batch {batch:>3} {name} (round {r + 1}/{rounds})", file=sys.stderr, flush=True)
-                records, summary = run_arm(target, drafter, policy, mode, batch, prompts, max_new_tokens, gamma,
-                                           calibrate, graphs, prefill_threads)
+                records, summary = run_arm(
+                    target,
+                    drafter,
+                    policy,
+                    mode,
+                    batch,
+                    prompts,
+                    max_new_tokens,
+                    gamma,
+                    calibrate,
+                    graphs,
+                    prefill_threads,
+                )
                 runs[name].append(summary)
                 if name == "static" and r == 0:  # greedy: every static run commits the same tokens
                     foresight = foresight_decode_ratio(records, table)
                     replayed = replay_decode_ratio(records, table, policy_windows(arms["cost_aware"][1]))
-        row = {name: dict(sorted(arm, key=lambda x: x["tokens_per_s"])[(len(arm) - 1) // 2],
-                          tokens_per_s_runs=[x["tokens_per_s"] for x in arm],
-                          decode_tokens_per_s=statistics.median(x["decode_tokens_per_s"] for x in arm),
-                          best_tokens_per_s=max(x["tokens_per_s"] for x in arm),
-                          best_decode_tokens_per_s=max(x["decode_tokens_per_s"] for x in arm))
-               for name, arm in runs.items()}
+        row = {
+            name: dict(
+                sorted(arm, key=lambda x: x["tokens_per_s"])[(len(arm) - 1) // 2],
+                tokens_per_s_runs=[x["tokens_per_s"] for x in arm],
+                decode_tokens_per_s=statistics.median(x["decode_tokens_per_s"] for x in arm),
+                best_tokens_per_s=max(x["tokens_per_s"] for x in arm),
+                best_decode_tokens_per_s=max(x["decode_tokens_per_s"] for x in arm),
+            )
+            for name, arm in runs.items()
+        }
         for name in ("fixed_short", "cost_aware"):
-            for figure, ratio in (("tokens_per_s", "ratio_to_static"), ("decode_tokens_per_s", "decode_ratio_to_static")):
+            for figure, ratio in (
+                ("tokens_per_s", "ratio_to_static"),
+                ("decode_tokens_per_s", "decode_ratio_to_static"),
+            ):
                 # Paired by round: an arm and the static run next to it share the machine's state,
                 # so slow drift in this machine's speed cancels in their ratio.
                 paired = [arm[figure] / base[figure] for arm, base in zip(runs[name], runs["static"])]
@@ -164,15 +213,36 @@ def run_e2e(target, drafter, table: CostTable, batches: tuple[int, ...], gamma: 
 @click.option("--waves", default=2, show_default=True, help="Requests per batch slot (continuous batching refills).")
 @click.option("--max-new-tokens", default=128, show_default=True)
 @click.option("--rounds", default=5, show_default=True, help="Interleaved runs per arm; the median is reported.")
-@click.option("--cost-table", "cost_table_path", type=click.Path(exists=True, dir_okay=False),
-              help="Cost table JSON (default: the shipped one, or profile here if it does not match).")
+@click.option(
+    "--cost-table",
+    "cost_table_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Cost table JSON (default: the shipped one, or profile here if it does not match).",
+)
 @click.option("--threads", default=1, show_default=True, help="torch intra-op threads (see bench verify).")
-@click.option("--prefill-threads", default=os.cpu_count(), show_default=True, type=click.IntRange(min=1),
-              help="torch intra-op threads while prefilling prompts (CPU; EngineConfig.prefill_threads).")
+@click.option(
+    "--prefill-threads",
+    default=os.cpu_count(),
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="torch intra-op threads while prefilling prompts (CPU; EngineConfig.prefill_threads).",
+)
 @device_options
 @click.option("--json", "as_json", is_flag=True)
-def bench_e2e(batches, gamma, short_window, waves, max_new_tokens, rounds, cost_table_path, threads, prefill_threads,
-              device, graphs, as_json):
+def bench_e2e(
+    batches,
+    gamma,
+    short_window,
+    waves,
+    max_new_tokens,
+    rounds,
+    cost_table_path,
+    threads,
+    prefill_threads,
+    device,
+    graphs,
+    as_json,
+):
     """Committed tokens/s: static vs fixed short window vs cost-aware compact."""
     torch.set_num_threads(threads)
     graphs = resolve_graphs(device, graphs)
@@ -188,18 +258,41 @@ def bench_e2e(batches, gamma, short_window, waves, max_new_tokens, rounds, cost_
     drafter = default_drafter(target)
     table, table_source = default_cost_table(target, drafter, cost_table_path, graphs=graphs)
     batch_sizes = tuple(int(b) for b in batches.split(","))
-    results = run_e2e(target, drafter, table, batch_sizes, gamma, short_window, waves, max_new_tokens, rounds,
-                      calibrate=default_calibration(drafter), graphs=graphs, prefill_threads=prefill_threads)
-    summary = {"gamma": gamma, "short_window": short_window, "drafter": drafter.version, "device": device,
-               "graphs": graphs, "cost_table": table_source, "threads": torch.get_num_threads(),
-               "prefill_threads": prefill_threads, "batches": results}
+    results = run_e2e(
+        target,
+        drafter,
+        table,
+        batch_sizes,
+        gamma,
+        short_window,
+        waves,
+        max_new_tokens,
+        rounds,
+        calibrate=default_calibration(drafter),
+        graphs=graphs,
+        prefill_threads=prefill_threads,
+    )
+    summary = {
+        "gamma": gamma,
+        "short_window": short_window,
+        "drafter": drafter.version,
+        "device": device,
+        "graphs": graphs,
+        "cost_table": table_source,
+        "threads": torch.get_num_threads(),
+        "prefill_threads": prefill_threads,
+        "batches": results,
+    }
     if not as_json:
         for batch, row in results.items():
             cost = row["cost_aware"]
-            click.echo(f"batch {batch:>3}: cost-aware {cost['ratio_to_static']}x static, fastest runs "
-                       f"{cost['best_ratio_to_static']}x (decode steps {cost['decode_ratio_to_static']}x, fastest "
-                       f"{cost['best_decode_ratio_to_static']}x, replayed on static's steps {cost['replay_decode_ratio']}x; "
-                       f"foresight bound {row['foresight_wall_ratio']}x, "
-                       f"{row['foresight_decode_ratio']}x on decode steps), "
-                       f"fixed-short {row['fixed_short']['ratio_to_static']}x", err=True)
+            click.echo(
+                f"batch {batch:>3}: cost-aware {cost['ratio_to_static']}x static, fastest runs "
+                f"{cost['best_ratio_to_static']}x (decode steps {cost['decode_ratio_to_static']}x, fastest "
+                f"{cost['best_decode_ratio_to_static']}x, replayed on static's steps {cost['replay_decode_ratio']}x; "
+                f"foresight bound {row['foresight_wall_ratio']}x, "
+                f"{row['foresight_decode_ratio']}x on decode steps), "
+                f"fixed-short {row['fixed_short']['ratio_to_static']}x",
+                err=True,
+            )
     click.echo(json.dumps(summary))

@@ -6,6 +6,7 @@ verify of the same shape with the runtime, and reports
 <= 0.03 on CPU). It sits beside the runtime because it needs the runtime's
 verify timing; the policies it times import nothing of the runtime.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import click
 import torch
+
 from sparkgate.policies.cost_model import AdditiveCostTable, CostTable, load_cost_table
 from sparkgate.policies.window import (
     ConfidenceThreshold,
@@ -35,19 +37,24 @@ def synthetic_cost_table() -> AdditiveCostTable:
 
     Scheduler time barely depends on the values; a profiled table can be given instead.
     """
-    return AdditiveCostTable(bias_seconds=0.004, bs_probes=(1, 256), alpha_seconds=(0.0, 0.002),
-                             m_probes=(1, 64, 2048), theta_seconds=(0.0, 0.0005, 0.03))
+    return AdditiveCostTable(
+        bias_seconds=0.004,
+        bs_probes=(1, 256),
+        alpha_seconds=(0.0, 0.002),
+        m_probes=(1, 64, 2048),
+        theta_seconds=(0.0, 0.0005, 0.03),
+    )
 
 
 def synthetic_survivals(batch: int, gamma: int, count: int, device: str, seed: int = 0) -> list[torch.Tensor]:
     """Prefix survivals from per-depth confidences spread over [0.3, 1)."""
     gen = torch.Generator().manual_seed(seed)
-    return [torch.cumprod(0.3 + 0.7 * torch.rand(batch, gamma, generator=gen), dim=1).to(device)
-            for _ in range(count)]
+    return [torch.cumprod(0.3 + 0.7 * torch.rand(batch, gamma, generator=gen), dim=1).to(device) for _ in range(count)]
 
 
-def time_policy(policy: WindowPolicy, inputs: list[torch.Tensor], ctxs: list[WindowContext],
-                steps: int, warmup: int = 10) -> dict[str, float]:
+def time_policy(
+    policy: WindowPolicy, inputs: list[torch.Tensor], ctxs: list[WindowContext], steps: int, warmup: int = 10
+) -> dict[str, float]:
     """Per-call wall time in ms (median, p99) and the mean window it chose."""
     cuda = inputs[0].is_cuda
     for i in range(warmup):
@@ -62,12 +69,14 @@ def time_policy(policy: WindowPolicy, inputs: list[torch.Tensor], ctxs: list[Win
         windows.append(decision.windows)
     times.sort()
     p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
-    return {"median_ms": statistics.median(times), "p99_ms": p99,
-            "mean_window": float(torch.stack(windows).float().mean())}
+    return {
+        "median_ms": statistics.median(times),
+        "p99_ms": p99,
+        "mean_window": float(torch.stack(windows).float().mean()),
+    }
 
 
-def run_benchmark(batch: int, gamma: int, steps: int, device: str, table: CostTable,
-                  table_name: str) -> dict:
+def run_benchmark(batch: int, gamma: int, steps: int, device: str, table: CostTable, table_name: str) -> dict:
     inputs = synthetic_survivals(batch, gamma, DISTINCT_INPUTS, device)
     ctxs = [WindowContext(batch, gamma)]
     # The lagged scheduler decides from the survivals two inputs back, as the runtime would feed it.
@@ -82,10 +91,18 @@ def run_benchmark(batch: int, gamma: int, steps: int, device: str, table: CostTa
     verify_ms = float(time_static_verify(batch, gamma, device=device))
     scheduler_ms = results["cost_aware"]["median_ms"]
     return {
-        "benchmark": "scheduler", "batch": batch, "gamma": gamma, "steps": steps, "device": device,
-        "threads": torch.get_num_threads(), "cost_table": table_name, "policies": results,
-        "scheduler_ms": scheduler_ms, "verify_ms": verify_ms,
-        "schedule_fraction": scheduler_ms / verify_ms, "target_fraction": TARGET_FRACTION,
+        "benchmark": "scheduler",
+        "batch": batch,
+        "gamma": gamma,
+        "steps": steps,
+        "device": device,
+        "threads": torch.get_num_threads(),
+        "cost_table": table_name,
+        "policies": results,
+        "scheduler_ms": scheduler_ms,
+        "verify_ms": verify_ms,
+        "schedule_fraction": scheduler_ms / verify_ms,
+        "target_fraction": TARGET_FRACTION,
     }
 
 
@@ -94,11 +111,14 @@ def run_benchmark(batch: int, gamma: int, steps: int, device: str, table: CostTa
 @click.option("--gamma", default=7, show_default=True, help="Draft tokens per request.")
 @click.option("--steps", default=500, show_default=True, help="Timed calls per policy.")
 @click.option("--device", default="cpu", show_default=True, help="Device the survivals live on.")
-@click.option("--cost-table", "cost_table", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Cost table JSON (default: a synthetic table; fingerprint not checked).")
+@click.option(
+    "--cost-table",
+    "cost_table",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Cost table JSON (default: a synthetic table; fingerprint not checked).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def bench_scheduler(batch: int, gamma: int, steps: int, device: str, cost_table: Path | None,
-                    as_json: bool) -> None:
+def bench_scheduler(batch: int, gamma: int, steps: int, device: str, cost_table: Path | None, as_json: bool) -> None:
     """Window-policy time per step, and as a fraction of static verify time."""
     if batch < 1 or gamma < 1 or steps < 1:
         raise click.BadParameter(f"--batch, --gamma and --steps must be >= 1, got {batch}, {gamma}, {steps}")
@@ -110,7 +130,10 @@ def bench_scheduler(batch: int, gamma: int, steps: int, device: str, cost_table:
         return
     click.echo(f"scheduler bench: batch={batch} gamma={gamma} steps={steps} device={device}")
     for name, r in report["policies"].items():
-        click.echo(f"  {name:16s} median {r['median_ms']:.4f} ms  p99 {r['p99_ms']:.4f} ms  "
-                   f"mean window {r['mean_window']:.2f}")
-    click.echo(f"  static verify {report['verify_ms']:.3f} ms -> schedule_fraction "
-               f"{report['schedule_fraction']:.4f} (target <= {TARGET_FRACTION})")
+        click.echo(
+            f"  {name:16s} median {r['median_ms']:.4f} ms  p99 {r['p99_ms']:.4f} ms  mean window {r['mean_window']:.2f}"
+        )
+    click.echo(
+        f"  static verify {report['verify_ms']:.3f} ms -> schedule_fraction "
+        f"{report['schedule_fraction']:.4f} (target <= {TARGET_FRACTION})"
+    )

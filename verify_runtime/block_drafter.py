@@ -21,6 +21,7 @@ drafter was is the strongest single sign of whether the target will agree.
 ``Drafter`` protocol (drafts drawn with ``pick``, so they are deterministic per
 (seed, position) and the acceptance rule stays lossless).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -62,17 +63,33 @@ class DrafterArgs:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
-        for name in ("target_dim", "dim", "n_layers", "window", "max_gamma", "markov_rank", "confidence_hidden",
-                     "vocab_size"):
+        for name in (
+            "target_dim",
+            "dim",
+            "n_layers",
+            "window",
+            "max_gamma",
+            "markov_rank",
+            "confidence_hidden",
+            "vocab_size",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"DrafterArgs.{name} must be >= 1, got {getattr(self, name)}")
         self.layer_args()  # validates heads against dim
 
     def layer_args(self) -> ModelArgs:
         """The transformer-layer shape, with RoPE tables long enough for context + pending + block."""
-        return ModelArgs(dim=self.dim, n_layers=self.n_layers, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
-                         ffn_hidden=self.ffn_hidden, vocab_size=self.vocab_size,
-                         max_seq_len=self.window + 1 + self.max_gamma, norm_eps=self.norm_eps, init_std=self.init_std)
+        return ModelArgs(
+            dim=self.dim,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            ffn_hidden=self.ffn_hidden,
+            vocab_size=self.vocab_size,
+            max_seq_len=self.window + 1 + self.max_gamma,
+            norm_eps=self.norm_eps,
+            init_std=self.init_std,
+        )
 
 
 N_DRAFT_STATS = 3
@@ -101,18 +118,20 @@ class DraftLayer(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args)
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor, rope_q: tuple, rope_c: tuple,
-                mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, context: torch.Tensor, rope_q: tuple, rope_c: tuple, mask: torch.Tensor
+    ) -> torch.Tensor:
         n, q_len = x.shape[:2]
         qkv = self.wqkv(self.attention_norm(x)).view(n, q_len, -1, self.head_dim)
         q, k, v = qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=2)
-        kv_weight = self.wqkv.weight[self.n_heads * self.head_dim:]
+        kv_weight = self.wqkv.weight[self.n_heads * self.head_dim :]
         ckv = F.linear(self.attention_norm(context), kv_weight).view(n, context.shape[1], -1, self.head_dim)
         ck, cv = ckv.chunk(2, dim=2)
         q, k, ck = apply_rope(q, *rope_q), apply_rope(k, *rope_q), apply_rope(ck, *rope_c)
         keys, values = torch.cat([ck, k], 1), torch.cat([cv, v], 1)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                                             attn_mask=mask, enable_gqa=True)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask, enable_gqa=True
+        )
         x = x + self.wo(out.transpose(1, 2).flatten(2))
         return x + self.feed_forward(self.ffn_norm(x))
 
@@ -128,8 +147,11 @@ class DSparkNet(nn.Module):
         self.layers = nn.ModuleList(DraftLayer(layer_args) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
-        self.confidence_head = nn.Sequential(nn.Linear(2 * args.dim + N_DRAFT_STATS, args.confidence_hidden),
-                                             nn.SiLU(), nn.Linear(args.confidence_hidden, 1))
+        self.confidence_head = nn.Sequential(
+            nn.Linear(2 * args.dim + N_DRAFT_STATS, args.confidence_hidden),
+            nn.SiLU(),
+            nn.Linear(args.confidence_hidden, 1),
+        )
         if args.sequential:
             self.markov_prev = nn.Embedding(args.vocab_size, args.markov_rank)
             self.markov_gate = nn.Linear(args.dim, args.markov_rank, bias=False)
@@ -147,28 +169,32 @@ class DSparkNet(nn.Module):
     def init_from_target(self, target: Transformer) -> None:
         """Start the token embedding and LM head from the target's (they share a vocabulary)."""
         if target.args.dim != self.args.dim or target.args.vocab_size != self.args.vocab_size:
-            raise ValueError(f"target dim/vocab {target.args.dim}/{target.args.vocab_size} differ from the "
-                             f"drafter's {self.args.dim}/{self.args.vocab_size}")
+            raise ValueError(
+                f"target dim/vocab {target.args.dim}/{target.args.vocab_size} differ from the "
+                f"drafter's {self.args.dim}/{self.args.vocab_size}"
+            )
         with torch.no_grad():
             self.tok_embeddings.weight.copy_(target.tok_embeddings.weight)
             self.output.weight.copy_(target.output.weight)
 
-    def backbone(self, hidden: torch.Tensor, hidden_len: torch.Tensor, pending: torch.Tensor,
-                 gamma: int) -> torch.Tensor:
+    def backbone(
+        self, hidden: torch.Tensor, hidden_len: torch.Tensor, pending: torch.Tensor, gamma: int
+    ) -> torch.Tensor:
         """Normed block representations ``[N, γ, dim]`` from context ``hidden [N, W, target_dim]``
         (left-padded, ``hidden_len [N]`` real rows) and the pending tokens ``[N]``."""
         if not 1 <= gamma <= self.args.max_gamma:
             raise ValueError(f"gamma={gamma} is outside [1, max_gamma={self.args.max_gamma}] of this drafter")
         if hidden.shape[1:] != (self.args.window, self.args.target_dim):
-            raise ValueError(f"hidden has shape {tuple(hidden.shape)}, expected [N, {self.args.window}, "
-                             f"{self.args.target_dim}]")
+            raise ValueError(
+                f"hidden has shape {tuple(hidden.shape)}, expected [N, {self.args.window}, {self.args.target_dim}]"
+            )
         window, n = self.args.window, len(pending)
         # The pending token joins the context: its K/V is all the block needs from it.
         context = torch.cat([self.fuse(hidden.to(self.block_pos.dtype)), self.tok_embeddings(pending)[:, None]], 1)
         x = self.block_pos[:gamma].expand(n, -1, -1)
         # Relative positions: context rows 0..W-1, the pending token W, depth k at W + k.
-        rope_c = (self.rope_cos[:window + 1], self.rope_sin[:window + 1])
-        rope_q = (self.rope_cos[window + 1:window + 1 + gamma], self.rope_sin[window + 1:window + 1 + gamma])
+        rope_c = (self.rope_cos[: window + 1], self.rope_sin[: window + 1])
+        rope_q = (self.rope_cos[window + 1 : window + 1 + gamma], self.rope_sin[window + 1 : window + 1 + gamma])
         real = torch.arange(window, device=x.device) >= window - hidden_len.to(x.device)[:, None]
         mask = torch.cat([real, real.new_ones(n, 1 + gamma)], 1)[:, None, None, :]
         for layer in self.layers:
@@ -192,8 +218,9 @@ class DSparkNet(nn.Module):
         and draft logits ``logits`` (the ones each depth's token was drafted from); shape of ``prev``."""
         return self.confidence_head(self.confidence_input(h, prev, logits)).squeeze(-1)
 
-    def forward(self, hidden: torch.Tensor, hidden_len: torch.Tensor, prev: torch.Tensor,
-                sequential: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, hidden: torch.Tensor, hidden_len: torch.Tensor, prev: torch.Tensor, sequential: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced training pass: ``prev [N, γ]`` holds x_0 (the pending token) .. x_{γ−1}.
 
         Returns draft logits ``[N, γ, V]`` and confidence logits ``[N, γ]``.

@@ -5,6 +5,7 @@ Only full-block rows (``static``, ``shadow``, ``cap_accept``) are used: their
 are left out because their labels are censored exactly where confidence was low,
 which would bias the fit.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import click
 import torch
+
 from sparkgate.collectors.schema import StepRecord
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
@@ -36,8 +38,9 @@ def read_labels(paths: list[str | Path]) -> tuple[torch.Tensor, torch.Tensor]:
                 if row.mode not in FULL_BLOCK_MODES:
                     continue
                 if len(row.confidence) != gamma:
-                    raise ValueError(f"{where}: requests[{i}].confidence has {len(row.confidence)} values, "
-                                     f"gamma={gamma}")
+                    raise ValueError(
+                        f"{where}: requests[{i}].confidence has {len(row.confidence)} values, gamma={gamma}"
+                    )
                 if row.full_accept is None or not 0 <= row.full_accept <= gamma:
                     raise ValueError(f"{where}: requests[{i}].full_accept={row.full_accept!r} is not in [0, {gamma}]")
                 confidence.append(row.confidence)
@@ -48,8 +51,14 @@ def read_labels(paths: list[str | Path]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @click.command()
-@click.option("--records", "paths", multiple=True, required=True, type=click.Path(dir_okay=False, exists=True),
-              help="NDJSON step records (repeatable).")
+@click.option(
+    "--records",
+    "paths",
+    multiple=True,
+    required=True,
+    type=click.Path(dir_okay=False, exists=True),
+    help="NDJSON step records (repeatable).",
+)
 @click.option("--out", type=click.Path(dir_okay=False), help="Where to write the STS JSON.")
 @click.option("--dataset", default=None, help="Name recorded in the file (default: the record file names).")
 @click.option("--ship", is_flag=True, help="Install as the shipped STS (verify_runtime/assets/sts.json).")

@@ -1,9 +1,11 @@
 """Runtime command: ``sparkgate generate`` (one verify mode, one prompt)."""
+
 from __future__ import annotations
 
 import json
 
 import click
+
 from sparkgate.policies.window import FixedWindow
 
 from .defaults import default_drafter, default_target
@@ -31,9 +33,9 @@ def decode(tokens: list[int]) -> str:
 def generate(prompt, max_new_tokens, mode, gamma, window, temperature, seed):
     """Generate a continuation with the runtime in one verify mode."""
     target = default_target(seed)
-    engine = Engine(target, default_drafter(target), EngineConfig(gamma=gamma, max_batch=1),
-                    policy=FixedWindow(window))
-    records, outputs, seconds = run_timed(engine, [Request("cli", encode(prompt), max_new_tokens, temperature, seed,
-                                                           mode)])
+    engine = Engine(target, default_drafter(target), EngineConfig(gamma=gamma, max_batch=1), policy=FixedWindow(window))
+    records, outputs, seconds = run_timed(
+        engine, [Request("cli", encode(prompt), max_new_tokens, temperature, seed, mode)]
+    )
     click.echo(decode(outputs["cli"]))
     click.echo(json.dumps(summarize(records, outputs, seconds)), err=True)

@@ -10,6 +10,7 @@ train-split prompts in ``static`` mode, which labels every depth; the head
 (``a* >= k − 1``) against the realised accept indicator ``1[a* >= k]``, with the
 backbone frozen.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,18 +45,21 @@ class _Recording:
     def propose(self, ctx: DraftContext) -> DraftOutput:
         out = self.drafter.propose(ctx)
         pending = torch.tensor([h[-1] for h in ctx.history])
-        self.calls.append((ctx.hidden.cpu(), ctx.hidden_len.cpu(),
-                           torch.cat([pending[:, None], out.tokens.cpu()[:, :-1]], 1)))
+        self.calls.append(
+            (ctx.hidden.cpu(), ctx.hidden_len.cpu(), torch.cat([pending[:, None], out.tokens.cpu()[:, :-1]], 1))
+        )
         return out
 
 
-def collect_own_blocks(target: Transformer, net: DSparkNet, prompts: list[list[int]], max_new_tokens: int,
-                       gamma: int = 7, batch: int = 32) -> OwnBlocks:
+def collect_own_blocks(
+    target: Transformer, net: DSparkNet, prompts: list[list[int]], max_new_tokens: int, gamma: int = 7, batch: int = 32
+) -> OwnBlocks:
     """Greedy static decoding of ``prompts`` with ``net`` drafting; every block it drafted."""
     recording = _Recording(BlockDrafter(net))
     records = []
-    engine = Engine(target, recording, EngineConfig(gamma=gamma, max_batch=batch, default_mode="static"),
-                    sink=records.append)
+    engine = Engine(
+        target, recording, EngineConfig(gamma=gamma, max_batch=batch, default_mode="static"), sink=records.append
+    )
     for i, prompt in enumerate(prompts):
         engine.submit(Request(f"own-{i}", prompt, max_new_tokens, stop_at_eos=False))
     engine.run()
@@ -64,8 +68,9 @@ def collect_own_blocks(target: Transformer, net: DSparkNet, prompts: list[list[i
     return OwnBlocks(hidden, hidden_len, prev, full_accept)
 
 
-def fit_confidence_head(net: DSparkNet, blocks: OwnBlocks, steps: int = 600, lr: float = 0.02,
-                        weight_decay: float = 1e-3) -> dict:
+def fit_confidence_head(
+    net: DSparkNet, blocks: OwnBlocks, steps: int = 600, lr: float = 0.02, weight_decay: float = 1e-3
+) -> dict:
     """Refit ``net.confidence_head`` in place (full-batch Adam, backbone frozen); BCE before and after."""
     gamma = blocks.prev.shape[1]
     depth = torch.arange(1, gamma + 1)
@@ -92,6 +97,11 @@ def fit_confidence_head(net: DSparkNet, blocks: OwnBlocks, steps: int = 600, lr:
     net.requires_grad_(True)
     with torch.no_grad():
         after = float(loss())
-    return {"blocks": len(blocks.full_accept), "labels_at_risk": int(at_risk.sum()), "steps": steps,
-            "bce_before": round(before, 4), "bce_after": round(after, 4),
-            "mean_accepted": round(float(blocks.full_accept.float().mean()), 4)}
+    return {
+        "blocks": len(blocks.full_accept),
+        "labels_at_risk": int(at_risk.sum()),
+        "steps": steps,
+        "bce_before": round(before, 4),
+        "bce_after": round(after, 4),
+        "mean_accepted": round(float(blocks.full_accept.float().mean()), 4),
+    }

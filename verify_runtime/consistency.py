@@ -13,12 +13,14 @@ gate failure, however rare.
 Sampling is a stable hash of the request id, so every replica picks the same
 requests and a re-run picks them again.
 """
+
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
 
 import torch
+
 from sparkgate.policies.window import FixedWindow
 
 from .drafters import Drafter
@@ -33,7 +35,7 @@ TIE_MARGIN = 1e-3
 def unit_hash(key: str, salt: str) -> float:
     """A uniform number in [0, 1) fixed by ``key`` and ``salt`` (same value in every process)."""
     digest = hashlib.blake2b(f"{salt}:{key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2.0 ** 64
+    return int.from_bytes(digest, "big") / 2.0**64
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,14 @@ class Check:
     kind: str = KIND
 
     def to_dict(self) -> dict:
-        return {"request_id": self.request_id, "kind": self.kind, "tokens": self.tokens,
-                "mismatch_at": self.mismatch_at, "expected": self.expected, "got": self.got}
+        return {
+            "request_id": self.request_id,
+            "kind": self.kind,
+            "tokens": self.tokens,
+            "mismatch_at": self.mismatch_at,
+            "expected": self.expected,
+            "got": self.got,
+        }
 
 
 def compare(request_id: str, expected: list[int], got: list[int]) -> Check:
@@ -69,9 +77,12 @@ class GreedyReplay:
 
     def replay(self, prompt: list[int], tokens: int) -> list[int]:
         """The static greedy continuation of ``prompt``, ``tokens`` long (shorter if the cache is smaller)."""
-        engine = Engine(self.model, self.drafter, EngineConfig(gamma=self.gamma, max_batch=1,
-                                                               replica_id="consistency"),
-                        policy=FixedWindow(self.gamma))
+        engine = Engine(
+            self.model,
+            self.drafter,
+            EngineConfig(gamma=self.gamma, max_batch=1, replica_id="consistency"),
+            policy=FixedWindow(self.gamma),
+        )
         room = engine.cache.max_len - len(prompt) - self.gamma - 1
         n = min(tokens, room)
         if n < 1:

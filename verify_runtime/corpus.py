@@ -9,6 +9,7 @@ gives the same hash, a different one is visible in the manifest.
 
 Token ids are bytes (0..255); every document starts with ``BOS``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,10 +47,13 @@ def split_of(domain: str, name: str) -> str:
 def stdlib_documents() -> list[Document]:
     """Every non-empty stdlib ``.py`` file (code) and pydoc topic (prose), sorted by (domain, name)."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    docs = [Document("code", path.relative_to(root).as_posix(), path.read_bytes())
-            for path in root.rglob("*.py")
-            if not _SKIP_DIRS.intersection(path.relative_to(root).parts) and path.stat().st_size]
+    docs = [
+        Document("code", path.relative_to(root).as_posix(), path.read_bytes())
+        for path in root.rglob("*.py")
+        if not _SKIP_DIRS.intersection(path.relative_to(root).parts) and path.stat().st_size
+    ]
     from pydoc_data.topics import topics
+
     docs += [Document("prose", name, text.encode()) for name, text in topics.items()]
     return sorted(docs, key=lambda d: (d.domain, d.name))
 
@@ -75,9 +79,16 @@ class Corpus:
         """Documents and bytes per split and domain, plus the content hash."""
         return {
             "content_hash": self.content_hash,
-            "splits": {split: {domain: {"documents": len(self.documents[(split, domain)]),
-                                        "bytes": sum(len(d.data) for d in self.documents[(split, domain)])}
-                               for domain in DOMAINS} for split in SPLITS},
+            "splits": {
+                split: {
+                    domain: {
+                        "documents": len(self.documents[(split, domain)]),
+                        "bytes": sum(len(d.data) for d in self.documents[(split, domain)]),
+                    }
+                    for domain in DOMAINS
+                }
+                for split in SPLITS
+            },
         }
 
     def stream(self, split: str, domain: str) -> torch.Tensor:
@@ -87,8 +98,9 @@ class Corpus:
             raise ValueError(f"domain must be one of {DOMAINS}, got {domain!r}")
         return self.streams[(split, domain)]
 
-    def batch(self, split: str, size: int, length: int, generator: torch.Generator,
-              prose_fraction: float = 0.2) -> torch.Tensor:
+    def batch(
+        self, split: str, size: int, length: int, generator: torch.Generator, prose_fraction: float = 0.2
+    ) -> torch.Tensor:
         """``[size, length]`` token windows at random offsets; each row is prose with
         probability ``prose_fraction``, else code. Deterministic given the generator."""
         if not 0.0 <= prose_fraction <= 1.0:
@@ -100,7 +112,7 @@ class Corpus:
             if len(stream) <= length:
                 raise ValueError(f"split {split!r} holds {len(stream)} tokens, fewer than length={length}")
             start = int(torch.randint(len(stream) - length, (1,), generator=generator))
-            rows.append(stream[start:start + length])
+            rows.append(stream[start : start + length])
         return torch.stack(rows).long()
 
     def prompts(self, split: str, domain: str, count: int, length: int) -> list[list[int]]:
@@ -108,9 +120,11 @@ class Corpus:
         stream = self.stream(split, domain)
         span = len(stream) - length
         if span < count:
-            raise ValueError(f"split {split!r} domain {domain!r} holds {len(stream)} tokens: "
-                             f"too few for {count} prompts of length {length}")
-        return [stream[i * span // count: i * span // count + length].tolist() for i in range(count)]
+            raise ValueError(
+                f"split {split!r} domain {domain!r} holds {len(stream)} tokens: "
+                f"too few for {count} prompts of length {length}"
+            )
+        return [stream[i * span // count : i * span // count + length].tolist() for i in range(count)]
 
 
 def _stream(docs: list[Document]) -> torch.Tensor:

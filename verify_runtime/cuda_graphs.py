@@ -14,13 +14,15 @@ survivals, window decision) is a few dozen tiny kernels; on a GPU, launching
 them one by one cost more than running them (about half a millisecond a step
 at batch 32, a tenth of the step), so it is captured once per batch size.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import torch
+
 from sparkgate.policies.window import WindowDecision
 
 from .kv_cache import KVCache
@@ -45,8 +47,16 @@ class StaticLayouts:
         """The step's own requests at the fixed query width and key length."""
         if len(lens) > self.max_batch:
             raise ValueError(f"{len(lens)} requests exceed the captured max_batch={self.max_batch}")
-        return build_layout(starts, lens, slots, self.cache.scratch_slot, tier_rows=rows, q_len=self.width,
-                            kv_len=self.cache.max_len, device=self.cache.k.device)
+        return build_layout(
+            starts,
+            lens,
+            slots,
+            self.cache.scratch_slot,
+            tier_rows=rows,
+            q_len=self.width,
+            kv_len=self.cache.max_len,
+            device=self.cache.k.device,
+        )
 
     def padded(self, real: PackedLayout) -> PackedLayout:
         """``real`` widened to ``max_batch`` request places, as a captured graph expects."""
@@ -57,10 +67,15 @@ class StaticLayouts:
             real,
             dense=False,  # a captured graph takes the general path whatever the step it replays
             cell=torch.where(real.row_req < real.batch_size, real.cell, spare),
-            groups=[AttentionGroup(
-                slots=torch.cat([group.slots, group.slots.new_full((extra,), self.cache.scratch_slot)]),
-                starts=torch.cat([group.starts, group.starts.new_zeros(extra)]),
-                q_len=self.width, kv_len=group.kv_len, offset=0)],
+            groups=[
+                AttentionGroup(
+                    slots=torch.cat([group.slots, group.slots.new_full((extra,), self.cache.scratch_slot)]),
+                    starts=torch.cat([group.starts, group.starts.new_zeros(extra)]),
+                    q_len=self.width,
+                    kv_len=group.kv_len,
+                    offset=0,
+                )
+            ],
         )
 
 
@@ -135,7 +150,9 @@ class ScheduleGraphs:
                 self.graphs[batch] = _capture(schedule, logits, torch.ones_like(logits) if lagged else None)
         except RuntimeError as exc:
             self.graphs, self.eager_reason = {}, str(exc).splitlines()[0]
-            warnings.warn(f"the schedule stage runs eagerly: it could not be captured ({self.eager_reason})")
+            warnings.warn(
+                f"the schedule stage runs eagerly: it could not be captured ({self.eager_reason})", stacklevel=2
+            )
 
     def __call__(self, schedule: Schedule, owner: tuple, logits: torch.Tensor, lagged: torch.Tensor | None):
         if len(owner) != len(self.owner) or any(a is not b for a, b in zip(owner, self.owner)):

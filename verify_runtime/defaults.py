@@ -7,12 +7,14 @@ shipped one is used when its fingerprint matches, else the profiler measures one
 here (cached per target and drafter under ``~/.cache/sparkgate``) rather than
 trusting numbers from other hardware.
 """
+
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
 import torch
+
 from sparkgate.policies.calibration import STS
 from sparkgate.policies.cost_model import (
     CostTable,
@@ -56,8 +58,9 @@ def default_calibration(drafter: Drafter) -> STS | None:
     return STS.load(path) if isinstance(drafter, BlockDrafter) and path.exists() else None
 
 
-def default_cost_table(target: Transformer, drafter: Drafter, path: str | Path | None = None, *,
-                       quick: bool = True, graphs: bool = False) -> tuple[CostTable, str]:
+def default_cost_table(
+    target: Transformer, drafter: Drafter, path: str | Path | None = None, *, quick: bool = True, graphs: bool = False
+) -> tuple[CostTable, str]:
     """(table, where it came from). An explicit ``path`` must match or it is an error; a table
     profiled here times graph-replayed steps when ``graphs`` (the engines it serves use them)."""
     from .profiler import profile_model, step_version

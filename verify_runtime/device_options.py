@@ -3,6 +3,7 @@
 CUDA graphs are on by default on CUDA (replicas serve with them, so timings
 should too) and refused elsewhere with a usage error instead of a traceback.
 """
+
 from __future__ import annotations
 
 import click
@@ -10,8 +11,11 @@ import torch
 
 
 def device_options(fn):
-    fn = click.option("--graphs/--no-graphs", default=None,
-                      help="Replay CUDA-graph tiers, as a CUDA replica serves (default: on for CUDA).")(fn)
+    fn = click.option(
+        "--graphs/--no-graphs",
+        default=None,
+        help="Replay CUDA-graph tiers, as a CUDA replica serves (default: on for CUDA).",
+    )(fn)
     return click.option("--device", default="cpu", show_default=True)(fn)
 
 

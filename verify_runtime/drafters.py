@@ -12,6 +12,7 @@ Two stand-ins until the trained block drafter ships:
 - ``ModelDrafter`` — an LM run autoregressively over the recent context, with
   optional deterministic logit noise (a "noised copy of the target").
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -114,7 +115,9 @@ class NGramDrafter:
             tokens[:, k] = pick(probs[:, k], host, k + 1)
             running = [torch.cat([h, t.view(1)]) for h, t in zip(running, tokens[:, k])]
         device = ctx.positions.device
-        return DraftOutput(tokens.to(device), probs.float().to(device), own_prob_logit(probs, tokens).float().to(device))
+        return DraftOutput(
+            tokens.to(device), probs.float().to(device), own_prob_logit(probs, tokens).float().to(device)
+        )
 
 
 class ModelDrafter:
@@ -148,10 +151,12 @@ class ModelDrafter:
             probs.append(p)
             window = torch.cat([window[:, 1:] if window.shape[1] >= self.context else window, token[:, None]], 1)
         tokens_t, probs_t = torch.stack(tokens, 1), torch.stack(probs, 1)
-        return DraftOutput(tokens_t, probs_t.to(self.model.output.weight.dtype), own_prob_logit(probs_t, tokens_t).float())
+        return DraftOutput(
+            tokens_t, probs_t.to(self.model.output.weight.dtype), own_prob_logit(probs_t, tokens_t).float()
+        )
 
 
 def _cpu(ctx: DraftContext) -> DraftContext:
-    return DraftContext(ctx.history, ctx.positions.cpu(), ctx.seeds.cpu(), ctx.temperatures.cpu(), ctx.gamma,
-                        sampled=ctx.sampled)
-
+    return DraftContext(
+        ctx.history, ctx.positions.cpu(), ctx.seeds.cpu(), ctx.temperatures.cpu(), ctx.gamma, sampled=ctx.sampled
+    )

@@ -5,15 +5,17 @@ one ``StepRecord`` (DESIGN §4) to the sink. Request state lives in the KV cache
 (committed rows) and in ``Request.history`` (committed tokens, the last one
 pending: its K/V is written by the next verify step).
 """
+
 from __future__ import annotations
 
 import collections
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
+
 from sparkgate.collectors.schema import RequestRow, StepRecord
 from sparkgate.policies.window import FixedWindow, WindowContext, WindowPolicy
 
@@ -67,20 +69,31 @@ Sink = Callable[[StepRecord], None]
 
 
 class Engine:
-    def __init__(self, model: Transformer, drafter: Drafter, config: EngineConfig | None = None, *,
-                 policy: WindowPolicy | None = None, sink: Sink | None = None,
-                 calibrate: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 mode_for: Callable[[Request], str] | None = None,
-                 tiers: TierGrid | None = None, graphs: bool = False, passes=draft_accepts):
+    def __init__(
+        self,
+        model: Transformer,
+        drafter: Drafter,
+        config: EngineConfig | None = None,
+        *,
+        policy: WindowPolicy | None = None,
+        sink: Sink | None = None,
+        calibrate: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        mode_for: Callable[[Request], str] | None = None,
+        tiers: TierGrid | None = None,
+        graphs: bool = False,
+        passes=draft_accepts,
+    ):
         self.config = config or EngineConfig()
         self.model, self.drafter = model.eval(), drafter
         self.device = model.output.weight.device
-        self.cache = KVCache(model.args, self.config.max_batch, self.config.cache_len, self.device,
-                             model.output.weight.dtype)
+        self.cache = KVCache(
+            model.args, self.config.max_batch, self.config.cache_len, self.device, model.output.weight.dtype
+        )
         grid = tiers or TierGrid()
         runner_graphs = self.schedule_graphs = None
         if graphs:
             from .cuda_graphs import GraphTiers, ScheduleGraphs
+
             runner_graphs = GraphTiers(model, self.cache, grid, self.config.gamma, self.config.max_batch)
             self.schedule_graphs = ScheduleGraphs(self.config.max_batch, self.config.gamma, self.device)
         self.runner = TargetRunner(model, self.cache, grid, runner_graphs)
@@ -105,8 +118,10 @@ class Engine:
         if not request.prompt:
             raise ValueError(f"request {request.request_id!r} has an empty prompt")
         if need > self.cache.max_len:
-            raise ValueError(f"request {request.request_id!r} needs {need} positions (prompt {len(request.prompt)} "
-                             f"+ max_new_tokens {request.max_new_tokens} + gamma+1) but the cache holds {self.cache.max_len}")
+            raise ValueError(
+                f"request {request.request_id!r} needs {need} positions (prompt {len(request.prompt)} "
+                f"+ max_new_tokens {request.max_new_tokens} + gamma+1) but the cache holds {self.cache.max_len}"
+            )
         if request.max_new_tokens < 1:
             raise ValueError(f"request {request.request_id!r} has max_new_tokens={request.max_new_tokens} (< 1)")
         self.queue.append(request)
@@ -122,8 +137,9 @@ class Engine:
             return
         # The last prompt token stays pending: the first verify step writes its K/V.
         with _intra_op_threads(self.config.prefill_threads if self.device.type == "cpu" else None):
-            hidden = self.runner.prefill([r.prompt[:-1] for r in admitted], [r.slot for r in admitted],
-                                         keep=self.drafter.hidden_window)
+            hidden = self.runner.prefill(
+                [r.prompt[:-1] for r in admitted], [r.slot for r in admitted], keep=self.drafter.hidden_window
+            )
         for request, h in zip(admitted, hidden):
             self._keep_hidden(request, h)
         self.active.extend(admitted)
@@ -166,12 +182,13 @@ class Engine:
         ctx = DraftContext([r.history for r in reqs], positions, seeds, temps, self.config.gamma, sampled=sampled)
         window = self.drafter.hidden_window
         if window:
-            ctx.hidden = torch.zeros(len(reqs), window, self.model.args.dim, device=self.device,
-                                     dtype=self.model.output.weight.dtype)
+            ctx.hidden = torch.zeros(
+                len(reqs), window, self.model.args.dim, device=self.device, dtype=self.model.output.weight.dtype
+            )
             for i, r in enumerate(reqs):
                 n = r.hidden.shape[0]
                 if n:
-                    ctx.hidden[i, window - n:] = r.hidden
+                    ctx.hidden[i, window - n :] = r.hidden
             ctx.hidden_len = torch.tensor([r.hidden.shape[0] for r in reqs], device=self.device)
         return ctx
 
@@ -196,8 +213,9 @@ class Engine:
         if self.schedule_graphs is None:
             confidence, survival, decision = self._schedule(logits, lagged)
         else:
-            confidence, survival, decision = self.schedule_graphs(self._schedule, (self.policy, self.calibrate),
-                                                                  logits, lagged)
+            confidence, survival, decision = self.schedule_graphs(
+                self._schedule, (self.policy, self.calibrate), logits, lagged
+            )
         self._remember(reqs, survival)
         modes = [self.mode_for(r) for r in reqs]
         verified, limit = verify_plan(mode_codes(modes, dev), decision.windows.to(dev), gamma)
@@ -210,12 +228,19 @@ class Engine:
         clock.mark()
 
         depth = torch.arange(1, gamma + 2, device=dev)
-        result = accept(AcceptInput(
-            p=temperature_probs(out.logits.float(), temps), q=draft.probs.to(dev).float(), drafts=draft.tokens.to(dev),
-            verified=verified, limit=limit, greedy=temps <= 0,
-            u_accept=uniform(seeds[:, None], positions[:, None] + depth[:-1], ACCEPT) if sampled else None,
-            u_sample=uniform(seeds[:, None], positions[:, None] + depth, SAMPLE) if sampled else None,
-        ), self.passes)
+        result = accept(
+            AcceptInput(
+                p=temperature_probs(out.logits.float(), temps),
+                q=draft.probs.to(dev).float(),
+                drafts=draft.tokens.to(dev),
+                verified=verified,
+                limit=limit,
+                greedy=temps <= 0,
+                u_accept=uniform(seeds[:, None], positions[:, None] + depth[:-1], ACCEPT) if sampled else None,
+                u_sample=uniform(seeds[:, None], positions[:, None] + depth, SAMPLE) if sampled else None,
+            ),
+            self.passes,
+        )
         accepted, full, nxt = (t.tolist() for t in (result.accepted, result.full, result.next_token))
         syncs += 1
         drafts = draft.tokens.tolist()
@@ -231,25 +256,51 @@ class Engine:
             r.history.extend(committed)
             r.output.extend(committed)
             window, full_accept, cap_trim = labels(modes[i], windows[i], accepted[i], full[i], gamma)
-            rows.append(RequestRow(
-                request_id=r.request_id, mode=modes[i], task=r.task, temperature=r.temperature,
-                window_suggested=suggested[i], window=window, accepted=accepted[i], full_accept=full_accept,
-                cap_trim=cap_trim, confidence=conf_rows[i], survival=surv_rows[i], committed_tokens=committed,
-            ))
+            rows.append(
+                RequestRow(
+                    request_id=r.request_id,
+                    mode=modes[i],
+                    task=r.task,
+                    temperature=r.temperature,
+                    window_suggested=suggested[i],
+                    window=window,
+                    accepted=accepted[i],
+                    full_accept=full_accept,
+                    cap_trim=cap_trim,
+                    confidence=conf_rows[i],
+                    survival=surv_rows[i],
+                    committed_tokens=committed,
+                )
+            )
         self._retire()
         clock.mark()
 
         draft_ms, schedule_ms, verify_ms, accept_ms, commit_ms = clock.durations_ms()
         record = StepRecord(
-            replica_id=self.config.replica_id, step_id=self.step_id, ts=time.time(), batch_size=len(reqs),
-            gamma=gamma, verify_rows=sum(lens), tier_rows=out.tier.tier_rows, tier=out.tier.tier,
-            graph_hit=out.tier.graph_hit, miss_reason=out.tier.miss_reason, draft_ms=draft_ms,
-            schedule_ms=schedule_ms, verify_ms=verify_ms, accept_ms=accept_ms + commit_ms,
+            replica_id=self.config.replica_id,
+            step_id=self.step_id,
+            ts=time.time(),
+            batch_size=len(reqs),
+            gamma=gamma,
+            verify_rows=sum(lens),
+            tier_rows=out.tier.tier_rows,
+            tier=out.tier.tier,
+            graph_hit=out.tier.graph_hit,
+            miss_reason=out.tier.miss_reason,
+            draft_ms=draft_ms,
+            schedule_ms=schedule_ms,
+            verify_ms=verify_ms,
+            accept_ms=accept_ms + commit_ms,
             step_ms=draft_ms + schedule_ms + verify_ms + accept_ms + commit_ms,
-            predicted_step_ms=_as_float(decision.predicted_step_ms), host_syncs=syncs if dev.type == "cuda" else 0,
-            phase=self.config.phase, policy_revision=self.config.policy_revision,
-            model_version=self.model_version, drafter_version=self.drafter.version,
-            sts_version=self.config.sts_version, cost_table_version=self.config.cost_table_version, requests=rows,
+            predicted_step_ms=_as_float(decision.predicted_step_ms),
+            host_syncs=syncs if dev.type == "cuda" else 0,
+            phase=self.config.phase,
+            policy_revision=self.config.policy_revision,
+            model_version=self.model_version,
+            drafter_version=self.drafter.version,
+            sts_version=self.config.sts_version,
+            cost_table_version=self.config.cost_table_version,
+            requests=rows,
         )
         self.step_id += 1
         if self.sink is not None:
@@ -260,10 +311,10 @@ class Engine:
         still = []
         for r in self.active:
             if r.stop_at_eos and EOS in r.output:
-                del r.output[r.output.index(EOS) + 1:]
+                del r.output[r.output.index(EOS) + 1 :]
                 r.finish_reason = "eos"
             elif len(r.output) >= r.max_new_tokens:
-                del r.output[r.max_new_tokens:]
+                del r.output[r.max_new_tokens :]
                 r.finish_reason = "length"
             if r.finish_reason:
                 self.cache.release(r.slot)

@@ -1,4 +1,5 @@
 """``sparkgate eval drafter``: offline evaluation of the shipped (or given) drafter."""
+
 from __future__ import annotations
 
 import json
@@ -19,24 +20,61 @@ def evaluate() -> None:
 @click.option("--max-new-tokens", default=128, show_default=True)
 @click.option("--gamma", default=7, show_default=True)
 @click.option("--batch", default=32, show_default=True)
-@click.option("--target", "target_path", type=click.Path(dir_okay=False, exists=True),
-              help="Target checkpoint (default: shipped).")
-@click.option("--drafter", "drafter_path", type=click.Path(dir_okay=False, exists=True),
-              help="Drafter checkpoint (default: shipped).")
-@click.option("--ablation", "ablation_path", type=click.Path(dir_okay=False, exists=True),
-              help="Pure-parallel drafter to compare against (default: shipped drafter_parallel).")
-@click.option("--sts", "sts_path", type=click.Path(dir_okay=False, exists=True),
-              help="STS file (default: shipped, if any).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs/eval", show_default=True,
-              help="Where the JSON and the PNGs go.")
-@click.option("--records-out", type=click.Path(dir_okay=False),
-              help="Also write the drafter's step records (NDJSON), e.g. to fit STS with `sparkgate calibrate`.")
+@click.option(
+    "--target",
+    "target_path",
+    type=click.Path(dir_okay=False, exists=True),
+    help="Target checkpoint (default: shipped).",
+)
+@click.option(
+    "--drafter",
+    "drafter_path",
+    type=click.Path(dir_okay=False, exists=True),
+    help="Drafter checkpoint (default: shipped).",
+)
+@click.option(
+    "--ablation",
+    "ablation_path",
+    type=click.Path(dir_okay=False, exists=True),
+    help="Pure-parallel drafter to compare against (default: shipped drafter_parallel).",
+)
+@click.option(
+    "--sts", "sts_path", type=click.Path(dir_okay=False, exists=True), help="STS file (default: shipped, if any)."
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default="runs/eval",
+    show_default=True,
+    help="Where the JSON and the PNGs go.",
+)
+@click.option(
+    "--records-out",
+    type=click.Path(dir_okay=False),
+    help="Also write the drafter's step records (NDJSON), e.g. to fit STS with `sparkgate calibrate`.",
+)
 @click.option("--threads", default=0, help="torch CPU threads (0: torch's default).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def drafter(split, prompts, prompt_len, max_new_tokens, gamma, batch, target_path, drafter_path, ablation_path,
-            sts_path, out_dir, records_out, threads, as_json):
+def drafter(
+    split,
+    prompts,
+    prompt_len,
+    max_new_tokens,
+    gamma,
+    batch,
+    target_path,
+    drafter_path,
+    ablation_path,
+    sts_path,
+    out_dir,
+    records_out,
+    threads,
+    as_json,
+):
     """Acceptance by depth, sequential-head ablation, draft cost and calibration (before/after STS)."""
     import torch
+
     from sparkgate.policies.calibration import STS
 
     from .block_drafter import BlockDrafter, load_drafter
@@ -51,16 +89,24 @@ def drafter(split, prompts, prompt_len, max_new_tokens, gamma, batch, target_pat
         torch.set_num_threads(threads)
     target = load_checkpoint(target_path)[0].eval() if target_path else load_shipped_target()
     drafters = {}
-    for name, path in (("sequential", drafter_path or ASSETS / FILES["drafter"]),
-                       ("parallel", ablation_path or ASSETS / FILES["drafter_parallel"])):
+    for name, path in (
+        ("sequential", drafter_path or ASSETS / FILES["drafter"]),
+        ("parallel", ablation_path or ASSETS / FILES["drafter_parallel"]),
+    ):
         if Path(path).exists():
             drafters[name] = BlockDrafter(load_drafter(path)[0])
     if "sequential" not in drafters:
         raise click.UsageError(f"no drafter at {drafter_path or ASSETS / FILES['drafter']}")
     default_sts = ASSETS / FILES["sts"]
     sts = STS.load(sts_path) if sts_path else STS.load(default_sts) if default_sts.exists() else None
-    cfg = EvalConfig(split=split, prompts_per_domain=prompts, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
-                     gamma=gamma, batch=batch)
+    cfg = EvalConfig(
+        split=split,
+        prompts_per_domain=prompts,
+        prompt_len=prompt_len,
+        max_new_tokens=max_new_tokens,
+        gamma=gamma,
+        batch=batch,
+    )
     report, records = run_evaluation(target, drafters, stdlib_corpus(), cfg, sts)
 
     out = Path(out_dir)

@@ -1,4 +1,5 @@
 """Figures for ``sparkgate eval drafter``: reliability diagrams and acceptance curves."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,11 +7,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only: never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from sparkgate.policies.calibration import STS, reliability  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
 
-from .evaluation import Blocks  # noqa: E402
+from sparkgate.policies.calibration import STS, reliability
+
+from .evaluation import Blocks
 
 
 def reliability_figure(blocks: Blocks, sts: STS | None, path: Path) -> None:

@@ -8,6 +8,7 @@ mean accepted length, and survival ECE / Brier / AUROC of the confidence head
 before and after STS, with a bootstrap upper bound on the ECE that resamples
 requests, not positions (DESIGN §2).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -15,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+
 from sparkgate.collectors.schema import StepRecord
 from sparkgate.policies.calibration import (
     STS,
@@ -44,19 +46,31 @@ class EvalConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        require_at_least_one(self, ("prompts_per_domain", "prompt_len", "max_new_tokens", "gamma", "batch",
-                                    "latency_repeats"))
+        require_at_least_one(
+            self, ("prompts_per_domain", "prompt_len", "max_new_tokens", "gamma", "batch", "latency_repeats")
+        )
 
 
-def run_blocks(target: Transformer, drafter: Drafter, prompts: list[list[int]], cfg: EvalConfig,
-               task: str) -> list[StepRecord]:
+def run_blocks(
+    target: Transformer, drafter: Drafter, prompts: list[list[int]], cfg: EvalConfig, task: str
+) -> list[StepRecord]:
     """Greedy static decoding of ``prompts`` with the engine; the step records it emitted."""
     records: list[StepRecord] = []
-    engine = Engine(target, drafter, EngineConfig(gamma=cfg.gamma, max_batch=cfg.batch, default_mode="static"),
-                    sink=records.append)
+    engine = Engine(
+        target, drafter, EngineConfig(gamma=cfg.gamma, max_batch=cfg.batch, default_mode="static"), sink=records.append
+    )
     for i, prompt in enumerate(prompts):
-        engine.submit(Request(f"{task}-{i}", prompt, cfg.max_new_tokens, temperature=0.0, seed=cfg.seed + i,
-                              task=task, stop_at_eos=False))
+        engine.submit(
+            Request(
+                f"{task}-{i}",
+                prompt,
+                cfg.max_new_tokens,
+                temperature=0.0,
+                seed=cfg.seed + i,
+                task=task,
+                stop_at_eos=False,
+            )
+        )
     engine.run()
     return records
 
@@ -70,11 +84,14 @@ class Blocks:
     request: torch.Tensor  # [N] request index (the bootstrap's unit)
 
     @classmethod
-    def from_records(cls, records: list[StepRecord]) -> "Blocks":
+    def from_records(cls, records: list[StepRecord]) -> Blocks:
         rows = [row for rec in records for row in rec.requests]
         ids = {rid: i for i, rid in enumerate(dict.fromkeys(r.request_id for r in rows))}
-        return cls(torch.tensor([r.confidence for r in rows], dtype=torch.float64),
-                   torch.tensor([r.full_accept for r in rows]), torch.tensor([ids[r.request_id] for r in rows]))
+        return cls(
+            torch.tensor([r.confidence for r in rows], dtype=torch.float64),
+            torch.tensor([r.full_accept for r in rows]),
+            torch.tensor([ids[r.request_id] for r in rows]),
+        )
 
     @property
     def labels(self) -> torch.Tensor:
@@ -85,28 +102,38 @@ class Blocks:
 def acceptance(blocks: Blocks) -> dict:
     survival = blocks.labels.mean(0)
     conditional = survival / torch.cat([torch.ones(1, dtype=survival.dtype), survival[:-1]]).clamp(min=1e-12)
-    return {"rows": len(blocks.full_accept), "mean_accepted": round(float(blocks.full_accept.double().mean()), 4),
-            "conditional_acceptance": _r(conditional), "survival": _r(survival)}
+    return {
+        "rows": len(blocks.full_accept),
+        "mean_accepted": round(float(blocks.full_accept.double().mean()), 4),
+        "conditional_acceptance": _r(conditional),
+        "survival": _r(survival),
+    }
 
 
 def calibration(blocks: Blocks, sts: STS | None, bootstrap: int, seed: int) -> dict:
     """Survival ECE / Brier / AUROC per depth of raw and STS-calibrated survivals."""
     labels = blocks.labels
     out = {}
-    for name, survival in (("before", blocks.confidence.cumprod(-1)),
-                           ("after", sts(blocks.confidence) if sts else None)):
+    for name, survival in (
+        ("before", blocks.confidence.cumprod(-1)),
+        ("after", sts(blocks.confidence) if sts else None),
+    ):
         if survival is None:
             continue
         ece = ece_per_depth(survival, labels)
-        out[name] = {"ece": _r(ece), "mean_ece": round(sum(ece) / len(ece), 4),
-                     "ece_upper": _r(_bootstrap_upper(survival, labels, blocks.request, bootstrap, seed)),
-                     "brier": _r(brier_per_depth(survival, labels)),
-                     "auroc": [None if a is None else round(a, 4) for a in auroc_per_depth(survival, labels)]}
+        out[name] = {
+            "ece": _r(ece),
+            "mean_ece": round(sum(ece) / len(ece), 4),
+            "ece_upper": _r(_bootstrap_upper(survival, labels, blocks.request, bootstrap, seed)),
+            "brier": _r(brier_per_depth(survival, labels)),
+            "auroc": [None if a is None else round(a, 4) for a in auroc_per_depth(survival, labels)],
+        }
     return out
 
 
-def _bootstrap_upper(survival: torch.Tensor, labels: torch.Tensor, request: torch.Tensor, rounds: int,
-                     seed: int, quantile: float = 0.95) -> list[float]:
+def _bootstrap_upper(
+    survival: torch.Tensor, labels: torch.Tensor, request: torch.Tensor, rounds: int, seed: int, quantile: float = 0.95
+) -> list[float]:
     """Per depth, the ``quantile`` of ECE over resamples of whole requests."""
     n_requests = int(request.max()) + 1
     gen = torch.Generator().manual_seed(seed)
@@ -114,8 +141,10 @@ def _bootstrap_upper(survival: torch.Tensor, labels: torch.Tensor, request: torc
     counts = torch.zeros(rounds, n_requests, dtype=torch.float64)
     counts.scatter_add_(1, picks, torch.ones_like(picks, dtype=torch.float64))
     weight = counts[:, request]  # [rounds, N]: each row counted as often as its request was drawn
-    return [float(batched_ece(survival[None, :, k], labels[:, k], weight).quantile(quantile))
-            for k in range(survival.shape[1])]
+    return [
+        float(batched_ece(survival[None, :, k], labels[:, k], weight).quantile(quantile))
+        for k in range(survival.shape[1])
+    ]
 
 
 def draft_verify_ratio(records: list[StepRecord], batch: int) -> dict:
@@ -124,13 +153,18 @@ def draft_verify_ratio(records: list[StepRecord], batch: int) -> dict:
     if not steps:
         return {"steps": 0}
     draft, verify = statistics.mean(r.draft_ms for r in steps), statistics.mean(r.verify_ms for r in steps)
-    return {"steps": len(steps), "draft_ms": round(draft, 3), "verify_ms": round(verify, 3),
-            "draft_to_verify": round(draft / verify, 4)}
+    return {
+        "steps": len(steps),
+        "draft_ms": round(draft, 3),
+        "verify_ms": round(verify, 3),
+        "draft_to_verify": round(draft / verify, 4),
+    }
 
 
 @torch.inference_mode()
-def draft_latency(target: Transformer, drafters: dict[str, Drafter], prompts: list[list[int]],
-                  cfg: EvalConfig) -> dict[str, float]:
+def draft_latency(
+    target: Transformer, drafters: dict[str, Drafter], prompts: list[list[int]], cfg: EvalConfig
+) -> dict[str, float]:
     """Median ``propose`` time (ms) per drafter on the same batch of real contexts,
     timed in interleaved rounds so that load from other processes hits all alike."""
     tokens = torch.tensor(prompts[: cfg.batch], device=target.output.weight.device)
@@ -140,28 +174,45 @@ def draft_latency(target: Transformer, drafters: dict[str, Drafter], prompts: li
     for _ in range(cfg.latency_repeats):
         for name, drafter in drafters.items():
             window = drafter.hidden_window
-            ctx = DraftContext(tokens.tolist(), torch.full((batch,), tokens.shape[1] - 1),
-                               torch.arange(batch), torch.zeros(batch), cfg.gamma,
-                               hidden[:, -window:] if window else None,
-                               torch.full((batch,), window) if window else None)
+            ctx = DraftContext(
+                tokens.tolist(),
+                torch.full((batch,), tokens.shape[1] - 1),
+                torch.arange(batch),
+                torch.zeros(batch),
+                cfg.gamma,
+                hidden[:, -window:] if window else None,
+                torch.full((batch,), window) if window else None,
+            )
             start = time.perf_counter()
             drafter.propose(ctx)
             times[name].append((time.perf_counter() - start) * 1e3)
     return {name: round(statistics.median(t), 3) for name, t in times.items()}
 
 
-def evaluate(target: Transformer, drafters: dict[str, Drafter], corpus: Corpus, cfg: EvalConfig,
-             sts: STS | None, domains: tuple[str, ...] = ("code", "prose")) -> tuple[dict, dict]:
+def evaluate(
+    target: Transformer,
+    drafters: dict[str, Drafter],
+    corpus: Corpus,
+    cfg: EvalConfig,
+    sts: STS | None,
+    domains: tuple[str, ...] = ("code", "prose"),
+) -> tuple[dict, dict]:
     """The evaluation report, and the main drafter's step records per domain.
 
     ``drafters`` maps a name to a drafter; the first one is the drafter under test
     (its confidences are evaluated), the others are ablations compared on acceptance.
     """
     main = next(iter(drafters))
-    report: dict = {"split": cfg.split, "gamma": cfg.gamma, "batch": cfg.batch,
-                    "prompts_per_domain": cfg.prompts_per_domain, "max_new_tokens": cfg.max_new_tokens,
-                    "drafters": {name: d.version for name, d in drafters.items()},
-                    "sts_version": sts.version if sts else None, "domains": {}}
+    report: dict = {
+        "split": cfg.split,
+        "gamma": cfg.gamma,
+        "batch": cfg.batch,
+        "prompts_per_domain": cfg.prompts_per_domain,
+        "max_new_tokens": cfg.max_new_tokens,
+        "drafters": {name: d.version for name, d in drafters.items()},
+        "sts_version": sts.version if sts else None,
+        "domains": {},
+    }
     all_records: dict[str, list[StepRecord]] = {}
     for domain in domains:
         prompts = corpus.prompts(cfg.split, domain, cfg.prompts_per_domain, cfg.prompt_len)
@@ -175,8 +226,10 @@ def evaluate(target: Transformer, drafters: dict[str, Drafter], corpus: Corpus, 
                 section["calibration"] = calibration(blocks, sts, cfg.bootstrap, cfg.seed)
         report["domains"][domain] = section
     merged = Blocks.from_records([r for recs in all_records.values() for r in recs])
-    report["pooled"] = {"acceptance": acceptance(merged),
-                        "calibration": calibration(merged, sts, cfg.bootstrap, cfg.seed)}
+    report["pooled"] = {
+        "acceptance": acceptance(merged),
+        "calibration": calibration(merged, sts, cfg.bootstrap, cfg.seed),
+    }
     latency_prompts = corpus.prompts(cfg.split, domains[0], cfg.batch, cfg.prompt_len)
     report["draft_latency_ms"] = draft_latency(target, drafters, latency_prompts, cfg)
     report["targets"] = check_targets(report, main)
@@ -203,8 +256,11 @@ def check_targets(report: dict, main: str) -> dict:
     ablations = [name for name in report["drafters"] if name != main]
     if ablations:
         other = ablations[0]
-        mean = {name: sum(d[name]["mean_accepted"] * d[name]["rows"] for d in domains.values())
-                / sum(d[name]["rows"] for d in domains.values()) for name in (main, other)}
+        mean = {
+            name: sum(d[name]["mean_accepted"] * d[name]["rows"] for d in domains.values())
+            / sum(d[name]["rows"] for d in domains.values())
+            for name in (main, other)
+        }
         gain = round(mean[main] / mean[other] - 1, 4) if mean[other] else None
         target("sequential_gain_mean_accepted", gain, 0.10, gain is not None and gain >= 0.10)
         latency = report["draft_latency_ms"]

@@ -8,6 +8,7 @@
   free to the scheduler, which verifies whole blocks, and every step over the
   table's 32-row tiers runs eager (a tier miss).
 """
+
 from __future__ import annotations
 
 import json
@@ -35,17 +36,28 @@ class Fault(StrEnum):
 # so the scheduler verifies every draft, and that deployment captured graph tiers only up to
 # 32 rows. The fingerprint names hardware this is not.
 FOREIGN_COST_TABLE = {
-    "bias_seconds": 0.006, "bs_probes": [1, 256], "alpha_seconds": [0.0, 0.002],
-    "m_probes": [8, 32], "theta_seconds": [0.0, 0.0002],
-    "meta": {"hardware": {"system": "Linux", "machine": "x86_64", "cpu": "Intel Xeon", "torch": "2.4.0+cu121",
-                          "device": "NVIDIA A10G"},
-             "model": "other-model", "tiers": [8, 16, 24, 32], "created_at": "2024-06-01T00:00:00+00:00",
-             "version": "foreign-a10g"},
+    "bias_seconds": 0.006,
+    "bs_probes": [1, 256],
+    "alpha_seconds": [0.0, 0.002],
+    "m_probes": [8, 32],
+    "theta_seconds": [0.0, 0.0002],
+    "meta": {
+        "hardware": {
+            "system": "Linux",
+            "machine": "x86_64",
+            "cpu": "Intel Xeon",
+            "torch": "2.4.0+cu121",
+            "device": "NVIDIA A10G",
+        },
+        "model": "other-model",
+        "tiers": [8, 16, 24, 32],
+        "created_at": "2024-06-01T00:00:00+00:00",
+        "version": "foreign-a10g",
+    },
 }
 
 
-def fire(fault: Fault, node: Replica, arrivals: Arrivals | None, drift_temperature: float,
-         out_dir: Path | None) -> str:
+def fire(fault: Fault, node: Replica, arrivals: Arrivals | None, drift_temperature: float, out_dir: Path | None) -> str:
     """Apply ``fault`` to the running replica; returns what was done, for the log."""
     if fault is Fault.DRIFT:
         if arrivals is None:
@@ -56,8 +68,9 @@ def fire(fault: Fault, node: Replica, arrivals: Arrivals | None, drift_temperatu
     path.write_text(json.dumps(FOREIGN_COST_TABLE, indent=2) + "\n")
     engine = node.engine
     try:
-        table = load_cost_table(path, hardware=hardware_fingerprint(engine.device),
-                                model=step_version(engine.model, engine.drafter))
+        table = load_cost_table(
+            path, hardware=hardware_fingerprint(engine.device), model=step_version(engine.model, engine.drafter)
+        )
         refused = "accepted"
     except FingerprintMismatch as exc:
         refused = f"refused ({exc}), forced"

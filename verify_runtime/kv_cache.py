@@ -9,6 +9,7 @@ verify step writes candidate rows at ``n ..``; ``commit`` advances ``n`` by the
 number of rows that were accepted. Rows at or past ``n`` are garbage that the
 attention mask never admits, so a rejection needs no undo.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,14 @@ class CacheFull(RuntimeError):
 
 
 class KVCache:
-    def __init__(self, args: ModelArgs, n_slots: int, max_len: int | None = None,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        args: ModelArgs,
+        n_slots: int,
+        max_len: int | None = None,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ):
         self.max_len = max_len or args.max_seq_len
         if self.max_len > args.max_seq_len:
             raise ValueError(f"cache max_len={self.max_len} exceeds the model's max_seq_len={args.max_seq_len}")

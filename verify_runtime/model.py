@@ -8,13 +8,14 @@ Two forward paths share every layer:
   rows are written into the ``KVCache``, and each row attends to its request's
   cache causally by absolute position.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -147,8 +148,9 @@ class Transformer(nn.Module):
         self.rope_cos, self.rope_sin = self.rope_cos.to(dtype), self.rope_sin.to(dtype)
         return out
 
-    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, attends: list[Attend],
-               rows: torch.Tensor | None = None) -> torch.Tensor:
+    def hidden(
+        self, tokens: torch.Tensor, positions: torch.Tensor, attends: list[Attend], rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Final-normed hidden states for ``tokens`` at absolute ``positions`` (same shape), or for
         the packed ``rows`` only: the last layer's feed-forward, most of its cost, then skips the
         others (a prefill keeps a few rows of a long prompt)."""
@@ -225,8 +227,9 @@ def _attend_packed(layout: PackedLayout, k_cache: torch.Tensor, v_cache: torch.T
     return attend
 
 
-def forward_packed(model: Transformer, cache, tokens: torch.Tensor, layout: PackedLayout,
-                   rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_packed(
+    model: Transformer, cache, tokens: torch.Tensor, layout: PackedLayout, rows: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed forward over ``tokens [T]`` laid out by ``layout``: (hidden [T, dim], logits [T, V]),
     or ``[len(rows), ...]`` for the packed ``rows`` only.
 

@@ -7,9 +7,11 @@
 | cap_accept | γ | w | a* (``cap_trim = a* - a``) |
 | compact | w | w | a* if a < w or w = γ, else censored (None) |
 """
+
 from __future__ import annotations
 
 import torch
+
 from sparkgate.collectors.schema import MODES
 
 

@@ -23,6 +23,7 @@ Invariants of a ``PackedLayout`` with ``n_rows`` real rows and ``T`` rows in all
 - ``dense`` layouts (``cell[r] == r`` for every row) let attention read and
   write the packed rows in place.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -119,11 +120,15 @@ def build_layout(
     offset = 0
     for width, reqs in zip(widths, members):
         need = max(starts[b] + lens[b] for b in reqs)
-        groups.append(AttentionGroup(
-            slots=torch.tensor([slots[b] for b in reqs], dtype=torch.long, device=device),
-            starts=torch.tensor([starts[b] for b in reqs], dtype=torch.long, device=device),
-            q_len=width, kv_len=need if kv_len is None else kv_len, offset=offset,
-        ))
+        groups.append(
+            AttentionGroup(
+                slots=torch.tensor([slots[b] for b in reqs], dtype=torch.long, device=device),
+                starts=torch.tensor([starts[b] for b in reqs], dtype=torch.long, device=device),
+                q_len=width,
+                kv_len=need if kv_len is None else kv_len,
+                offset=offset,
+            )
+        )
         for i, b in enumerate(reqs):
             cell_of[b] = offset + i * width
         offset += len(reqs) * width

@@ -3,6 +3,7 @@
 The command lives apart from ``profiler`` so the measurement code does not import
 ``defaults`` (which itself profiles when no shipped table fits): imports run one way.
 """
+
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import click
 import torch
+
 from sparkgate.policies.cost_model import save_cost_table
 
 from .defaults import default_drafter, default_target
@@ -36,17 +38,34 @@ def _floats(text: str) -> tuple[float, ...]:
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True, help="Cost-table JSON to write.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="PNG (default: beside --out).")
 @click.option("--batch-sizes", default=",".join(map(str, DEFAULT_BATCHES)), show_default=True)
-@click.option("--fractions", default=",".join(map(str, DEFAULT_FRACTIONS)), show_default=True,
-              help="Budget fractions of the B×γ drafts to force.")
+@click.option(
+    "--fractions",
+    default=",".join(map(str, DEFAULT_FRACTIONS)),
+    show_default=True,
+    help="Budget fractions of the B×γ drafts to force.",
+)
 @click.option("--gamma", default=7, show_default=True)
 @click.option("--repeats", default=5, show_default=True, help="Recorded steps per shape (the median is kept).")
-@click.option("--context", default=DEFAULT_CONTEXT, show_default=True, type=click.IntRange(min=1),
-              help="Prompt tokens per profiled request (attention cost grows with context).")
+@click.option(
+    "--context",
+    default=DEFAULT_CONTEXT,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Prompt tokens per profiled request (attention cost grows with context).",
+)
 @device_options
-@click.option("--threads", default=1, show_default=True,
-              help="torch intra-op threads; profile with the threading replicas serve with.")
-@click.option("--tiers", default=",".join(map(str, DEFAULT_TIERS)), show_default=True,
-              help="Graph-tier row counts; recorded in the table so predictions step at tier boundaries.")
+@click.option(
+    "--threads",
+    default=1,
+    show_default=True,
+    help="torch intra-op threads; profile with the threading replicas serve with.",
+)
+@click.option(
+    "--tiers",
+    default=",".join(map(str, DEFAULT_TIERS)),
+    show_default=True,
+    help="Graph-tier row counts; recorded in the table so predictions step at tier boundaries.",
+)
 def profile(out_path, plot_path, batch_sizes, fractions, gamma, repeats, context, device, graphs, threads, tiers):
     """Measure decode step time over batch sizes × verify budgets and fit the additive cost table."""
     torch.set_num_threads(threads)
@@ -64,13 +83,33 @@ def profile(out_path, plot_path, batch_sizes, fractions, gamma, repeats, context
     target = default_target().to(device)
     need = context + (repeats + 2) * (gamma + 1)  # prompt, the timed steps' tokens, one block of headroom
     if need > target.args.max_seq_len:
-        raise click.BadParameter(f"--context {context} with --repeats {repeats} and --gamma {gamma} needs {need} "
-                                 f"positions; the model holds {target.args.max_seq_len}", param_hint="--context")
-    result = profile_model(target, default_drafter(target), batches=batches, fractions=fracs, gamma=gamma,
-                           repeats=repeats, context=context, grid=grid, graphs=graphs)
+        raise click.BadParameter(
+            f"--context {context} with --repeats {repeats} and --gamma {gamma} needs {need} "
+            f"positions; the model holds {target.args.max_seq_len}",
+            param_hint="--context",
+        )
+    result = profile_model(
+        target,
+        default_drafter(target),
+        batches=batches,
+        fractions=fracs,
+        gamma=gamma,
+        repeats=repeats,
+        context=context,
+        grid=grid,
+        graphs=graphs,
+    )
     save_cost_table(result.table, out_path)
     plot_path = plot_path or str(Path(out_path).with_suffix(".png"))
     plot_profile(result, plot_path)
-    click.echo(json.dumps({"cost_table": out_path, "plot": plot_path, "samples": len(result.samples),
-                           "median_rel_error": round(result.median_rel_error, 4),
-                           "version": result.table.meta.version}))
+    click.echo(
+        json.dumps(
+            {
+                "cost_table": out_path,
+                "plot": plot_path,
+                "samples": len(result.samples),
+                "median_rel_error": round(result.median_rel_error, 4),
+                "version": result.table.meta.version,
+            }
+        )
+    )

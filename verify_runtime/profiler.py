@@ -15,6 +15,7 @@ squares; the report carries the median relative error of the fit and a PNG of
 measured against predicted times. ``meta.model`` is ``step_version``: the
 target's and the drafter's versions, since both set the step time.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -24,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
+
 from sparkgate.policies.cost_model import AdditiveCostTable, CostMeta
 from sparkgate.policies.cost_profile import (
     StepSample,
@@ -32,7 +35,6 @@ from sparkgate.policies.cost_profile import (
     median_relative_error,
 )
 from sparkgate.policies.window import WindowContext, WindowDecision
-from tqdm import tqdm
 
 from .drafters import Drafter
 from .engine import Engine, EngineConfig, Request
@@ -81,12 +83,27 @@ class ForcedWindows:
         return WindowDecision(windows)
 
 
-def _step_sample(model: Transformer, drafter: Drafter, windows: list[int], gamma: int, repeats: int,
-                 context: int, grid: TierGrid, gen: torch.Generator, graphs: bool = False) -> StepSample:
+def _step_sample(
+    model: Transformer,
+    drafter: Drafter,
+    windows: list[int],
+    gamma: int,
+    repeats: int,
+    context: int,
+    grid: TierGrid,
+    gen: torch.Generator,
+    graphs: bool = False,
+) -> StepSample:
     """The median recorded ``step_ms`` of a full batch whose every request verifies ``windows[i]`` drafts."""
     batch = len(windows)
-    engine = Engine(model, drafter, EngineConfig(gamma=gamma, max_batch=batch, default_mode="compact"),
-                    policy=ForcedWindows(windows), tiers=grid, graphs=graphs)
+    engine = Engine(
+        model,
+        drafter,
+        EngineConfig(gamma=gamma, max_batch=batch, default_mode="compact"),
+        policy=ForcedWindows(windows),
+        tiers=grid,
+        graphs=graphs,
+    )
     prompts = torch.randint(0, model.args.vocab_size, (batch, context), generator=gen).tolist()
     for i, prompt in enumerate(prompts):  # long enough that nobody finishes while being timed
         engine.submit(Request(f"profile-{i}", prompt, (repeats + 1) * (gamma + 1), seed=i, stop_at_eos=False))
@@ -94,9 +111,18 @@ def _step_sample(model: Transformer, drafter: Drafter, windows: list[int], gamma
     return StepSample(batch, records[0].verify_rows, statistics.median(r.step_ms for r in records) / 1e3)
 
 
-def measure(model: Transformer, drafter: Drafter, batches: tuple[int, ...], fractions: tuple[float, ...],
-            gamma: int, repeats: int, context: int = DEFAULT_CONTEXT, grid: TierGrid | None = None,
-            progress: bool = True, graphs: bool = False) -> list[StepSample]:
+def measure(
+    model: Transformer,
+    drafter: Drafter,
+    batches: tuple[int, ...],
+    fractions: tuple[float, ...],
+    gamma: int,
+    repeats: int,
+    context: int = DEFAULT_CONTEXT,
+    grid: TierGrid | None = None,
+    progress: bool = True,
+    graphs: bool = False,
+) -> list[StepSample]:
     """One ``StepSample`` per (batch size, budget fraction), in that order; ``graphs``: steps replay
     CUDA-graph tiers, as a CUDA replica serves them."""
     grid = grid or TierGrid()
@@ -114,15 +140,30 @@ def measure(model: Transformer, drafter: Drafter, batches: tuple[int, ...], frac
     return samples
 
 
-def profile_model(model: Transformer, drafter: Drafter, *, batches=DEFAULT_BATCHES, fractions=DEFAULT_FRACTIONS,
-                  gamma: int = 7, repeats: int = 5, context: int = DEFAULT_CONTEXT, grid: TierGrid | None = None,
-                  progress: bool = True, graphs: bool = False) -> Profile:
+def profile_model(
+    model: Transformer,
+    drafter: Drafter,
+    *,
+    batches=DEFAULT_BATCHES,
+    fractions=DEFAULT_FRACTIONS,
+    gamma: int = 7,
+    repeats: int = 5,
+    context: int = DEFAULT_CONTEXT,
+    grid: TierGrid | None = None,
+    progress: bool = True,
+    graphs: bool = False,
+) -> Profile:
     grid = grid or TierGrid()
-    samples = measure(model, drafter, batches, fractions, gamma, repeats, context, grid=grid, progress=progress,
-                      graphs=graphs)
-    meta = CostMeta(hardware=hardware_fingerprint(model.output.weight.device), model=step_version(model, drafter),
-                    tiers=tuple(grid.tiers), created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                    version=f"profile-{model_version(model)}-{int(time.time())}")
+    samples = measure(
+        model, drafter, batches, fractions, gamma, repeats, context, grid=grid, progress=progress, graphs=graphs
+    )
+    meta = CostMeta(
+        hardware=hardware_fingerprint(model.output.weight.device),
+        model=step_version(model, drafter),
+        tiers=tuple(grid.tiers),
+        created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        version=f"profile-{model_version(model)}-{int(time.time())}",
+    )
     # Fewer row probes than measured shapes, so the fit has to generalise and its
     # error says something (one probe per distinct row count would interpolate exactly).
     # Every probe lies inside the measured range so no coefficient floats free.
@@ -139,6 +180,7 @@ def _tier_probes(probes: list[int], grid: TierGrid) -> list[int]:
 
 def plot_profile(profile: Profile, path: str | Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -147,7 +189,7 @@ def plot_profile(profile: Profile, path: str | Path) -> None:
         pts = [s for s in profile.samples if s.batch_size == batch]
         rows = torch.tensor([float(s.verify_rows) for s in pts])
         predicted = profile.table.step_seconds(batch, rows) * 1e3
-        line, = ax.plot(rows, [s.seconds * 1e3 for s in pts], "o", label=f"bs={batch}")
+        (line,) = ax.plot(rows, [s.seconds * 1e3 for s in pts], "o", label=f"bs={batch}")
         ax.plot(rows, predicted, "-", color=line.get_color(), alpha=0.7)
     ax.set_xlabel("verify rows")
     ax.set_ylabel("decode step time (ms)")

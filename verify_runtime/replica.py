@@ -13,15 +13,18 @@ When the controller cannot be reached the replica keeps serving under the last
 policy it received and keeps (a bounded number of) unsent records for the next
 attempt.
 """
+
 from __future__ import annotations
 
 import itertools
 import json
 import logging
 import time
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import httpx
+
 from sparkgate.collectors.schema import StepRecord
 from sparkgate.policies.payload import PolicyPayload
 from sparkgate.policies.vocabulary import Mode, Phase
@@ -93,12 +96,27 @@ class ControllerClient:
 class Replica:
     """An engine driven by a controller's policy. ``scheduler`` chooses windows outside fallback."""
 
-    def __init__(self, engine: Engine, client: ControllerClient, scheduler: WindowPolicy, *,
-                 replay: GreedyReplay | None = None, consistency_fraction: float = 0.05, state_every: int = 0,
-                 poll_s: float = 1.0, flush_steps: int = 16, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        engine: Engine,
+        client: ControllerClient,
+        scheduler: WindowPolicy,
+        *,
+        replay: GreedyReplay | None = None,
+        consistency_fraction: float = 0.05,
+        state_every: int = 0,
+        poll_s: float = 1.0,
+        flush_steps: int = 16,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.engine, self.client, self.scheduler, self.replay = engine, client, scheduler, replay
-        self.consistency_fraction, self.state_every, self.poll_s, self.flush_steps, self.clock = \
-            consistency_fraction, state_every, poll_s, flush_steps, clock
+        self.consistency_fraction, self.state_every, self.poll_s, self.flush_steps, self.clock = (
+            consistency_fraction,
+            state_every,
+            poll_s,
+            flush_steps,
+            clock,
+        )
         self.payload: PolicyPayload | None = None
         self.pending: list[StepRecord] = []
         self.compact_ids: set[str] = set()
@@ -117,11 +135,12 @@ class Replica:
         """Serve under ``payload`` from the next step on."""
         config = self.engine.config
         if payload.gamma != config.gamma:
-            raise RuntimeError(f"policy gamma={payload.gamma} but this replica runs gamma={config.gamma}; "
-                               "restart it with the policy's gamma")
+            raise RuntimeError(
+                f"policy gamma={payload.gamma} but this replica runs gamma={config.gamma}; "
+                "restart it with the policy's gamma"
+            )
         config.phase, config.policy_revision = payload.phase, payload.revision
-        self.engine.policy = FixedWindow(payload.fallback_window) if payload.phase is Phase.FALLBACK \
-            else self.scheduler
+        self.engine.policy = FixedWindow(payload.fallback_window) if payload.phase is Phase.FALLBACK else self.scheduler
         self.engine.mode_for = lambda request: mode_for(request.request_id, payload)
         self.payload = payload
 
@@ -209,8 +228,9 @@ class Replica:
         return {**self.stats, "revision": self.payload.revision, "phase": str(self.payload.phase)}
 
 
-def workload_requests(replica_id: str, count: int, max_new_tokens: int, temperature: float,
-                      seed: int) -> Iterator[Request]:
+def workload_requests(
+    replica_id: str, count: int, max_new_tokens: int, temperature: float, seed: int
+) -> Iterator[Request]:
     """Requests over the mixed workload (``count`` 0: endless), ids unique per replica."""
     from .workload import mixed_workload
 

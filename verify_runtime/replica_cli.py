@@ -15,6 +15,7 @@ any controller:
   and shed requests. It starts once the engine is warm, so it doubles as a
   readiness signal.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,13 +24,14 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import click
 import httpx
 from prometheus_client import Counter, Gauge, start_http_server
+
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.schema import StepRecord
 from sparkgate.policies.payload import PolicyPayload
@@ -81,8 +83,9 @@ def wait_for_policy(client: ControllerClient, wait_s: float) -> PolicyPayload:
             time.sleep(0.5)
 
 
-def warm_engine(replica_id: str, gamma: int, max_batch: int, seed: int, window: int | None,
-                cost_table: Path | None) -> tuple[Engine, WindowPolicy, str]:
+def warm_engine(
+    replica_id: str, gamma: int, max_batch: int, seed: int, window: int | None, cost_table: Path | None
+) -> tuple[Engine, WindowPolicy, str]:
     """(engine, the scheduler it serves outside fallback, where its cost table came from), after a few
     unrecorded requests: a fresh process's first steps are slow, and the baseline the gates compare
     with must not be that cold start."""
@@ -97,10 +100,12 @@ def warm_engine(replica_id: str, gamma: int, max_batch: int, seed: int, window: 
     drafter = default_drafter(target)
     table, source = default_cost_table(target, drafter, cost_table)
     scheduler: WindowPolicy = FixedWindow(window) if window is not None else CostAwareScheduler(table)
-    config = EngineConfig(gamma=gamma, max_batch=max_batch, replica_id=replica_id,
-                          cost_table_version=table.meta.version or None)
-    engine = Engine(target, drafter, config, calibrate=default_calibration(drafter),
-                    tiers=measured_grid(table.meta.tiers))
+    config = EngineConfig(
+        gamma=gamma, max_batch=max_batch, replica_id=replica_id, cost_table_version=table.meta.version or None
+    )
+    engine = Engine(
+        target, drafter, config, calibrate=default_calibration(drafter), tiers=measured_grid(table.meta.tiers)
+    )
     for request in workload_requests(f"{replica_id}-warmup", WARMUP_REQUESTS, 8, 0.0, seed):
         engine.submit(request)
     engine.run()
@@ -109,44 +114,104 @@ def warm_engine(replica_id: str, gamma: int, max_batch: int, seed: int, window: 
 
 
 @click.command()
-@click.option("--controller", "url", default="http://127.0.0.1:8470", show_default=True,
-              envvar="SPARKGATE_CONTROLLER", help="Controller base URL.")
+@click.option(
+    "--controller",
+    "url",
+    default="http://127.0.0.1:8470",
+    show_default=True,
+    envvar="SPARKGATE_CONTROLLER",
+    help="Controller base URL.",
+)
 @click.option("--replica-id", default=None, help="Replica name [default: replica-HOST-PID].")
 @click.option("--wait-s", default=0.0, show_default=True, help="Keep retrying an unreachable controller this long.")
-@click.option("--gamma", default=None, type=click.IntRange(1), help="Draft length [default: the policy's]; "
-              "given, the engine warms up before the controller answers.")
+@click.option(
+    "--gamma",
+    default=None,
+    type=click.IntRange(1),
+    help="Draft length [default: the policy's]; given, the engine warms up before the controller answers.",
+)
 @click.option("--requests", "count", default=0, show_default=True, help="Requests to serve (0: until stopped).")
 @click.option("--max-new-tokens", default=48, show_default=True)
 @click.option("--max-batch", default=16, show_default=True)
 @click.option("--temperature", default=0.0, show_default=True, help="0 is greedy (consistency checks need it).")
 @click.option("--seed", default=0, show_default=True)
-@click.option("--window", default=None, type=int, help="Serve compact with this fixed window instead of the "
-              "cost-aware scheduler.")
-@click.option("--cost-table", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Cost table for the scheduler [default: shipped or profiled here].")
-@click.option("--consistency-fraction", default=0.05, show_default=True,
-              help="Fraction of greedy compact requests replayed in static.")
-@click.option("--state-every", default=50, show_default=True,
-              help="Check one active request's cache state every this many steps (0: never).")
+@click.option(
+    "--window", default=None, type=int, help="Serve compact with this fixed window instead of the cost-aware scheduler."
+)
+@click.option(
+    "--cost-table",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Cost table for the scheduler [default: shipped or profiled here].",
+)
+@click.option(
+    "--consistency-fraction",
+    default=0.05,
+    show_default=True,
+    help="Fraction of greedy compact requests replayed in static.",
+)
+@click.option(
+    "--state-every",
+    default=50,
+    show_default=True,
+    help="Check one active request's cache state every this many steps (0: never).",
+)
 @click.option("--poll-s", default=1.0, show_default=True, help="Seconds between policy polls.")
-@click.option("--rate", default=None, type=click.FloatRange(0, min_open=True),
-              help="Open-loop arrivals: mean requests per second [default: closed loop].")
+@click.option(
+    "--rate",
+    default=None,
+    type=click.FloatRange(0, min_open=True),
+    help="Open-loop arrivals: mean requests per second [default: closed loop].",
+)
 @click.option("--amplitude", default=0.6, show_default=True, help="Swing of --rate, as a fraction of it.")
 @click.option("--period-s", default=20.0, show_default=True, help="Seconds per load cycle of --rate.")
 @click.option("--offset", default=0.0, show_default=True, help="Where in the load cycle this replica starts (0-1).")
-@click.option("--fault", type=click.Choice([f.value for f in Fault]), default=Fault.NONE.value, show_default=True,
-              help="Fault to fire on SIGUSR1 (drift needs --rate).")
+@click.option(
+    "--fault",
+    type=click.Choice([f.value for f in Fault]),
+    default=Fault.NONE.value,
+    show_default=True,
+    help="Fault to fire on SIGUSR1 (drift needs --rate).",
+)
 @click.option("--drift-temperature", default=3.0, show_default=True)
-@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where the cost-table fault writes the foreign table.")
+@click.option(
+    "--out-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the cost-table fault writes the foreign table.",
+)
 @click.option("--metrics-port", type=int, default=None, help="Serve /metrics on 127.0.0.1 at this port.")
-@click.option("--threads", default=1, show_default=True,
-              help="Torch threads; replicas usually share a machine, and extra threads only contend.")
-def replica(url: str, replica_id: str | None, wait_s: float, gamma: int | None, count: int, max_new_tokens: int,
-            max_batch: int, temperature: float, seed: int, window: int | None, cost_table: Path | None,
-            consistency_fraction: float, state_every: int, poll_s: float, rate: float | None, amplitude: float,
-            period_s: float, offset: float, fault: str, drift_temperature: float, out_dir: Path | None,
-            metrics_port: int | None, threads: int) -> None:
+@click.option(
+    "--threads",
+    default=1,
+    show_default=True,
+    help="Torch threads; replicas usually share a machine, and extra threads only contend.",
+)
+def replica(
+    url: str,
+    replica_id: str | None,
+    wait_s: float,
+    gamma: int | None,
+    count: int,
+    max_new_tokens: int,
+    max_batch: int,
+    temperature: float,
+    seed: int,
+    window: int | None,
+    cost_table: Path | None,
+    consistency_fraction: float,
+    state_every: int,
+    poll_s: float,
+    rate: float | None,
+    amplitude: float,
+    period_s: float,
+    offset: float,
+    fault: str,
+    drift_temperature: float,
+    out_dir: Path | None,
+    metrics_port: int | None,
+    threads: int,
+) -> None:
     """Serve the mixed workload with the runtime, following the controller's policy; counters as JSON at exit."""
     import torch
 
@@ -169,22 +234,37 @@ def replica(url: str, replica_id: str | None, wait_s: float, gamma: int | None, 
         if gamma is None:
             gamma = wait_for_policy(client, wait_s).gamma
         engine, scheduler, table_source = warm_engine(replica_id, gamma, max_batch, seed, window, cost_table)
-        arrival_rate = Gauge("sparkgate_replica_arrival_rate", "Mean request arrivals per second now.",
-                             registry=metrics.registry)
-        shed = Counter("sparkgate_replica_shed_requests_total", "Arrivals dropped with the backlog full.",
-                       registry=metrics.registry)
+        arrival_rate = Gauge(
+            "sparkgate_replica_arrival_rate", "Mean request arrivals per second now.", registry=metrics.registry
+        )
+        shed = Counter(
+            "sparkgate_replica_shed_requests_total",
+            "Arrivals dropped with the backlog full.",
+            registry=metrics.registry,
+        )
         if metrics_port is not None:
             start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
         wait_for_policy(client, wait_s)
         engine.step_id = client.next_step_id(replica_id)
-        node = Replica(engine, client, scheduler, replay=GreedyReplay(engine.model, engine.drafter, gamma),
-                       consistency_fraction=consistency_fraction, state_every=state_every, poll_s=poll_s)
+        node = Replica(
+            engine,
+            client,
+            scheduler,
+            replay=GreedyReplay(engine.model, engine.drafter, gamma),
+            consistency_fraction=consistency_fraction,
+            state_every=state_every,
+            poll_s=poll_s,
+        )
         node.poll(force=True)  # raises with a clear message when the policy's gamma is not this replica's
         workload = workload_requests(replica_id, count, max_new_tokens, temperature, seed)
         arrivals = Arrivals(workload, load, time.monotonic, seed) if load is not None else None
         source: Iterator[Request] = arrivals if arrivals is not None else workload
-        log.info("serving (cost table: %s; arrivals: %s; fault armed: %s)", table_source,
-                 "closed loop" if rate is None else f"{rate}/s", armed)
+        log.info(
+            "serving (cost table: %s; arrivals: %s; fault armed: %s)",
+            table_source,
+            "closed loop" if rate is None else f"{rate}/s",
+            armed,
+        )
         counted_shed = 0
         try:
             while not flags.stop:

@@ -5,6 +5,7 @@ in, the window it verified or how many steps it took to get there. That is what
 makes ``cap_accept`` and ``compact`` with the same windows commit identical
 tokens (DESIGN §3, invariant 3). Pure tensor ops: no host sync on CUDA.
 """
+
 from __future__ import annotations
 
 import torch

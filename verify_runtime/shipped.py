@@ -5,6 +5,7 @@ validation figures, the corpus hash it was trained on). Checkpoints are stored
 in half precision and load as float32; version ids are computed from the
 loaded (rounded) weights, so they match what the engine reports at run time.
 """
+
 from __future__ import annotations
 
 import copy
@@ -14,8 +15,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from sparkgate.policies.calibration import STS
 from torch import nn
+
+from sparkgate.policies.calibration import STS
 
 from .block_drafter import BlockDrafter, load_drafter
 from .model import Transformer, load_checkpoint, model_version, save_checkpoint
@@ -63,8 +65,14 @@ def ship_model(module: nn.Module, key: str, info: dict, assets: Path = ASSETS) -
     path = Path(assets) / FILES[key]
     save_checkpoint(copy.deepcopy(module).half(), path, extra=info)
     loaded = load_checkpoint(path)[0] if key == "target" else load_drafter(path)[0]
-    entry = {**info, "file": FILES[key], "bytes": path.stat().st_size, "params": loaded.num_params,
-             "version": model_version(loaded), "args": dataclasses.asdict(loaded.args)}
+    entry = {
+        **info,
+        "file": FILES[key],
+        "bytes": path.stat().st_size,
+        "params": loaded.num_params,
+        "version": model_version(loaded),
+        "args": dataclasses.asdict(loaded.args),
+    }
     record_asset(key, entry, assets)
     return entry
 
@@ -94,6 +102,8 @@ def load_shipped(variant: str = "drafter", device: str | torch.device = "cpu", a
 def _require(assets: Path, key: str) -> Path:
     path = Path(assets) / FILES[key]
     if not path.exists():
-        raise FileNotFoundError(f"no shipped {key} at {path}; train and ship one with `sparkgate train "
-                                f"{'target' if key == 'target' else 'drafter'} --ship`")
+        raise FileNotFoundError(
+            f"no shipped {key} at {path}; train and ship one with `sparkgate train "
+            f"{'target' if key == 'target' else 'drafter'} --ship`"
+        )
     return path

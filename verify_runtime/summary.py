@@ -8,6 +8,7 @@ own clock (the sum of ``step_ms``: draft through commit), the part a window
 policy changes. Prefill is the same work under every policy, so it only dilutes
 a comparison of policies, by a share that depends on prompt and output lengths.
 """
+
 from __future__ import annotations
 
 import time
@@ -43,6 +44,8 @@ def summarize(records: list[StepRecord], outputs: dict[str, list[int]], seconds:
         "steps": len(records),
         "tier_misses": sum(not rec.graph_hit for rec in records),
         # Where a decode step's time goes, mean ms per step by stage.
-        "stage_ms": {stage: round(sum(getattr(rec, f"{stage}_ms") for rec in records) / len(records), 3)
-                     for stage in ("draft", "schedule", "verify", "accept")},
+        "stage_ms": {
+            stage: round(sum(getattr(rec, f"{stage}_ms") for rec in records) / len(records), 3)
+            for stage in ("draft", "schedule", "verify", "accept")
+        },
     }

@@ -9,6 +9,7 @@ On CUDA a hit replays the tier's CUDA graph (``cuda_graphs.GraphTiers``); on CPU
 there are no graphs, so a hit runs the same padded static shapes eagerly and
 "captured" means the tier was warmed up.
 """
+
 from __future__ import annotations
 
 import bisect

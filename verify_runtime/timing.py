@@ -1,4 +1,5 @@
 """Stage timing for a step: CUDA events on CUDA (one sync at the end), wall clock on CPU."""
+
 from __future__ import annotations
 
 import time

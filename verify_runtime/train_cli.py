@@ -7,6 +7,7 @@ into ``--out`` (target and drafter also their resume state: rerunning with the
 same ``--out`` and options resumes); ``--ship`` also installs the checkpoint
 under ``verify_runtime/assets/`` and records it in the manifest.
 """
+
 from __future__ import annotations
 
 import copy
@@ -41,8 +42,16 @@ def loop_options(fn):
 def _config(steps, batch_size, seq_len, lr, warmup, prose_fraction, seed, checkpoint_every):
     from .training import TrainConfig
 
-    return TrainConfig(steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, warmup=warmup,
-                       prose_fraction=prose_fraction, seed=seed, checkpoint_every=checkpoint_every)
+    return TrainConfig(
+        steps=steps,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        lr=lr,
+        warmup=warmup,
+        prose_fraction=prose_fraction,
+        seed=seed,
+        checkpoint_every=checkpoint_every,
+    )
 
 
 def _finish(module, report: dict, out: Path, key: str, ship: bool) -> None:
@@ -92,20 +101,42 @@ def target(out, threads, ship, dim, layers, heads, kv_heads, ffn, **loop):
 
 @train.command("drafter")
 @loop_options
-@click.option("--target", "target_path", type=click.Path(dir_okay=False, exists=True),
-              help="Target checkpoint (default: the shipped target).")
+@click.option(
+    "--target",
+    "target_path",
+    type=click.Path(dir_okay=False, exists=True),
+    help="Target checkpoint (default: the shipped target).",
+)
 @click.option("--window", default=8, show_default=True, help="Target hidden states read per request.")
 @click.option("--layers", default=1, show_default=True)
 @click.option("--ffn", default=384, show_default=True)
 @click.option("--rank", default=48, show_default=True, help="Rank of the Markov transition bias.")
-@click.option("--sequential/--no-sequential", default=True, show_default=True,
-              help="--no-sequential trains the pure-parallel ablation.")
+@click.option(
+    "--sequential/--no-sequential",
+    default=True,
+    show_default=True,
+    help="--no-sequential trains the pure-parallel ablation.",
+)
 @click.option("--gamma", default=7, show_default=True)
 @click.option("--anchors", default=32, show_default=True, help="Blocks sampled per training sequence.")
 @click.option("--depth-decay", default=0.8, show_default=True)
 @click.option("--confidence-weight", default=0.5, show_default=True)
-def drafter(out, threads, ship, target_path, window, layers, ffn, rank, sequential, gamma, anchors, depth_decay,
-            confidence_weight, **loop):
+def drafter(
+    out,
+    threads,
+    ship,
+    target_path,
+    window,
+    layers,
+    ffn,
+    rank,
+    sequential,
+    gamma,
+    anchors,
+    depth_decay,
+    confidence_weight,
+    **loop,
+):
     """Distil the DSpark block drafter from the target on the train split."""
     import torch
 
@@ -119,12 +150,21 @@ def drafter(out, threads, ship, target_path, window, layers, ffn, rank, sequenti
         torch.set_num_threads(threads)
     target_model = load_checkpoint(target_path)[0] if target_path else load_shipped_target()
     corpus = stdlib_corpus()
-    args = DrafterArgs(target_dim=target_model.args.dim, dim=target_model.args.dim, n_layers=layers,
-                       n_heads=target_model.args.n_heads, n_kv_heads=target_model.args.n_kv_heads,
-                       ffn_hidden=ffn, window=window, max_gamma=max(8, gamma), markov_rank=rank,
-                       sequential=sequential)
-    objective = DraftObjective(gamma=gamma, anchors_per_row=anchors, depth_decay=depth_decay,
-                               confidence_weight=confidence_weight)
+    args = DrafterArgs(
+        target_dim=target_model.args.dim,
+        dim=target_model.args.dim,
+        n_layers=layers,
+        n_heads=target_model.args.n_heads,
+        n_kv_heads=target_model.args.n_kv_heads,
+        ffn_hidden=ffn,
+        window=window,
+        max_gamma=max(8, gamma),
+        markov_rank=rank,
+        sequential=sequential,
+    )
+    objective = DraftObjective(
+        gamma=gamma, anchors_per_row=anchors, depth_decay=depth_decay, confidence_weight=confidence_weight
+    )
     net, report = train_drafter(corpus, target_model, args, _config(**loop), objective, out)
     report.update(corpus_hash=corpus.content_hash, target_version=model_version(target_model))
     _finish(net, report, Path(out), drafter_variant(sequential), ship)
@@ -132,12 +172,25 @@ def drafter(out, threads, ship, target_path, window, layers, ffn, rank, sequenti
 
 @train.command("confidence")
 @click.option("--out", "out", type=click.Path(file_okay=False), required=True, help="Output directory.")
-@click.option("--target", "target_path", type=click.Path(dir_okay=False, exists=True),
-              help="Target checkpoint (default: the shipped target).")
-@click.option("--drafter", "drafter_path", type=click.Path(dir_okay=False, exists=True), required=True,
-              help="The distilled drafter (`train drafter`'s checkpoint).")
-@click.option("--prompts", default=512, show_default=True,
-              help="Train-split prompts, mixed as the serving workload is (code, prose, shuffled 'hard' prose).")
+@click.option(
+    "--target",
+    "target_path",
+    type=click.Path(dir_okay=False, exists=True),
+    help="Target checkpoint (default: the shipped target).",
+)
+@click.option(
+    "--drafter",
+    "drafter_path",
+    type=click.Path(dir_okay=False, exists=True),
+    required=True,
+    help="The distilled drafter (`train drafter`'s checkpoint).",
+)
+@click.option(
+    "--prompts",
+    default=512,
+    show_default=True,
+    help="Train-split prompts, mixed as the serving workload is (code, prose, shuffled 'hard' prose).",
+)
 @click.option("--prompt-len", default=128, show_default=True)
 @click.option("--max-new-tokens", default=128, show_default=True)
 @click.option("--gamma", default=7, show_default=True)
@@ -161,7 +214,10 @@ def confidence(out, target_path, drafter_path, prompts, prompt_len, max_new_toke
     # The serving mix, hard prompts included: the head must learn what an unpredictable block looks like.
     train_prompts = [p.tokens for p in mixed_workload(prompts, seed=0, prompt_len=prompt_len, split="train")]
     blocks = collect_own_blocks(target_model, net, train_prompts, max_new_tokens, gamma)
-    report = {**distilled, "distilled_version": model_version(net),
-              "confidence_tuning": fit_confidence_head(net, blocks, steps)}
+    report = {
+        **distilled,
+        "distilled_version": model_version(net),
+        "confidence_tuning": fit_confidence_head(net, blocks, steps),
+    }
     Path(out).mkdir(parents=True, exist_ok=True)
     _finish(net, report, Path(out), drafter_variant(net.args.sequential), ship)

@@ -12,14 +12,15 @@ its final hidden states (the drafter's context) and its next-token distributions
 whether the drafter's greedy token matches the target's (the realised greedy
 accept indicator). Both losses are weighted by ``depth_decay ** (k − 1)``.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -91,8 +92,15 @@ def step_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + step)
 
 
-def fit(module: nn.Module, step_loss: Callable[[int], torch.Tensor], cfg: TrainConfig, run_dir: str | Path,
-        tokens_per_step: int, desc: str, identity: dict) -> dict:
+def fit(
+    module: nn.Module,
+    step_loss: Callable[[int], torch.Tensor],
+    cfg: TrainConfig,
+    run_dir: str | Path,
+    tokens_per_step: int,
+    desc: str,
+    identity: dict,
+) -> dict:
     """Run (or resume) ``cfg.steps`` optimizer steps of ``step_loss(step)`` on ``module``.
 
     ``identity`` (the config and model args) must match a state file being resumed.
@@ -100,16 +108,20 @@ def fit(module: nn.Module, step_loss: Callable[[int], torch.Tensor], cfg: TrainC
     """
     decay = [p for p in module.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in module.parameters() if p.requires_grad and p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+    )
     state_path = Path(run_dir) / STATE_FILE
     start, recent, wall = 0, [], 0.0
     if state_path.exists():
         state = torch.load(state_path, weights_only=True)
         changed = {k: (state["identity"].get(k), v) for k, v in identity.items() if state["identity"].get(k) != v}
         if changed:
-            raise ValueError(f"{state_path} was written by a different run: {changed} (saved, requested); "
-                             f"use another run directory")
+            raise ValueError(
+                f"{state_path} was written by a different run: {changed} (saved, requested); use another run directory"
+            )
         module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start, recent, wall = state["step"], state["recent"], state["wall_s"]
@@ -131,13 +143,26 @@ def fit(module: nn.Module, step_loss: Callable[[int], torch.Tensor], cfg: TrainC
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
             state_path.parent.mkdir(parents=True, exist_ok=True)
             tmp = state_path.with_suffix(".tmp")
-            torch.save({"model": module.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1,
-                        "recent": recent, "wall_s": wall + elapsed, "identity": identity}, tmp)
+            torch.save(
+                {
+                    "model": module.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "step": step + 1,
+                    "recent": recent,
+                    "wall_s": wall + elapsed,
+                    "identity": identity,
+                },
+                tmp,
+            )
             tmp.replace(state_path)
     bar.close()
     module.eval()
-    return {"steps": cfg.steps, "train_loss": sum(recent) / max(1, len(recent)),
-            "wall_s": round(wall + time.perf_counter() - began, 1), "tokens": cfg.steps * tokens_per_step}
+    return {
+        "steps": cfg.steps,
+        "train_loss": sum(recent) / max(1, len(recent)),
+        "wall_s": round(wall + time.perf_counter() - began, 1),
+        "tokens": cfg.steps * tokens_per_step,
+    }
 
 
 # -- target ---------------------------------------------------------------------
@@ -156,20 +181,30 @@ def train_target(corpus: Corpus, args: ModelArgs, cfg: TrainConfig, run_dir: str
         gen = step_generator(cfg.seed, step)
         return lm_loss(model, corpus.batch("train", cfg.batch_size, cfg.seq_len + 1, gen, cfg.prose_fraction))
 
-    report = fit(model, step_loss, cfg, run_dir, cfg.batch_size * cfg.seq_len, "train target",
-                 {"config": dataclasses.asdict(cfg), "args": dataclasses.asdict(args)})
+    report = fit(
+        model,
+        step_loss,
+        cfg,
+        run_dir,
+        cfg.batch_size * cfg.seq_len,
+        "train target",
+        {"config": dataclasses.asdict(cfg), "args": dataclasses.asdict(args)},
+    )
     with torch.no_grad():
         report["val_loss"] = {d: _mean_over_val(corpus, cfg, d, lambda t: lm_loss(model, t)) for d in DOMAINS}
     report["params"] = model.num_params
     return model, report
 
 
-def _mean_over_val(corpus: Corpus, cfg: TrainConfig, domain: str,
-                   loss: Callable[[torch.Tensor], torch.Tensor]) -> float:
+def _mean_over_val(
+    corpus: Corpus, cfg: TrainConfig, domain: str, loss: Callable[[torch.Tensor], torch.Tensor]
+) -> float:
     """Mean of ``loss`` over fixed validation batches of one domain (nats per token)."""
     gen = torch.Generator().manual_seed(cfg.seed)
-    batches = [corpus.batch("validation", cfg.batch_size, cfg.seq_len + 1, gen, float(domain == "prose"))
-               for _ in range(cfg.eval_batches)]
+    batches = [
+        corpus.batch("validation", cfg.batch_size, cfg.seq_len + 1, gen, float(domain == "prose"))
+        for _ in range(cfg.eval_batches)
+    ]
     return round(sum(float(loss(b)) for b in batches) / len(batches), 4)
 
 
@@ -185,8 +220,9 @@ class DraftExamples:
 
 
 @torch.no_grad()
-def draft_examples(target: Transformer, tokens: torch.Tensor, window: int, objective: DraftObjective,
-                   generator: torch.Generator) -> DraftExamples:
+def draft_examples(
+    target: Transformer, tokens: torch.Tensor, window: int, objective: DraftObjective, generator: torch.Generator
+) -> DraftExamples:
     """Cut anchors out of ``tokens [B, L]``: the pending token at position p, depth k
     drafting position p + k, whose target distribution is the target's logits at p + k − 1."""
     hidden, logits = forward_full(target, tokens)
@@ -200,8 +236,10 @@ def draft_examples(target: Transformer, tokens: torch.Tensor, window: int, objec
     ctx = hidden[rows, ctx_pos.clamp(min=0)] * (ctx_pos >= 0)[..., None]
     block_pos = p[..., None] + torch.arange(gamma)
     return DraftExamples(
-        hidden=ctx.flatten(0, 1), hidden_len=p.clamp(max=window).flatten(),
-        prev=tokens[rows, block_pos].flatten(0, 1), target_logits=logits[rows, block_pos].flatten(0, 1),
+        hidden=ctx.flatten(0, 1),
+        hidden_len=p.clamp(max=window).flatten(),
+        prev=tokens[rows, block_pos].flatten(0, 1),
+        target_logits=logits[rows, block_pos].flatten(0, 1),
     )
 
 
@@ -217,8 +255,14 @@ def draft_loss(net: DSparkNet, ex: DraftExamples, objective: DraftObjective) -> 
     return loss, {"distill": distill.mean(0), "bce": bce.mean(0), "match": match.mean(0)}
 
 
-def train_drafter(corpus: Corpus, target: Transformer, args: DrafterArgs, cfg: TrainConfig,
-                  objective: DraftObjective, run_dir: str | Path) -> tuple[DSparkNet, dict]:
+def train_drafter(
+    corpus: Corpus,
+    target: Transformer,
+    args: DrafterArgs,
+    cfg: TrainConfig,
+    objective: DraftObjective,
+    run_dir: str | Path,
+) -> tuple[DSparkNet, dict]:
     if args.target_dim != target.args.dim:
         raise ValueError(f"DrafterArgs.target_dim={args.target_dim} differs from the target's dim={target.args.dim}")
     if objective.gamma > args.max_gamma:
@@ -237,19 +281,26 @@ def train_drafter(corpus: Corpus, target: Transformer, args: DrafterArgs, cfg: T
         gen = step_generator(cfg.seed, step)
         return draft_loss(net, examples("train", gen, cfg.prose_fraction), objective)[0]
 
-    identity = {"config": dataclasses.asdict(cfg), "args": dataclasses.asdict(args),
-                "objective": dataclasses.asdict(objective)}
+    identity = {
+        "config": dataclasses.asdict(cfg),
+        "args": dataclasses.asdict(args),
+        "objective": dataclasses.asdict(objective),
+    }
     report = fit(net, step_loss, cfg, run_dir, cfg.batch_size * cfg.seq_len, "train drafter", identity)
     report["validation"] = {}
     with torch.no_grad():
         for domain in DOMAINS:
             gen = torch.Generator().manual_seed(cfg.seed)
-            parts = [draft_loss(net, examples("validation", gen, float(domain == "prose")), objective)
-                     for _ in range(cfg.eval_batches)]
+            parts = [
+                draft_loss(net, examples("validation", gen, float(domain == "prose")), objective)
+                for _ in range(cfg.eval_batches)
+            ]
             report["validation"][domain] = {
                 "loss": round(sum(float(loss) for loss, _ in parts) / len(parts), 4),
-                **{key: [round(float(v), 4) for v in torch.stack([m[key] for _, m in parts]).mean(0)]
-                   for key in ("distill", "bce", "match")},
+                **{
+                    key: [round(float(v), 4) for v in torch.stack([m[key] for _, m in parts]).mean(0)]
+                    for key in ("distill", "bce", "match")
+                },
             }
     report["params"] = net.num_params
     return net, report

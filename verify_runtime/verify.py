@@ -6,6 +6,7 @@ each request submits, and returns the target's logits in the same strided view.
 Only ``sum(lens)`` rows (rounded up to a tier) go through the model, so the
 cost follows the packed rows, not ``B × W``.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -28,8 +29,7 @@ class VerifyOutput:
 
 
 class TargetRunner:
-    def __init__(self, model: Transformer, cache: KVCache, grid: TierGrid | None = None,
-                 graphs=None):
+    def __init__(self, model: Transformer, cache: KVCache, grid: TierGrid | None = None, graphs=None):
         self.model, self.cache = model, cache
         self.grid = grid or TierGrid()
         self.graphs = graphs  # cuda_graphs.GraphTiers on CUDA, else None
@@ -38,7 +38,9 @@ class TargetRunner:
     def device(self) -> torch.device:
         return self.cache.k.device
 
-    def layout(self, starts: list[int], lens: list[int], slots: list[int], tier_rows: int | None = None) -> PackedLayout:
+    def layout(
+        self, starts: list[int], lens: list[int], slots: list[int], tier_rows: int | None = None
+    ) -> PackedLayout:
         return build_layout(starts, lens, slots, self.cache.scratch_slot, tier_rows=tier_rows, device=self.device)
 
     @torch.inference_mode()
@@ -58,8 +60,13 @@ class TargetRunner:
         tokens = torch.tensor([t for i in present for t in prompts[i]], dtype=torch.long, device=self.device)
         kept = lens if keep is None else [min(keep, n) for n in lens]
         ends = itertools.accumulate(lens)  # on the host: reading cu_seqlens back would sync a device
-        rows = None if keep is None else torch.tensor(
-            [r for end, k in zip(ends, kept) for r in range(end - k, end)], dtype=torch.long, device=self.device)
+        rows = (
+            None
+            if keep is None
+            else torch.tensor(
+                [r for end, k in zip(ends, kept) for r in range(end - k, end)], dtype=torch.long, device=self.device
+            )
+        )
         packed, _ = forward_packed(self.model, self.cache, tokens, layout, rows)
         for i, n, part in zip(present, lens, packed.split(kept)):
             self.cache.commit(slots[i], n)

@@ -6,6 +6,7 @@ Three tasks, as the benchmarks and the demo need them:
 - ``hard`` — prose with its bytes shuffled: little for any drafter to predict.
 Prompts are drawn deterministically from a seed.
 """
+
 from __future__ import annotations
 
 import random
@@ -22,8 +23,13 @@ class Prompt:
     tokens: list[int]
 
 
-def mixed_workload(n: int, seed: int = 0, prompt_len: int = 96,
-                   mix: tuple[float, float, float] = (0.5, 0.35, 0.15), split: str = "test") -> list[Prompt]:
+def mixed_workload(
+    n: int,
+    seed: int = 0,
+    prompt_len: int = 96,
+    mix: tuple[float, float, float] = (0.5, 0.35, 0.15),
+    split: str = "test",
+) -> list[Prompt]:
     """``n`` prompts of ``prompt_len`` tokens from ``split``, tasks drawn with weights ``mix``."""
     if n < 0 or prompt_len < 1:
         raise ValueError(f"need n >= 0 and prompt_len >= 1, got n={n}, prompt_len={prompt_len}")

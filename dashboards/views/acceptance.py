@@ -1,9 +1,11 @@
 """Acceptance: c_k and S_k curves per depth by task, accepted length over time, upper-bound
 utilization (a gate), and how often each window length is chosen per mode."""
+
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
+
 from sparkgate.controller.queries import Slice
 from sparkgate.dashboards import charts, data, series
 from sparkgate.dashboards.context import windowed_page
@@ -16,8 +18,16 @@ def curve_rows(report: dict, task: str) -> list[dict]:
     for kind in KINDS:
         for depth, figures in report["calibration"][kind].items():
             for source, column in (("predicted", "mean_p"), ("observed", "rate")):
-                rows.append({"kind": kind, "task": task, "depth": int(depth), "source": source,
-                             "value": figures[column], "samples": figures["samples"]})
+                rows.append(
+                    {
+                        "kind": kind,
+                        "task": task,
+                        "depth": int(depth),
+                        "source": source,
+                        "value": figures[column],
+                        "samples": figures["samples"],
+                    }
+                )
     return rows
 
 
@@ -42,15 +52,23 @@ def utilization(ctx, report: dict) -> None:
     st.subheader("Upper-bound utilization")
     gate = next((g for g in ctx.policy.gates if g.metric == "upper_bound_utilization"), None)
     cols = st.columns(3)
-    for col, (key, label) in zip(cols, (("upper_bound", "Upper-bound utilization (cap_accept)"),
-                                        ("shadow", "Shadow utilization (suggested windows)"))):
+    for col, (key, label) in zip(
+        cols,
+        (("upper_bound", "Upper-bound utilization (cap_accept)"), ("shadow", "Shadow utilization (suggested windows)")),
+    ):
         figure = report["utilization"][key]
-        col.metric(label, "—" if figure["value"] is None else f"{figure['value']:.4f}",
-                   help=f"{figure['samples']:,} samples")
-    cols[2].metric("Gate threshold", "—" if gate is None else f"≥ {gate.threshold:g}",
-                   help="In shadow the gate judges the shadow figure, otherwise the cap-accept one.")
-    st.caption("Σ a / Σ min(a*, γ) over cap-accept samples: what compact windows delivered against the full "
-               "block. Shadow: Σ min(a*, w_suggested) / Σ a*.")
+        col.metric(
+            label, "—" if figure["value"] is None else f"{figure['value']:.4f}", help=f"{figure['samples']:,} samples"
+        )
+    cols[2].metric(
+        "Gate threshold",
+        "—" if gate is None else f"≥ {gate.threshold:g}",
+        help="In shadow the gate judges the shadow figure, otherwise the cap-accept one.",
+    )
+    st.caption(
+        "Σ a / Σ min(a*, γ) over cap-accept samples: what compact windows delivered against the full "
+        "block. Shadow: Σ min(a*, w_suggested) / Σ a*."
+    )
 
 
 def per_mode(report: dict) -> None:
@@ -59,9 +77,14 @@ def per_mode(report: dict) -> None:
     if frame.empty:
         st.info("No request rows in this window.")
         return
-    st.dataframe(frame, hide_index=True, width="stretch",
-                 column_config={c: st.column_config.NumberColumn(format="%.3f")
-                                for c in ("mean_window", "mean_accepted", "mean_committed")})
+    st.dataframe(
+        frame,
+        hide_index=True,
+        width="stretch",
+        column_config={
+            c: st.column_config.NumberColumn(format="%.3f") for c in ("mean_window", "mean_accepted", "mean_committed")
+        },
+    )
 
 
 def over_time(ctx) -> None:
@@ -70,13 +93,22 @@ def over_time(ctx) -> None:
     if frame.empty:
         return
     lengths = frame[frame["series"].str.startswith("mean accepted")]
-    st.altair_chart(charts.lines(lengths, "value", "series", f"mean accepted length per mode ({width:g} s buckets)",
-                                 y_title="accepted drafts"), width="stretch")
+    st.altair_chart(
+        charts.lines(
+            lengths,
+            "value",
+            "series",
+            f"mean accepted length per mode ({width:g} s buckets)",
+            y_title="accepted drafts",
+        ),
+        width="stretch",
+    )
     gate = next((g.threshold for g in ctx.policy.gates if g.metric == "upper_bound_utilization"), None)
     util = frame[frame["series"].str.contains("utilization")]
     if not util.empty:
-        st.altair_chart(charts.lines(util, "value", "series", "utilization over time", gate, "utilization"),
-                        width="stretch")
+        st.altair_chart(
+            charts.lines(util, "value", "series", "utilization over time", gate, "utilization"), width="stretch"
+        )
 
 
 def windows(figures: dict) -> None:
@@ -85,10 +117,10 @@ def windows(figures: dict) -> None:
     if frame.empty:
         st.info("No request rows in this window.")
         return
-    st.altair_chart(charts.bars(frame, "window", "share", "share of requests per window length", color="mode"),
-                    width="stretch")
-    st.dataframe(frame.pivot(index="mode", columns="window", values="requests").fillna(0).astype(int),
-                 width="stretch")
+    st.altair_chart(
+        charts.bars(frame, "window", "share", "share of requests per window length", color="mode"), width="stretch"
+    )
+    st.dataframe(frame.pivot(index="mode", columns="window", values="requests").fillna(0).astype(int), width="stretch")
 
 
 def render() -> None:

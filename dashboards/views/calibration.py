@@ -1,9 +1,11 @@
 """Calibration: per-depth survival ECE as the gates see it (uncensored traffic), reliability
 diagrams with bin counts and intervals, ECE over time, per STS version and per slice, and the
 censored compact view, labelled as such and never gated."""
+
 from __future__ import annotations
 
 import streamlit as st
+
 from sparkgate.controller.queries import SLICE_COLUMNS
 from sparkgate.dashboards import charts, data, series
 from sparkgate.dashboards.context import windowed_page
@@ -21,21 +23,34 @@ def per_depth(ctx, report: dict) -> None:
     table = data.depth_table(report["calibration"]["survival"])
     st.subheader("Survival ECE per depth — " + UNCENSORED)
     if table.empty:
-        st.info("No uncensored labels in this window: the gates see no calibration data (inconclusive). "
-                "Static, shadow and the cap-accept observation fraction produce them.")
+        st.info(
+            "No uncensored labels in this window: the gates see no calibration data (inconclusive). "
+            "Static, shadow and the cap-accept observation fraction produce them."
+        )
         return
     limit, upper = threshold(ctx, "survival_ece"), threshold(ctx, "survival_ece_upper")
     worst = table.loc[table["ece"].idxmax()]
     cols = st.columns(3)
     cols[0].metric("Worst depth ECE", f"{worst['ece']:.4f}", help=f"depth {int(worst['depth'])}")
-    cols[1].metric("Gate threshold", "—" if limit is None else f"≤ {limit:g}",
-                   help=None if upper is None else f"bootstrap upper bound ≤ {upper:g}")
+    cols[1].metric(
+        "Gate threshold",
+        "—" if limit is None else f"≤ {limit:g}",
+        help=None if upper is None else f"bootstrap upper bound ≤ {upper:g}",
+    )
     cols[2].metric("Labels at depth 1", f"{int(table.iloc[0]['samples']):,}")
-    st.dataframe(table, hide_index=True, width="stretch", column_config={
-        c: st.column_config.NumberColumn(format="%.4f")
-        for c in ("ece", "ece_lo", "ece_hi", "ece_equal_mass", "brier", "auroc", "mean_p", "rate")})
-    st.caption("ece_lo / ece_hi: 95% bootstrap interval resampling requests (the controller's estimator). "
-               "mean_p: mean predicted S_k; rate: observed rate of y_k.")
+    st.dataframe(
+        table,
+        hide_index=True,
+        width="stretch",
+        column_config={
+            c: st.column_config.NumberColumn(format="%.4f")
+            for c in ("ece", "ece_lo", "ece_hi", "ece_equal_mass", "brier", "auroc", "mean_p", "rate")
+        },
+    )
+    st.caption(
+        "ece_lo / ece_hi: 95% bootstrap interval resampling requests (the controller's estimator). "
+        "mean_p: mean predicted S_k; rate: observed rate of y_k."
+    )
 
 
 def reliability(figures: dict) -> None:
@@ -50,11 +65,16 @@ def reliability(figures: dict) -> None:
     frame = charts.reliability_frame(bins_by_depth[depth])
     left, right = st.columns(2)
     left.altair_chart(charts.reliability(frame, f"depth {depth}: {view.split(':')[0].lower()}"), width="stretch")
-    right.dataframe(frame, hide_index=True, width="stretch",
-                    column_config={c: st.column_config.NumberColumn(format="%.4f")
-                                   for c in ("lo", "hi", "mean_p", "freq_y", "freq_lo", "freq_hi")})
-    right.caption("One row per non-empty bin: labels, mean predicted S_k, observed rate and its 95% "
-                  "Wilson interval.")
+    right.dataframe(
+        frame,
+        hide_index=True,
+        width="stretch",
+        column_config={
+            c: st.column_config.NumberColumn(format="%.4f")
+            for c in ("lo", "hi", "mean_p", "freq_y", "freq_lo", "freq_hi")
+        },
+    )
+    right.caption("One row per non-empty bin: labels, mean predicted S_k, observed rate and its 95% Wilson interval.")
 
 
 def compact_view(report: dict) -> None:
@@ -63,10 +83,16 @@ def compact_view(report: dict) -> None:
     if table.empty:
         st.info("No compact traffic in this window.")
         return
-    st.caption("Compact requests verify only their window: when all of it is accepted, deeper labels are "
-               "never observed (censored), so this ECE is biased and only shown for comparison.")
-    st.dataframe(table, hide_index=True, width="stretch",
-                 column_config={c: st.column_config.NumberColumn(format="%.4f") for c in ("ece", "mean_p", "rate")})
+    st.caption(
+        "Compact requests verify only their window: when all of it is accepted, deeper labels are "
+        "never observed (censored), so this ECE is biased and only shown for comparison."
+    )
+    st.dataframe(
+        table,
+        hide_index=True,
+        width="stretch",
+        column_config={c: st.column_config.NumberColumn(format="%.4f") for c in ("ece", "mean_p", "rate")},
+    )
 
 
 def over_time(ctx) -> None:
@@ -76,8 +102,10 @@ def over_time(ctx) -> None:
     if frame.empty:
         st.info("No uncensored labels in this window.")
         return
-    st.altair_chart(charts.lines(frame, "ece", "depth", f"{width:g} s buckets", threshold(ctx, "survival_ece"),
-                                 "survival ECE"), width="stretch")
+    st.altair_chart(
+        charts.lines(frame, "ece", "depth", f"{width:g} s buckets", threshold(ctx, "survival_ece"), "survival ECE"),
+        width="stretch",
+    )
 
 
 def before_after_sts(ctx) -> None:
@@ -85,20 +113,27 @@ def before_after_sts(ctx) -> None:
     frame = series.sts_versions(ctx.source, ctx.token, ctx.since, ctx.until)
     if frame["depth"].isna().all():
         version = frame["sts_version"].iloc[0] if len(frame) else "(none)"
-        st.info(f"Every step in this window announced the same STS version, {version}: the comparison "
-                "appears once a new STS version rolls out (`sparkgate calibrate`, then `serve --sts-version`).")
+        st.info(
+            f"Every step in this window announced the same STS version, {version}: the comparison "
+            "appears once a new STS version rolls out (`sparkgate calibrate`, then `serve --sts-version`)."
+        )
         return
     st.caption("Survival ECE per depth for each STS version the replicas announced; (none) is uncalibrated.")
-    st.dataframe(frame.pivot(index="sts_version", columns="depth", values="ece").rename(columns=lambda d: f"k={d}"),
-                 width="stretch", column_config={f"k={d}": st.column_config.NumberColumn(format="%.4f")
-                                                 for d in frame["depth"].unique()})
+    st.dataframe(
+        frame.pivot(index="sts_version", columns="depth", values="ece").rename(columns=lambda d: f"k={d}"),
+        width="stretch",
+        column_config={f"k={d}": st.column_config.NumberColumn(format="%.4f") for d in frame["depth"].unique()},
+    )
 
 
 def by_slice(ctx) -> None:
     st.subheader("Slices")
-    key = st.selectbox("Split the window by", ["(none)"] + list(SLICE_COLUMNS),
-                       help="Each slice is evaluated by the controller's code on its own; load is the batch-size "
-                            "bucket [2^b, 2^(b+1)).")
+    key = st.selectbox(
+        "Split the window by",
+        ["(none)"] + list(SLICE_COLUMNS),
+        help="Each slice is evaluated by the controller's code on its own; load is the batch-size "
+        "bucket [2^b, 2^(b+1)).",
+    )
     if key == "(none)":
         return
     frame = data.slices(ctx.source, ctx.token, key, ctx.since, ctx.until, ctx.phase)
@@ -107,8 +142,9 @@ def by_slice(ctx) -> None:
         return
     for values, caption in (("ece", "survival ECE"), ("samples", "labels")):
         st.caption(f"{caption} per {key} and depth")
-        st.dataframe(frame.pivot(index=key, columns="depth", values=values).rename(columns=lambda d: f"k={d}"),
-                     width="stretch")
+        st.dataframe(
+            frame.pivot(index=key, columns="depth", values=values).rename(columns=lambda d: f"k={d}"), width="stretch"
+        )
 
 
 def render() -> None:

@@ -1,9 +1,11 @@
 """Rollout: the phase in force, the latest gate verdicts, the timeline of decisions and what an
 operator can run. Everything comes from the decisions ledger (or ``/v1/status``); nothing is written."""
+
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
+
 from sparkgate.controller.commands import DEFAULT_URL
 from sparkgate.controller.rollout import RolloutState, TransitionError, command
 from sparkgate.dashboards import charts, data
@@ -14,43 +16,81 @@ SYMBOL = {"at_most": "≤", "at_least": "≥"}
 
 
 def gate_table(verdicts: list[dict]) -> pd.DataFrame:
-    return pd.DataFrame([{
-        "gate": v["gate"], "metric": v["metric"], "value": v["value"],
-        "threshold": f"{SYMBOL.get(v['direction'], v['direction'])} {v['threshold']:g}",
-        "samples": v["samples"], "min samples": v["min_samples"], "verdict": v["outcome"],
-        "critical": v["critical"], "dry run": "dry run" if v["dry_run"] else "", "note": v["note"],
-    } for v in verdicts])
+    return pd.DataFrame(
+        [
+            {
+                "gate": v["gate"],
+                "metric": v["metric"],
+                "value": v["value"],
+                "threshold": f"{SYMBOL.get(v['direction'], v['direction'])} {v['threshold']:g}",
+                "samples": v["samples"],
+                "min samples": v["min_samples"],
+                "verdict": v["outcome"],
+                "critical": v["critical"],
+                "dry run": "dry run" if v["dry_run"] else "",
+                "note": v["note"],
+            }
+            for v in verdicts
+        ]
+    )
 
 
 def timeline_frames(decisions: list[dict], end: float) -> tuple[pd.DataFrame, pd.DataFrame]:
     changes = [d for d in decisions if d["action"] in CHANGES_POLICY]
-    segments = pd.DataFrame([{
-        "phase": d["phase_to"], "stage": f"{d['phase_to']} {d['compact_fraction']:.0%} compact",
-        "revision": d["revision"], "start": pd.Timestamp(d["decided_at"], unit="s", tz="UTC"),
-        "end": pd.Timestamp(max(nxt["decided_at"] if nxt else end, d["decided_at"]), unit="s", tz="UTC"),
-    } for d, nxt in zip(changes, changes[1:] + [None])])
-    points = pd.DataFrame([{
-        "time": pd.Timestamp(d["decided_at"], unit="s", tz="UTC"), "phase": d["phase_to"],
-        "revision": d["revision"], "action": d["action"], "outcome": d["outcome"] or "",
-        "rule": data.rule_of(d), "operator": d["operator"] or ""} for d in changes])
+    segments = pd.DataFrame(
+        [
+            {
+                "phase": d["phase_to"],
+                "stage": f"{d['phase_to']} {d['compact_fraction']:.0%} compact",
+                "revision": d["revision"],
+                "start": pd.Timestamp(d["decided_at"], unit="s", tz="UTC"),
+                "end": pd.Timestamp(max(nxt["decided_at"] if nxt else end, d["decided_at"]), unit="s", tz="UTC"),
+            }
+            for d, nxt in zip(changes, changes[1:] + [None])
+        ]
+    )
+    points = pd.DataFrame(
+        [
+            {
+                "time": pd.Timestamp(d["decided_at"], unit="s", tz="UTC"),
+                "phase": d["phase_to"],
+                "revision": d["revision"],
+                "action": d["action"],
+                "outcome": d["outcome"] or "",
+                "rule": data.rule_of(d),
+                "operator": d["operator"] or "",
+            }
+            for d in changes
+        ]
+    )
     return segments, points
 
 
 def decision_table(decisions: list[dict], changes_only: bool) -> pd.DataFrame:
     rows = [d for d in reversed(decisions) if not changes_only or d["action"] in CHANGES_POLICY]
-    return pd.DataFrame([{
-        "decided at": when(d["decided_at"]), "revision": d["revision"],
-        "phase": f"{d['phase_from'] or '—'} → {d['phase_to']}", "action": d["action"],
-        "outcome": d["outcome"] or "", "rule": data.rule_of(d), "operator": d["operator"] or "",
-        "gates failed": ", ".join(r["gate"] for r in d["reasons"] if r.get("outcome") == "fail"),
-    } for d in rows])
+    return pd.DataFrame(
+        [
+            {
+                "decided at": when(d["decided_at"]),
+                "revision": d["revision"],
+                "phase": f"{d['phase_from'] or '—'} → {d['phase_to']}",
+                "action": d["action"],
+                "outcome": d["outcome"] or "",
+                "rule": data.rule_of(d),
+                "operator": d["operator"] or "",
+                "gates failed": ", ".join(r["gate"] for r in d["reasons"] if r.get("outcome") == "fail"),
+            }
+            for d in rows
+        ]
+    )
 
 
 def allowed_actions(ctx, change: dict) -> list[str]:
     """The operator actions the controller's state machine accepts now (it raises for the others)."""
     status = ctx.ledger["status"] or {}
-    state = RolloutState(change["revision"], change["phase_to"], status.get("stage"), change["compact_fraction"],
-                         change["decided_at"])
+    state = RolloutState(
+        change["revision"], change["phase_to"], status.get("stage"), change["compact_fraction"], change["decided_at"]
+    )
     allowed = []
     for action in OPERATOR_ACTIONS:
         try:
@@ -67,8 +107,10 @@ def render() -> None:
     decisions = ctx.ledger["decisions"]
     change = data.latest_change(decisions)
     if change is None:
-        st.info("No rollout decisions yet. The controller records its first decision (start, in baseline) when "
-                "`sparkgate serve --db FILE` starts on this store; its evaluations follow every interval.")
+        st.info(
+            "No rollout decisions yet. The controller records its first decision (start, in baseline) when "
+            "`sparkgate serve --db FILE` starts on this store; its evaluations follow every interval."
+        )
         return
     status = ctx.ledger["status"] or {}
     cols = st.columns(5)
@@ -80,8 +122,10 @@ def render() -> None:
         cols[4].metric("Failed intervals", f"{status['failures']} / limit {status['failure_limit']}")
     st.caption(f"In force since {when(change['decided_at'])} ({change['action']}: {data.rule_of(change)}).")
     if change["phase_to"] == "fallback":
-        st.error(f"In fallback since {when(change['decided_at'])}: {data.rule_of(change)}. Replicas serve the "
-                 "fixed fallback window; only an operator's `resume` leaves fallback.")
+        st.error(
+            f"In fallback since {when(change['decided_at'])}: {data.rule_of(change)}. Replicas serve the "
+            "fixed fallback window; only an operator's `resume` leaves fallback."
+        )
     elif change["phase_to"] == "paused":
         st.warning("Paused: the rollout holds this stage; critical gates can still roll it back.")
 
@@ -90,11 +134,17 @@ def render() -> None:
     if judged is None:
         st.info("No evaluation has judged gates yet (the controller evaluates every interval).")
     else:
-        st.caption(f"{when(judged['decided_at'])} · interval outcome **{judged['outcome']}** → "
-                   f"{judged['action']} ({data.rule_of(judged)}). Values and samples are exactly what the "
-                   "gates judged; dry-run gates are recorded but never act.")
-        st.dataframe(gate_table(verdicts), hide_index=True, width="stretch",
-                     column_config={"value": st.column_config.NumberColumn(format="%.6g")})
+        st.caption(
+            f"{when(judged['decided_at'])} · interval outcome **{judged['outcome']}** → "
+            f"{judged['action']} ({data.rule_of(judged)}). Values and samples are exactly what the "
+            "gates judged; dry-run gates are recorded but never act."
+        )
+        st.dataframe(
+            gate_table(verdicts),
+            hide_index=True,
+            width="stretch",
+            column_config={"value": st.column_config.NumberColumn(format="%.6g")},
+        )
 
     st.subheader("Timeline")
     end = max(ctx.overview.newest or 0.0, decisions[-1]["decided_at"]) if ctx.overview else decisions[-1]["decided_at"]
@@ -106,25 +156,51 @@ def render() -> None:
     st.subheader("Operator commands")
     url = ctx.source.url if ctx.source.kind == "controller" else DEFAULT_URL
     allowed = allowed_actions(ctx, change)
-    st.caption(f"Allowed in {change['phase_to']}: {', '.join(allowed) or 'none'}. The dashboard never acts; "
-               "run these where the operator token is available (`--token` or SPARKGATE_TOKEN).")
-    st.code("\n".join(f'sparkgate {a} --controller {url} --operator "$USER" --note "why"' for a in allowed)
-            or "# no operator action applies", language="bash")
+    st.caption(
+        f"Allowed in {change['phase_to']}: {', '.join(allowed) or 'none'}. The dashboard never acts; "
+        "run these where the operator token is available (`--token` or SPARKGATE_TOKEN)."
+    )
+    st.code(
+        "\n".join(f'sparkgate {a} --controller {url} --operator "$USER" --note "why"' for a in allowed)
+        or "# no operator action applies",
+        language="bash",
+    )
 
     st.subheader("Policy")
-    ladder = pd.DataFrame([{"stage": i, "phase": s.phase, "compact fraction": s.compact_fraction,
-                            "current": "◀" if i == status.get("stage") else ""}
-                           for i, s in enumerate(ctx.policy.stages())])
-    gates = pd.DataFrame([{"gate": g.name, "metric": g.metric, "threshold": f"{SYMBOL[g.direction]} {g.threshold:g}",
-                           "min samples": g.min_samples, "critical": g.critical, "dry run": g.dry_run,
-                           "phases": ", ".join(g.phases)} for g in ctx.policy.gates])
+    ladder = pd.DataFrame(
+        [
+            {
+                "stage": i,
+                "phase": s.phase,
+                "compact fraction": s.compact_fraction,
+                "current": "◀" if i == status.get("stage") else "",
+            }
+            for i, s in enumerate(ctx.policy.stages())
+        ]
+    )
+    gates = pd.DataFrame(
+        [
+            {
+                "gate": g.name,
+                "metric": g.metric,
+                "threshold": f"{SYMBOL[g.direction]} {g.threshold:g}",
+                "min samples": g.min_samples,
+                "critical": g.critical,
+                "dry run": g.dry_run,
+                "phases": ", ".join(g.phases),
+            }
+            for g in ctx.policy.gates
+        ]
+    )
     left, right = st.columns([1, 2])
     left.dataframe(ladder, hide_index=True, width="stretch")
     right.dataframe(gates, hide_index=True, width="stretch")
-    st.caption(f"Advance after {ctx.policy.consecutive_passes} passing intervals; fallback after more than "
-               f"{ctx.policy.failure_limit} failed ones, at once on a critical failure, or after "
-               f"{ctx.policy.progress_deadline_s:g} s inconclusive. Observe fraction "
-               f"{ctx.policy.observe_fraction:g}.")
+    st.caption(
+        f"Advance after {ctx.policy.consecutive_passes} passing intervals; fallback after more than "
+        f"{ctx.policy.failure_limit} failed ones, at once on a critical failure, or after "
+        f"{ctx.policy.progress_deadline_s:g} s inconclusive. Observe fraction "
+        f"{ctx.policy.observe_fraction:g}."
+    )
 
 
 render()

@@ -1,9 +1,11 @@
 """Tiers and cost: graph-tier histogram, miss rate by reason and padding over time, step time
 against verify rows with the cost table's prediction, and the prediction error."""
+
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
+
 from sparkgate.dashboards import charts, series, steps
 from sparkgate.dashboards.context import windowed_page
 
@@ -15,16 +17,29 @@ def summary(ctx, report: dict) -> None:
         return
     gate = next((g.threshold for g in ctx.policy.gates if g.metric == "tier_miss_rate"), None)
     cols = st.columns(4)
-    cols[0].metric("Tier miss rate", "—" if tiers["miss_rate"] is None else f"{tiers['miss_rate']:.2%}",
-                   help=f"{tiers['steps']:,} steps; gate ≤ {gate:g}" if gate is not None else None)
+    cols[0].metric(
+        "Tier miss rate",
+        "—" if tiers["miss_rate"] is None else f"{tiers['miss_rate']:.2%}",
+        help=f"{tiers['steps']:,} steps; gate ≤ {gate:g}" if gate is not None else None,
+    )
     cols[1].metric("Steps", f"{tiers['steps']:,}")
-    cols[2].metric("Padding ratio", "—" if tiers["padding_ratio"] is None else f"{tiers['padding_ratio']:.2%}",
-                   help="(tier rows − verify rows) / tier rows over graph hits")
-    cols[3].metric("Misses", f"{sum(tiers['misses'].values()):,}",
-                   help=", ".join(f"{r}: {n}" for r, n in tiers["misses"].items()) or "none")
+    cols[2].metric(
+        "Padding ratio",
+        "—" if tiers["padding_ratio"] is None else f"{tiers['padding_ratio']:.2%}",
+        help="(tier rows − verify rows) / tier rows over graph hits",
+    )
+    cols[3].metric(
+        "Misses",
+        f"{sum(tiers['misses'].values()):,}",
+        help=", ".join(f"{r}: {n}" for r, n in tiers["misses"].items()) or "none",
+    )
     if tiers["misses"]:
-        st.dataframe(pd.DataFrame([{"reason": r, "steps": n, "share of steps": n / tiers["steps"]}
-                                   for r, n in tiers["misses"].items()]), hide_index=True)
+        st.dataframe(
+            pd.DataFrame(
+                [{"reason": r, "steps": n, "share of steps": n / tiers["steps"]} for r, n in tiers["misses"].items()]
+            ),
+            hide_index=True,
+        )
 
 
 def histogram(ctx) -> None:
@@ -34,8 +49,10 @@ def histogram(ctx) -> None:
         st.info("No steps in this window.")
         return
     frame["kind"] = frame["graph_hit"].map({True: "graph", False: "eager (miss)"})
-    st.altair_chart(charts.bars(frame, "tier", "steps", "steps per captured tier (rows) and per miss reason",
-                                color="kind"), width="stretch")
+    st.altair_chart(
+        charts.bars(frame, "tier", "steps", "steps per captured tier (rows) and per miss reason", color="kind"),
+        width="stretch",
+    )
 
 
 def over_time(ctx) -> None:
@@ -45,12 +62,15 @@ def over_time(ctx) -> None:
         return
     gate = next((g.threshold for g in ctx.policy.gates if g.metric == "tier_miss_rate"), None)
     misses = frame[frame["series"].str.startswith("miss rate")]
-    st.altair_chart(charts.lines(misses, "value", "series", f"miss rate by reason ({width:g} s buckets)", gate,
-                                 "miss rate"), width="stretch")
+    st.altair_chart(
+        charts.lines(misses, "value", "series", f"miss rate by reason ({width:g} s buckets)", gate, "miss rate"),
+        width="stretch",
+    )
     padding = frame[frame["series"] == "padding ratio"]
     if not padding.empty:
-        st.altair_chart(charts.lines(padding, "value", "series", "padding ratio", y_title="padding / tier rows"),
-                        width="stretch")
+        st.altair_chart(
+            charts.lines(padding, "value", "series", "padding ratio", y_title="padding / tier rows"), width="stretch"
+        )
 
 
 def cost(ctx) -> None:
@@ -68,8 +88,15 @@ def cost(ctx) -> None:
     cols[0].metric("Median |error|", f"{error['median_abs']:.1%}", help=f"{error['steps']:,} steps")
     cols[1].metric("p90 |error|", f"{error['p90_abs']:.1%}")
     cols[2].metric("Bias (mean signed error)", f"{error['bias']:+.1%}", help="positive: steps slower than predicted")
-    st.altair_chart(charts.bars(hist.assign(error=hist["error"].round(2)), "error", "steps",
-                                "(actual − predicted) / predicted step time, clipped to ±100%"), width="stretch")
+    st.altair_chart(
+        charts.bars(
+            hist.assign(error=hist["error"].round(2)),
+            "error",
+            "steps",
+            "(actual − predicted) / predicted step time, clipped to ±100%",
+        ),
+        width="stretch",
+    )
 
 
 def latency(report: dict) -> None:

@@ -15,6 +15,7 @@ stdout; progress stays on stderr).
 Exit status 0 when the run went as the scenario says (fallback after the fault,
 or compact held with ``--fault none``), 1 otherwise; the summary says why.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,10 @@ MARKER = ".sparkgate-demo"
 # as the busiest replica of a fleet tends to be the one whose drift matters.
 REPLICAS = (("replica-a", 5.0), ("replica-b", 5.0), ("replica-c", 10.0))
 FAULTY = "replica-c"
-FAULT_TEXT = {"drift": "{r} now samples new requests at temperature {t} (it was greedy)",
-              "cost-table": "{r} now runs with a cost table and graph tiers from an accelerator (forced)"}
+FAULT_TEXT = {
+    "drift": "{r} now samples new requests at temperature {t} (it was greedy)",
+    "cost-table": "{r} now runs with a cost table and graph tiers from an accelerator (forced)",
+}
 
 
 @dataclass(frozen=True)
@@ -129,8 +132,10 @@ class Watch:
                 self.say(gate_table(verdicts))
         elif d["outcome"] == "fail" and d["phase_to"] != "fallback":  # fallback judges for the record only
             count = f"failure {rule.get('failures', '?')}, {self.policy.failure_limit} tolerated"
-            self.say(f"{at}  interval failed in {to} ({count}): "
-                     + "; ".join(describe_verdict(v) for v in failing(d["reasons"])))
+            self.say(
+                f"{at}  interval failed in {to} ({count}): "
+                + "; ".join(describe_verdict(v) for v in failing(d["reasons"]))
+            )
 
     def _line(self) -> None:
         s, now = self.status, time.time()
@@ -139,14 +144,19 @@ class Watch:
         self.last_line_at = now
         policy = s["policy"]
         gates = {g["gate"]: g for g in s["gates"]}
-        figures = "  ".join(f"{name} {gates[key]['value']:.3f}" for name, key in
-                            (("ECE", "survival_ece"), ("util", "upper_bound_utilization"))
-                            if key in gates and gates[key]["value"] is not None)
+        figures = "  ".join(
+            f"{name} {gates[key]['value']:.3f}"
+            for name, key in (("ECE", "survival_ece"), ("util", "upper_bound_utilization"))
+            if key in gates and gates[key]["value"] is not None
+        )
         last = interval_outcome(Verdict(**g) for g in s["gates"]) if s["gates"] else "-"
         stage = stage_label(policy["phase"], policy["compact_fraction"])
-        line = (f"[{now - self.t0:5.0f}s/{self.deadline_s:.0f}s] {stage}  rev {policy['revision']}  passes {s['passes']}/{s['needed_passes']}"
-                f"  failures {s['failures']}/{s['failure_limit']}  last interval: {last}  {figures}"
-                f"  steps {self._steps():,}")
+        line = (
+            f"[{now - self.t0:5.0f}s/{self.deadline_s:.0f}s] {stage}  rev {policy['revision']}"
+            f"  passes {s['passes']}/{s['needed_passes']}"
+            f"  failures {s['failures']}/{s['failure_limit']}  last interval: {last}  {figures}"
+            f"  steps {self._steps():,}"
+        )
         if self.tty:
             click.echo("\r\x1b[K" + line, err=True, nl=False)
         else:
@@ -158,8 +168,9 @@ class Watch:
         return int(float(match.group(1))) if match else 0
 
 
-def _scenario(fleet: Fleet, watch: Watch, plan: Plan, fault: str,
-              drift_temperature: float) -> tuple[float | None, str, bool]:
+def _scenario(
+    fleet: Fleet, watch: Watch, plan: Plan, fault: str, drift_temperature: float
+) -> tuple[float | None, str, bool]:
     """Drive the run to its end; returns (when the fault fired, outcome text, whether it went as designed)."""
     fault_at = None
     compact_stage = len(watch.policy.stages()) - 1
@@ -183,10 +194,15 @@ def _scenario(fleet: Fleet, watch: Watch, plan: Plan, fault: str,
                 elif fault != "none" and fault_at is None:
                     fleet.signal(FAULTY, signal.SIGUSR1)
                     fault_at = time.time()
-                    watch.say(f"{fault_at - watch.t0:6.1f}s  FAULT    "
-                              + FAULT_TEXT[fault].format(r=FAULTY, t=drift_temperature))
-            if fault_at is not None and settled_at is None and \
-                    now - fault_at > plan.fault_timeout_intervals * plan.interval_s:
+                    watch.say(
+                        f"{fault_at - watch.t0:6.1f}s  FAULT    "
+                        + FAULT_TEXT[fault].format(r=FAULTY, t=drift_temperature)
+                    )
+            if (
+                fault_at is not None
+                and settled_at is None
+                and now - fault_at > plan.fault_timeout_intervals * plan.interval_s
+            ):
                 return fault_at, f"the gates did not catch the {fault} fault", False
         elif now - settled_at >= plan.linger_intervals * plan.interval_s:
             return fault_at, outcome, ok
@@ -199,24 +215,40 @@ def run_demo(out: Path, fault: str, quick: bool, policy_path: Path | None, drift
     policy = demo_policy(policy_path, quick)
     policy_file = out / "rollout.yaml"
     policy_file.write_text(yaml.safe_dump(policy.to_dict(), sort_keys=False))
-    plan = Plan(policy.evaluation_interval_s, period_s=20.0 if quick else 30.0,
-                deadline_s=240.0 if quick else 480.0)
+    plan = Plan(policy.evaluation_interval_s, period_s=20.0 if quick else 30.0, deadline_s=240.0 if quick else 480.0)
     db = out / "demo.duckdb"
     fault_at, outcome, ok = None, "interrupted", False
     with Fleet(out / "logs") as fleet:
-        click.echo(f"sparkgate demo: {len(REPLICAS)} replicas and a controller on 127.0.0.1, fault: {fault}; "
-                   f"logs in {out / 'logs'}", err=True)
+        click.echo(
+            f"sparkgate demo: {len(REPLICAS)} replicas and a controller on 127.0.0.1, fault: {fault}; "
+            f"logs in {out / 'logs'}",
+            err=True,
+        )
         port, metrics_ports = free_port(), {replica_id: free_port() for replica_id, _ in REPLICAS}
         url = f"http://127.0.0.1:{port}"
         # Replicas first: each loads the models and warms up, then opens /metrics and waits for the
         # controller, so the rollout's baseline starts with the whole fleet warm.
         for i, (replica_id, rate) in enumerate(REPLICAS):
-            fleet.replica(replica_id, url, gamma=policy.gamma, wait_s=60, rate=rate, offset=i / len(REPLICAS),
-                          period_s=plan.period_s, seed=1000 * i, metrics_port=metrics_ports[replica_id],
-                          out_dir=out, fault=fault if replica_id == FAULTY else None,
-                          drift_temperature=drift_temperature)
-        fleet.wait(lambda: all(answers(f"http://127.0.0.1:{p}/metrics") for p in metrics_ports.values()),
-                   300.0, "the replicas to load the models and warm up", *metrics_ports)
+            fleet.replica(
+                replica_id,
+                url,
+                gamma=policy.gamma,
+                wait_s=60,
+                rate=rate,
+                offset=i / len(REPLICAS),
+                period_s=plan.period_s,
+                seed=1000 * i,
+                metrics_port=metrics_ports[replica_id],
+                out_dir=out,
+                fault=fault if replica_id == FAULTY else None,
+                drift_temperature=drift_temperature,
+            )
+        fleet.wait(
+            lambda: all(answers(f"http://127.0.0.1:{p}/metrics") for p in metrics_ports.values()),
+            300.0,
+            "the replicas to load the models and warm up",
+            *metrics_ports,
+        )
         fleet.controller(db, policy_file, port)
         watch = Watch(url, policy, started, plan.deadline_s)
         try:
@@ -232,27 +264,52 @@ def run_demo(out: Path, fault: str, quick: bool, policy_path: Path | None, drift
         summary = summarize(store, started, ended, fault, fault_at)
         exported = store.export(out / "parquet")
         store.snapshot(out / "snapshot")
-    summary.update({"ok": ok, "outcome": outcome, "wall_s": round(time.time() - started, 1), "db": str(db),
-                    "parquet": str(out / "parquet"), "snapshot": str(out / "snapshot"), "exported_rows": exported,
-                    "policy": str(policy_file),
-                    "dashboard": f"sparkgate dashboard --db {db} --policy {policy_file}"})
+    summary.update(
+        {
+            "ok": ok,
+            "outcome": outcome,
+            "wall_s": round(time.time() - started, 1),
+            "db": str(db),
+            "parquet": str(out / "parquet"),
+            "snapshot": str(out / "snapshot"),
+            "exported_rows": exported,
+            "policy": str(policy_file),
+            "dashboard": f"sparkgate dashboard --db {db} --policy {policy_file}",
+        }
+    )
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
 @click.command()
-@click.option("--fault", type=click.Choice(["drift", "cost-table", "none"]), default="drift", show_default=True,
-              help="drift: a replica's sampling temperature changes; cost-table: a replica schedules with a "
-                   "cost table from other hardware; none: the rollout ends in compact.")
+@click.option(
+    "--fault",
+    type=click.Choice(["drift", "cost-table", "none"]),
+    default="drift",
+    show_default=True,
+    help="drift: a replica's sampling temperature changes; cost-table: a replica schedules with a "
+    "cost table from other hardware; none: the rollout ends in compact.",
+)
 @click.option("--quick", is_flag=True, help="Shorter intervals and fewer passes (about a minute; for CI).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object on stdout.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("sparkgate-demo"),
-              show_default=True, help="Directory for the DuckDB file, Parquet, logs (emptied first).")
-@click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=None, help="Rollout policy YAML [default: the demo's own demo_rollout.yaml].")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("sparkgate-demo"),
+    show_default=True,
+    help="Directory for the DuckDB file, Parquet, logs (emptied first).",
+)
+@click.option(
+    "--policy",
+    "policy_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Rollout policy YAML [default: the demo's own demo_rollout.yaml].",
+)
 @click.option("--drift-temperature", default=3.0, show_default=True, help="Temperature of the drift fault.")
 def demo(fault, quick, as_json, out, policy_path, drift_temperature):
     """Run a local fleet through the whole rollout, inject a fault, and show the automatic fallback."""
+
     def interrupt(*_):
         raise KeyboardInterrupt
 
@@ -265,9 +322,10 @@ def demo(fault, quick, as_json, out, policy_path, drift_temperature):
         click.echo(json.dumps(summary))
     else:
         click.echo(render(summary))
-        click.echo(f"\n{'OK' if summary['ok'] else 'NOT AS PLANNED'}: {summary['outcome']} "
-                   f"({summary['wall_s']:.0f} s)")
-        click.echo(f"DuckDB file: {summary['db']}\nParquet export: {summary['parquet']}\n"
-                   f"Open the dashboards: {summary['dashboard']}")
+        click.echo(f"\n{'OK' if summary['ok'] else 'NOT AS PLANNED'}: {summary['outcome']} ({summary['wall_s']:.0f} s)")
+        click.echo(
+            f"DuckDB file: {summary['db']}\nParquet export: {summary['parquet']}\n"
+            f"Open the dashboards: {summary['dashboard']}"
+        )
     if not summary["ok"]:
         sys.exit(1)

@@ -7,6 +7,7 @@ first (their last records still reach the controller), then the controller
 the parent dies without cleaning up (``PR_SET_PDEATHSIG``), so even a killed
 demo or test leaves nothing running. Everything listens on 127.0.0.1.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -17,16 +18,15 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import httpx
 
 # One thread per process: the replicas share a few cores, and OpenMP workers spin-waiting
 # on oversubscribed cores make torch many times slower.
-CHILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-             "PYTHONUNBUFFERED": "1"}
+CHILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 STOP_TIMEOUT_S = 20.0
 _PR_SET_PDEATHSIG = 1
 
@@ -71,7 +71,7 @@ class Fleet:
         self.children: dict[str, Child] = {}
         self.python = sys.executable
 
-    def __enter__(self) -> "Fleet":
+    def __enter__(self) -> Fleet:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -82,17 +82,36 @@ class Fleet:
             raise ValueError(f"a child named {name!r} is already running")
         log_path = self.logs_dir / f"{name}.log"
         with open(log_path, "wb") as log:
-            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                       env={**os.environ, **CHILD_ENV}, start_new_session=True,
-                                       preexec_fn=_die_with_parent)
+            process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **CHILD_ENV},
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
         child = self.children[name] = Child(name, process, log_path)
         return child
 
-    def controller(self, db: Path, policy: Path, port: int, *, snapshot_dir: Path | None = None,
-                   prometheus: str | None = None) -> str:
+    def controller(
+        self, db: Path, policy: Path, port: int, *, snapshot_dir: Path | None = None, prometheus: str | None = None
+    ) -> str:
         """Start ``sparkgate serve`` and return its base URL once it answers."""
-        argv = [self.python, "-m", "sparkgate", "serve", "--db", str(db), "--policy", str(policy),
-                "--host", "127.0.0.1", "--port", str(port)]
+        argv = [
+            self.python,
+            "-m",
+            "sparkgate",
+            "serve",
+            "--db",
+            str(db),
+            "--policy",
+            str(policy),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
         if snapshot_dir is not None:
             argv += ["--snapshot-dir", str(snapshot_dir)]
         if prometheus is not None:
@@ -128,8 +147,11 @@ class Fleet:
                 raise FleetError(f"{name} exited with status {code}" + self._tails([name]))
 
     def _tails(self, names) -> str:
-        return "".join(f"\n--- last lines of {self.children[n].log_path} ---\n{self.children[n].tail()}"
-                       for n in names or self.children if n in self.children)
+        return "".join(
+            f"\n--- last lines of {self.children[n].log_path} ---\n{self.children[n].tail()}"
+            for n in names or self.children
+            if n in self.children
+        )
 
     def signal(self, name: str, sig: int) -> None:
         self.children[name].process.send_signal(sig)

@@ -6,6 +6,7 @@ summary shows exactly the figures the gates decided on. A stage is one policy
 revision (a rung of the ladder, or fallback); the fault, which happens inside
 a stage, splits it in two so the figures before and after it stand apart.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,11 +49,21 @@ def stages_of(decisions: list[Decision], end: float, fault_at: float | None = No
         label = stage_label(d.phase_to, d.compact_fraction)
         if fault_at is not None and d.decided_at <= fault_at < stop:
             out.append(Stage(label, d.phase_to, d.compact_fraction, d.revision, d.decided_at, fault_at))
-            out.append(Stage(f"{label} + fault", d.phase_to, d.compact_fraction, d.revision, fault_at, stop,
-                             faulted=True))
+            out.append(
+                Stage(f"{label} + fault", d.phase_to, d.compact_fraction, d.revision, fault_at, stop, faulted=True)
+            )
         else:
-            out.append(Stage(label, d.phase_to, d.compact_fraction, d.revision, d.decided_at, stop,
-                             faulted=fault_at is not None and d.decided_at > fault_at))
+            out.append(
+                Stage(
+                    label,
+                    d.phase_to,
+                    d.compact_fraction,
+                    d.revision,
+                    d.decided_at,
+                    stop,
+                    faulted=fault_at is not None and d.decided_at > fault_at,
+                )
+            )
     return out
 
 
@@ -82,8 +93,10 @@ def fallback_reason(decisions: list[Decision]) -> str | None:
         return None
     decision = rollbacks[-1]
     rule = decision.reasons[0]
-    detail = {"failure limit": lambda: f" ({rule['failures']} failed intervals > limit {rule['limit']})",
-              "progress deadline": lambda: f" (inconclusive {rule['inconclusive_s']:.0f} s)"}
+    detail = {
+        "failure limit": lambda: f" ({rule['failures']} failed intervals > limit {rule['limit']})",
+        "progress deadline": lambda: f" (inconclusive {rule['inconclusive_s']:.0f} s)",
+    }
     text = rule["rule"] + detail.get(rule["rule"], lambda: "")()
     gates = failing(decision.reasons)
     return text + (": " + "; ".join(describe_verdict(v) for v in gates) if gates else "")
@@ -96,19 +109,32 @@ def _by_phase(store: Store) -> dict[str, dict]:
         SELECT s.phase, count(*) AS steps, sum(t.tokens)::BIGINT AS tokens, sum(s.step_ms) / 1000 AS busy_s,
                min(s.ts) AS first
         FROM steps s JOIN t USING (replica_id, step_id) GROUP BY s.phase ORDER BY first""").to_pylist()
-    return {r["phase"]: {"steps": r["steps"], "committed_tokens": r["tokens"], "busy_s": r["busy_s"],
-                         "tokens_per_s": r["tokens"] / r["busy_s"] if r["busy_s"] else None} for r in rows}
+    return {
+        r["phase"]: {
+            "steps": r["steps"],
+            "committed_tokens": r["tokens"],
+            "busy_s": r["busy_s"],
+            "tokens_per_s": r["tokens"] / r["busy_s"] if r["busy_s"] else None,
+        }
+        for r in rows
+    }
 
 
 def _labels(store: Store) -> dict:
-    rows = store.query("SELECT mode::VARCHAR AS mode, status::VARCHAR AS status, count(*) AS n "
-                       "FROM depth_labels GROUP BY ALL ORDER BY ALL").to_pylist()
+    rows = store.query(
+        "SELECT mode::VARCHAR AS mode, status::VARCHAR AS status, count(*) AS n "
+        "FROM depth_labels GROUP BY ALL ORDER BY ALL"
+    ).to_pylist()
     by_mode: dict[str, dict[str, int]] = {}
     for r in rows:
         by_mode.setdefault(r["mode"], {})[r["status"]] = r["n"]
     censored = sum(r["n"] for r in rows if r["status"] == "censored")
-    return {"observed": sum(r["n"] for r in rows) - censored, "censored": censored,
-            "uncensored_traffic": sum(r["n"] for r in rows if r["mode"] != "compact"), "by_mode": by_mode}
+    return {
+        "observed": sum(r["n"] for r in rows) - censored,
+        "censored": censored,
+        "uncensored_traffic": sum(r["n"] for r in rows if r["mode"] != "compact"),
+        "by_mode": by_mode,
+    }
 
 
 def _stage_figures(store: Store, stage: Stage, t0: float) -> dict:
@@ -116,9 +142,14 @@ def _stage_figures(store: Store, stage: Stage, t0: float) -> dict:
     report, gates = evaluation.report(), evaluation.measurements(stage.phase)
     modes = {m: a["requests"] for m, a in report["acceptance"].items()}
     return {
-        "stage": stage.label, "phase": stage.phase, "compact_fraction": stage.compact_fraction,
-        "revision": stage.revision, "start_s": stage.start - t0, "end_s": stage.end - t0,
-        "fault": stage.faulted, "request_rows": modes,
+        "stage": stage.label,
+        "phase": stage.phase,
+        "compact_fraction": stage.compact_fraction,
+        "revision": stage.revision,
+        "start_s": stage.start - t0,
+        "end_s": stage.end - t0,
+        "fault": stage.faulted,
+        "request_rows": modes,
         "tokens_per_s": report["throughput"]["tokens_per_s"],
         # The gates' comparison: against the baseline at matched load, so the load swing cancels out.
         "tokens_per_s_vs_baseline": gates["tokens_per_s_ratio"].value,
@@ -137,9 +168,17 @@ def _decision_log(decisions: list[Decision], t0: float) -> list[dict]:
     out = []
     for d in decisions:
         if d.action in CHANGES_POLICY or (d.outcome == Outcome.FAIL and d.phase_to != Phase.FALLBACK):
-            out.append({"at_s": round(d.decided_at - t0, 1), "action": d.action, "from": d.phase_from,
-                        "to": stage_label(d.phase_to, d.compact_fraction), "revision": d.revision,
-                        "rule": d.reasons[0].get("rule"), "failing": [describe_verdict(v) for v in failing(d.reasons)]})
+            out.append(
+                {
+                    "at_s": round(d.decided_at - t0, 1),
+                    "action": d.action,
+                    "from": d.phase_from,
+                    "to": stage_label(d.phase_to, d.compact_fraction),
+                    "revision": d.revision,
+                    "rule": d.reasons[0].get("rule"),
+                    "failing": [describe_verdict(v) for v in failing(d.reasons)],
+                }
+            )
     return out
 
 
@@ -163,18 +202,25 @@ def summarize(store: Store, started_at: float, ended_at: float, fault: str, faul
 
 # -- text --------------------------------------------------------------------------------------------------
 
+
 def gate_table(verdicts: list[dict], indent: str = "    ") -> str:
     """The verdicts of one interval as an aligned table."""
     rows = [("gate", "value", "threshold", "samples", "verdict")]
     for v in verdicts:
         value = "-" if v["value"] is None else f"{v['value']:.3f}"
         bound = f"{'<=' if v['direction'] == 'at_most' else '>='} {v['threshold']:g}"
-        verdict = v["outcome"] + (" (dry run)" if v.get("dry_run") else "") + (" CRITICAL" if v["critical"] and
-                                                                              v["outcome"] == Outcome.FAIL else "")
+        verdict = (
+            v["outcome"]
+            + (" (dry run)" if v.get("dry_run") else "")
+            + (" CRITICAL" if v["critical"] and v["outcome"] == Outcome.FAIL else "")
+        )
         rows.append((v["gate"], value, bound, f"{v['samples']:,}", verdict))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join(indent + "  ".join(c.ljust(w) if i in (0, 4) else c.rjust(w)
-                                        for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows)
+    return "\n".join(
+        indent
+        + "  ".join(c.ljust(w) if i in (0, 4) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+        for r in rows
+    )
 
 
 def _number(value: float | None, fmt: str) -> str:
@@ -184,25 +230,34 @@ def _number(value: float | None, fmt: str) -> str:
 def render(summary: dict) -> str:
     """The final summary as text: per stage figures, per-depth ECE, decisions, outcome, where the data is."""
     stages = summary["stages"]
-    lines = ["", "Stages (tok/s: committed tokens per busy replica-second; x base: the same against the baseline",
-             "at matched load; ECE: worst depth, uncensored traffic; util: cap-accept, or shadow's suggestion)",
-             f"  {'stage':<20}{'from':>6}{'to':>6}{'tok/s':>8}{'x base':>8}{'ECE':>7}{'util':>7}{'miss':>7}"
-             f"{'p99 ms':>8}"]
+    lines = [
+        "",
+        "Stages (tok/s: committed tokens per busy replica-second; x base: the same against the baseline",
+        "at matched load; ECE: worst depth, uncensored traffic; util: cap-accept, or shadow's suggestion)",
+        f"  {'stage':<20}{'from':>6}{'to':>6}{'tok/s':>8}{'x base':>8}{'ECE':>7}{'util':>7}{'miss':>7}{'p99 ms':>8}",
+    ]
     for s in stages:
         worst = max(s["ece_by_depth"].values(), default=None)
         utilization = s["shadow_utilization"] if s["phase"] == "shadow" else s["utilization"]
-        lines.append(f"  {s['stage']:<20}{s['start_s']:>6.0f}{s['end_s']:>6.0f}{_number(s['tokens_per_s'], '.0f'):>8}"
-                     f"{_number(s['tokens_per_s_vs_baseline'], '.2f'):>8}{_number(worst, '.3f'):>7}"
-                     f"{_number(utilization, '.2f'):>7}{_number(s['miss_rate'], '.1%'):>7}"
-                     f"{_number(s['p99_ms'], '.1f'):>8}")
+        lines.append(
+            f"  {s['stage']:<20}{s['start_s']:>6.0f}{s['end_s']:>6.0f}{_number(s['tokens_per_s'], '.0f'):>8}"
+            f"{_number(s['tokens_per_s_vs_baseline'], '.2f'):>8}{_number(worst, '.3f'):>7}"
+            f"{_number(utilization, '.2f'):>7}{_number(s['miss_rate'], '.1%'):>7}"
+            f"{_number(s['p99_ms'], '.1f'):>8}"
+        )
     depths = sorted({d for s in stages for d in s["ece_by_depth"]}, key=int)
-    lines += ["", "Survival ECE per depth (uncensored traffic)",
-              f"  {'stage':<20}" + "".join(f"{'d' + d:>7}" for d in depths)]
+    lines += [
+        "",
+        "Survival ECE per depth (uncensored traffic)",
+        f"  {'stage':<20}" + "".join(f"{'d' + d:>7}" for d in depths),
+    ]
     for s in stages:
-        lines.append(f"  {s['stage']:<20}" + "".join(f"{_number(s['ece_by_depth'].get(d), '.3f'):>7}"
-                                                     for d in depths))
-    lines += ["", "Committed tokens/s by phase: " + ", ".join(
-        f"{p} {_number(v, '.0f')}" for p, v in summary["tokens_per_s_by_phase"].items())]
+        lines.append(f"  {s['stage']:<20}" + "".join(f"{_number(s['ece_by_depth'].get(d), '.3f'):>7}" for d in depths))
+    lines += [
+        "",
+        "Committed tokens/s by phase: "
+        + ", ".join(f"{p} {_number(v, '.0f')}" for p, v in summary["tokens_per_s_by_phase"].items()),
+    ]
     labels = summary["labels"]
     lines.append(f"Depth labels: {labels['observed']:,} observed, {labels['censored']:,} censored (compact)")
     lines += ["", "Decisions"]

@@ -1,13 +1,14 @@
 """Loopback HTTP servers for tests: ``serving`` runs any handler; ``scripted_server`` answers GETs in turn.
 
 Handlers subclass ``QuietHandler``: it answers with ``reply`` and keeps request logs off the test output."""
+
 from __future__ import annotations
 
 import contextlib
 import json
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Iterator
 
 
 class QuietHandler(BaseHTTPRequestHandler):
@@ -28,7 +29,7 @@ def scripted_server(path: str, payloads: list, content_type: str = "application/
     remaining = list(payloads)
 
     class Handler(QuietHandler):
-        def do_GET(self):  # noqa: N802 - http.server's naming
+        def do_GET(self):
             if self.path != path:
                 self.send_error(404)
                 return

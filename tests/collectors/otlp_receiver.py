@@ -1,10 +1,11 @@
 """A real OTLP/HTTP traces receiver on 127.0.0.1: decodes each protobuf export it is sent."""
+
 from __future__ import annotations
 
 import contextlib
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -52,7 +53,7 @@ def otlp_receiver() -> Iterator[tuple[str, Received]]:
     received = Received()
 
     class Handler(QuietHandler):
-        def do_POST(self):  # noqa: N802 - http.server's naming
+        def do_POST(self):
             body = self.rfile.read(int(self.headers["content-length"]))
             if self.path != "/v1/traces" or self.headers["content-type"] != "application/x-protobuf":
                 self.send_error(404)

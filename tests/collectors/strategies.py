@@ -1,9 +1,11 @@
 """Hypothesis strategies and builders for valid v1 step records."""
+
 from __future__ import annotations
 
 import dataclasses
 
 from hypothesis import strategies as st
+
 from sparkgate.collectors.schema import MODES, RequestRow, StepRecord
 
 probability = st.floats(0.0, 1.0, allow_nan=False)
@@ -21,12 +23,17 @@ def request_rows(draw, gamma: int, request_id: str) -> RequestRow:
     confidence = draw(st.lists(probability, min_size=gamma, max_size=gamma))
     survival = sorted(draw(st.lists(probability, min_size=gamma, max_size=gamma)), reverse=True)
     return RequestRow(
-        request_id=request_id, mode=mode, task=draw(st.sampled_from(["chat", "code"])),
+        request_id=request_id,
+        mode=mode,
+        task=draw(st.sampled_from(["chat", "code"])),
         temperature=draw(st.sampled_from([0.0, 0.7, 1.0])),
         window_suggested=draw(st.integers(0, gamma)) if mode == "shadow" else None,
-        window=window, accepted=accepted, full_accept=full_accept,
+        window=window,
+        accepted=accepted,
+        full_accept=full_accept,
         cap_trim=full - accepted if mode == "cap_accept" else 0,
-        confidence=confidence, survival=survival,
+        confidence=confidence,
+        survival=survival,
         committed_tokens=draw(st.lists(st.integers(0, 50000), min_size=accepted + 1, max_size=accepted + 1)),
     )
 
@@ -35,11 +42,30 @@ def step(step_id: int = 1, gamma: int = 4, requests: list[RequestRow] | None = N
     """A valid step with graph hit and plausible timings; ``overrides`` replace fields."""
     requests = [] if requests is None else requests
     record = StepRecord(
-        replica_id="replica-a", step_id=step_id, ts=1.75e9 + step_id, batch_size=len(requests),
-        gamma=gamma, verify_rows=len(requests) * (gamma + 1), tier_rows=64, tier=64, graph_hit=True,
-        miss_reason=None, draft_ms=1.0, schedule_ms=0.1, verify_ms=3.0, accept_ms=0.2, step_ms=4.5,
-        predicted_step_ms=4.4, host_syncs=1, phase="shadow", policy_revision=3, model_version="tiny-lm",
-        drafter_version="tiny-drafter", sts_version="sts-1", cost_table_version=None, requests=requests,
+        replica_id="replica-a",
+        step_id=step_id,
+        ts=1.75e9 + step_id,
+        batch_size=len(requests),
+        gamma=gamma,
+        verify_rows=len(requests) * (gamma + 1),
+        tier_rows=64,
+        tier=64,
+        graph_hit=True,
+        miss_reason=None,
+        draft_ms=1.0,
+        schedule_ms=0.1,
+        verify_ms=3.0,
+        accept_ms=0.2,
+        step_ms=4.5,
+        predicted_step_ms=4.4,
+        host_syncs=1,
+        phase="shadow",
+        policy_revision=3,
+        model_version="tiny-lm",
+        drafter_version="tiny-drafter",
+        sts_version="sts-1",
+        cost_table_version=None,
+        requests=requests,
     )
     return dataclasses.replace(record, **overrides)
 
@@ -56,6 +82,17 @@ def step_records(draw, step_id: int | None = None, replica_id: str = "replica-a"
 def compact_row(gamma: int = 4, window: int = 2, accepted: int = 2, request_id: str = "r1") -> RequestRow:
     """A compact row; censored when accepted == window < gamma."""
     censored = accepted == window < gamma
-    return RequestRow(request_id, "compact", "chat", 0.0, window, window, accepted,
-                      None if censored else accepted, 0, [0.9] * gamma,
-                      [0.9 ** (k + 1) for k in range(gamma)], list(range(accepted + 1)))
+    return RequestRow(
+        request_id,
+        "compact",
+        "chat",
+        0.0,
+        window,
+        window,
+        accepted,
+        None if censored else accepted,
+        0,
+        [0.9] * gamma,
+        [0.9 ** (k + 1) for k in range(gamma)],
+        list(range(accepted + 1)),
+    )

@@ -1,12 +1,13 @@
 """The sparkgate ingest / export / prune / collect commands and the ingest benchmark smoke test."""
+
 from __future__ import annotations
 
 import json
 
 from click.testing import CliRunner
-from sparkgate.collectors.store import Store
 
 from sparkgate.cli import main
+from sparkgate.collectors.store import Store
 from tests.collectors.loopback import scripted_server
 from tests.collectors.strategies import compact_row, step
 from tests.collectors.test_pollers import R1, R2, server_info
@@ -47,8 +48,22 @@ def test_ingest_export_and_prune(tmp_path):
 def test_collect_sglang_once(tmp_path):
     db = tmp_path / "collect.duckdb"
     with scripted_server("/server_info", [server_info([R1, R2])]) as url:
-        result = CliRunner().invoke(main, ["collect", "--db", str(db), "--sglang", url, "--polls", "2",
-                                           "--interval", "0", "--snapshot-dir", str(tmp_path / "snap")])
+        result = CliRunner().invoke(
+            main,
+            [
+                "collect",
+                "--db",
+                str(db),
+                "--sglang",
+                url,
+                "--polls",
+                "2",
+                "--interval",
+                "0",
+                "--snapshot-dir",
+                str(tmp_path / "snap"),
+            ],
+        )
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert [line["steps"] for line in lines] == [2, 0]
@@ -61,8 +76,24 @@ def test_collect_needs_a_source():
 
 
 def test_bench_ingest_smoke():
-    result = CliRunner().invoke(main, ["bench", "ingest", "--rows", "5000", "--rowwise-rows", "500",
-                                       "--http-rows", "2000", "--batch-steps", "8", "--body-steps", "4", "--json"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "bench",
+            "ingest",
+            "--rows",
+            "5000",
+            "--rowwise-rows",
+            "500",
+            "--http-rows",
+            "2000",
+            "--batch-steps",
+            "8",
+            "--body-steps",
+            "4",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     figures = json.loads(result.stdout)
     for field in ("rows", "batch_rows_per_s", "rowwise_rows_per_s", "speedup", "http_rows_per_s", "http_lost_rows"):

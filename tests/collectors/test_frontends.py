@@ -1,4 +1,5 @@
 """Front ends: NDJSON and Arrow IPC parsing, the in-process sink, the HTTP endpoint, metrics, spans."""
+
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ import pyarrow as pa
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
+
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.ingest import Ingestor, StoreSink
 from sparkgate.collectors.ingest_api import ingest_app, serve_in_thread
@@ -17,7 +19,6 @@ from sparkgate.collectors.schema import RequestRow
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.tracing import tracer_provider
 from sparkgate.collectors.wire import from_ipc, from_ndjson, from_records, to_ipc
-
 from tests.collectors.otlp_receiver import attributes, otlp_receiver
 from tests.collectors.strategies import compact_row, step
 
@@ -33,8 +34,13 @@ def test_ndjson_fast_path_and_blank_lines():
 
 
 def test_ndjson_bad_lines_are_pinpointed():
-    body = ndjson(step(1)) + b"{not json\n" + json.dumps(step(3).to_dict()).replace(
-        '"gamma": 4', '"gamma": "four"').encode() + b"\n" + ndjson(step(4))
+    body = (
+        ndjson(step(1))
+        + b"{not json\n"
+        + json.dumps(step(3).to_dict()).replace('"gamma": 4', '"gamma": "four"').encode()
+        + b"\n"
+        + ndjson(step(4))
+    )
     parsed = from_ndjson(body)
     assert parsed.wire.column("step_id").to_pylist() == [1, 4]
     assert list(parsed.positions) == [0, 3]
@@ -89,8 +95,9 @@ def test_sink_applies_backpressure_instead_of_growing_or_dropping(store):
             return super().ingest(parsed, source)
 
     with StoreSink(StalledDisk(store), batch_records=2, max_delay_s=0.01, max_pending=4) as sink:
-        producer = threading.Thread(target=lambda: [sink(step(i, requests=[compact_row(request_id=f"r{i}")]))
-                                                    for i in range(12)])
+        producer = threading.Thread(
+            target=lambda: [sink(step(i, requests=[compact_row(request_id=f"r{i}")])) for i in range(12)]
+        )
         producer.start()
         producer.join(timeout=0.5)
         assert producer.is_alive()  # blocked: the writer holds one batch, the queue is full
@@ -106,23 +113,37 @@ def test_sink_applies_backpressure_instead_of_growing_or_dropping(store):
 def test_http_ingest_ndjson_arrow_problems_and_limits(store):
     ingestor = Ingestor(store, Metrics())
     with serve_in_thread(ingest_app(ingestor, max_body_bytes=200_000)) as url, httpx.Client(base_url=url) as http:
-        ok = http.post("/v1/ingest", content=ndjson(step(1, requests=[compact_row()])),
-                       headers={"content-type": "application/x-ndjson"})
-        assert ok.status_code == 200 and ok.json() == {"steps": 1, "requests": 1, "depth_labels": 4,
-                                                        "quarantined": 0}
-        arrow = http.post("/v1/ingest", content=to_ipc(synthetic_wire(5, 4, 3, first_step=100)),
-                          headers={"content-type": "application/vnd.apache.arrow.stream"})
+        ok = http.post(
+            "/v1/ingest",
+            content=ndjson(step(1, requests=[compact_row()])),
+            headers={"content-type": "application/x-ndjson"},
+        )
+        assert ok.status_code == 200 and ok.json() == {"steps": 1, "requests": 1, "depth_labels": 4, "quarantined": 0}
+        arrow = http.post(
+            "/v1/ingest",
+            content=to_ipc(synthetic_wire(5, 4, 3, first_step=100)),
+            headers={"content-type": "application/vnd.apache.arrow.stream"},
+        )
         assert arrow.status_code == 200 and arrow.json()["depth_labels"] == 60
-        bad = http.post("/v1/ingest", content=ndjson(step(2), step(3, gamma=0)),
-                        headers={"content-type": "application/x-ndjson"})
+        bad = http.post(
+            "/v1/ingest", content=ndjson(step(2), step(3, gamma=0)), headers={"content-type": "application/x-ndjson"}
+        )
         assert bad.status_code == 422
         assert bad.json()["steps"] == 1
-        assert bad.json()["problems"] == [{"position": 1, "replica_id": "replica-a", "step_id": 3, "problems": [
-            {"field": "gamma", "value": 0, "message": "must be in [1, 64]"}]}]
+        assert bad.json()["problems"] == [
+            {
+                "position": 1,
+                "replica_id": "replica-a",
+                "step_id": 3,
+                "problems": [{"field": "gamma", "value": 0, "message": "must be in [1, 64]"}],
+            }
+        ]
         big = http.post("/v1/ingest", content=b"x" * 300_000, headers={"content-type": "application/x-ndjson"})
         assert big.status_code == 413
         assert http.post("/v1/ingest", content=b"a", headers={"content-type": "text/csv"}).status_code == 415
-        assert http.post("/v1/ingest", content=b" ", headers={"content-type": "application/x-ndjson"}).status_code == 400
+        assert (
+            http.post("/v1/ingest", content=b" ", headers={"content-type": "application/x-ndjson"}).status_code == 400
+        )
         scrape = http.get("/metrics").text
     assert store.counts() == {"steps": 7, "requests": 21, "depth_labels": 64, "quarantine": 1}
     assert "sparkgate_ingested_steps_total 7.0" in scrape
@@ -133,8 +154,9 @@ def test_metrics_count_depths_tiers_and_times(store):
     metrics = Metrics()
     ingestor = Ingestor(store, metrics)
     rows = [compact_row(gamma=4, window=2, accepted=2), compact_row(gamma=4, window=3, accepted=1, request_id="r2")]
-    ingestor.ingest(from_ndjson(ndjson(step(1, requests=rows),
-                                       step(2, graph_hit=False, miss_reason="over_max_tier"))), "t")
+    ingestor.ingest(
+        from_ndjson(ndjson(step(1, requests=rows), step(2, graph_hit=False, miss_reason="over_max_tier"))), "t"
+    )
     value = metrics.registry.get_sample_value
     # depth 2: accepted in row 1, rejected in row 2; depth 3: censored in row 1, not at risk in row 2.
     assert value("sparkgate_depth_verified_total", {"mode": "compact", "depth": "2"}) == 2
@@ -168,8 +190,9 @@ def test_one_internal_span_per_step(store):
     provider = tracer_provider(exporter=exporter)
     ingestor = Ingestor(store, tracer=provider.get_tracer("test"))
     rows = [compact_row(), compact_row(request_id="r2")]
-    ingestor.ingest(from_ndjson(ndjson(step(1, requests=rows), step(2, graph_hit=False, miss_reason="not_captured"))),
-                    "t")
+    ingestor.ingest(
+        from_ndjson(ndjson(step(1, requests=rows), step(2, graph_hit=False, miss_reason="not_captured"))), "t"
+    )
     spans = exporter.get_finished_spans()
     assert [s.name for s in spans] == ["verify_step", "verify_step"]
     first, second = spans
@@ -184,8 +207,12 @@ def test_spans_reach_a_real_otlp_receiver(store):
     with otlp_receiver() as (url, received):
         provider = tracer_provider(otlp_endpoint=url, service_name="sparkgate-test")
         ingestor = Ingestor(store, tracer=provider.get_tracer("test"))
-        ingestor.ingest(from_ndjson(ndjson(step(1, requests=[compact_row()]),
-                                           step(2, graph_hit=False, miss_reason="over_max_tier"))), "t")
+        ingestor.ingest(
+            from_ndjson(
+                ndjson(step(1, requests=[compact_row()]), step(2, graph_hit=False, miss_reason="over_max_tier"))
+            ),
+            "t",
+        )
         provider.shutdown()  # flushes the batch processor
         spans = received.wait_for(2)
     assert len(spans) == 2

@@ -1,11 +1,12 @@
 """Depth labels follow DESIGN §2 exactly."""
+
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from sparkgate.collectors.labels import explode
 from sparkgate.collectors.wire import flatten, from_records
-
 from tests.collectors.strategies import compact_row, step, step_records
 
 
@@ -38,10 +39,10 @@ def test_statuses_match_the_design(records):
         for req in record.requests:
             for k in range(1, record.gamma + 1):
                 status = oracle(req.mode, record.gamma, req.window, req.accepted, req.full_accept, k)
-                expected.append((record.step_id, req.request_id, k, status, req.confidence[k - 1],
-                                 req.survival[k - 1]))
-    assert [(r["step_id"], r["request_id"], r["depth"], r["status"], r["confidence"], r["survival"])
-            for r in rows] == expected
+                expected.append((record.step_id, req.request_id, k, status, req.confidence[k - 1], req.survival[k - 1]))
+    assert [
+        (r["step_id"], r["request_id"], r["depth"], r["status"], r["confidence"], r["survival"]) for r in rows
+    ] == expected
 
 
 @settings(max_examples=80, deadline=None)

@@ -1,4 +1,5 @@
 """Malformed input never crashes or half-writes; a killed writer loses no acknowledged batch."""
+
 from __future__ import annotations
 
 import itertools
@@ -12,15 +13,21 @@ import threading
 import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from sparkgate.collectors.store import Store
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import from_ndjson
-
 from tests.collectors.strategies import step_records
 
-JUNK = st.one_of(st.none(), st.text(max_size=5), st.integers(-10**20, 10**20), st.floats(allow_nan=True),
-                 st.booleans(), st.lists(st.integers(-3, 3), max_size=3), st.dictionaries(st.text(max_size=2),
-                                                                                          st.integers(), max_size=2))
+JUNK = st.one_of(
+    st.none(),
+    st.text(max_size=5),
+    st.integers(-(10**20), 10**20),
+    st.floats(allow_nan=True),
+    st.booleans(),
+    st.lists(st.integers(-3, 3), max_size=3),
+    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+)
 _ids = itertools.count()
 
 
@@ -43,8 +50,9 @@ def maybe_malformed(draw) -> bytes:
     return json.dumps(record).encode()  # NaN/inf become the non-standard tokens Python emits
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(st.lists(maybe_malformed(), min_size=1, max_size=6))
 def test_malformed_events_are_quarantined_and_never_half_written(store, lines):
     lines = [line for line in lines if line.strip()]
@@ -82,9 +90,12 @@ def test_sigkill_mid_stream_loses_no_acknowledged_batch(tmp_path):
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(db)], stdout=subprocess.PIPE, text=True)
     url = writer.stdout.readline().strip()
     assert url.startswith("http://127.0.0.1:")
-    bodies = [b"\n".join(json.dumps(r).encode() for r in synthetic_wire(40, 16, 5, "w", first_step=40 * b,
-                                                                         seed=b).to_pylist())
-              for b in range(200)]
+    bodies = [
+        b"\n".join(
+            json.dumps(r).encode() for r in synthetic_wire(40, 16, 5, "w", first_step=40 * b, seed=b).to_pylist()
+        )
+        for b in range(200)
+    ]
     acked: list[int] = []
     third_ack = threading.Event()
 
@@ -113,6 +124,6 @@ def test_sigkill_mid_stream_loses_no_acknowledged_batch(tmp_path):
         per_batch = {r["b"]: r["n"] for r in rows}
         steps = store.counts()["steps"]
     full = 40 * 16 * 5
-    assert all(per_batch.get(b) == full for b in acked)          # every acknowledged batch, whole
-    assert all(n == full for n in per_batch.values())            # nothing half there
+    assert all(per_batch.get(b) == full for b in acked)  # every acknowledged batch, whole
+    assert all(n == full for n in per_batch.values())  # nothing half there
     assert steps == 40 * len(per_batch)

@@ -1,4 +1,5 @@
 """The DuckDB store: transactions, quarantine, duplicates, retention, export, snapshots."""
+
 from __future__ import annotations
 
 import json
@@ -10,13 +11,13 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import explode
 from sparkgate.collectors.migrations import MIGRATIONS
 from sparkgate.collectors.store import IntervalOverlap, Store, open_snapshot, stage
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import flatten, from_dicts, from_records
-
 from tests.collectors.strategies import compact_row, step
 
 
@@ -43,8 +44,13 @@ def test_batch_rows_land_in_every_table(store):
     assert result.summary() == {"steps": 2, "requests": 2, "depth_labels": 8, "quarantined": 0}
     assert store.counts() == {"steps": 2, "requests": 2, "depth_labels": 8, "quarantine": 0}
     row = store.query('SELECT mode, "window", accepted, full_accept, survival FROM requests LIMIT 1').to_pylist()[0]
-    assert row == {"mode": "compact", "window": 2, "accepted": 2, "full_accept": None,
-                   "survival": [0.9, 0.81, pytest.approx(0.729), pytest.approx(0.6561)]}
+    assert row == {
+        "mode": "compact",
+        "window": 2,
+        "accepted": 2,
+        "full_accept": None,
+        "survival": [0.9, 0.81, pytest.approx(0.729), pytest.approx(0.6561)],
+    }
 
 
 def test_invalid_steps_are_quarantined_whole_and_valid_ones_kept(store):
@@ -70,8 +76,11 @@ def test_duplicate_steps_against_store_and_within_batch(store):
 
 def test_stream_commits_in_order_and_sees_keys_committed_by_earlier_batches(store):
     # Batch 2 is staged while batch 1 commits, so only the commit-time key check can catch its repeat.
-    batches = [(from_records([step(1), step(2)]), "a"), (from_records([step(2), step(3)]), "b"),
-               (from_records([step(4)]), "c")]
+    batches = [
+        (from_records([step(1), step(2)]), "a"),
+        (from_records([step(2), step(3)]), "b"),
+        (from_records([step(4)]), "c"),
+    ]
     results = list(store.ingest_stream(batches))
     assert [(r.source, r.steps, r.quarantined) for r in results] == [("a", 2, 0), ("b", 1, 1), ("c", 1, 0)]
     assert "already stored" in str(results[1].prepared.quarantined[0].problems[0])
@@ -136,13 +145,22 @@ def test_a_failed_commit_writes_nothing(store):
 
 
 def test_retention_deletes_old_rows_everywhere(store):
-    store.ingest(from_records([step(1, requests=[compact_row()], ts=100.0),
-                               step(2, requests=[compact_row(request_id="r2")], ts=200.0)]), "t")
+    store.ingest(
+        from_records(
+            [step(1, requests=[compact_row()], ts=100.0), step(2, requests=[compact_row(request_id="r2")], ts=200.0)]
+        ),
+        "t",
+    )
     flat = flatten(synthetic_wire(2, 2, 3))
     for end in (120.0, 220.0):
         store.record_aggregate("r0", end - 20, end, Aggregate.from_tables(flat.requests, explode(flat), 3))
-    assert store.delete_before(150.0) == {"steps": 1, "requests": 1, "depth_labels": 4, "quarantine": 0,
-                                          "aggregates": 1}
+    assert store.delete_before(150.0) == {
+        "steps": 1,
+        "requests": 1,
+        "depth_labels": 4,
+        "quarantine": 0,
+        "aggregates": 1,
+    }
     assert store.query("SELECT step_id FROM depth_labels").column(0).to_pylist() == [2] * 4
     assert store.query("SELECT interval_end FROM aggregates").column(0).to_pylist() == [220.0]
 
@@ -177,22 +195,32 @@ def test_a_replicas_stored_intervals_never_share_time(tmp_path_factory, reports)
                 if interval not in mine:
                     mine.append(interval)
         stored = store.query("SELECT replica_id, interval_start, interval_end FROM aggregates").to_pylist()
-        assert sorted((r["replica_id"], r["interval_start"], r["interval_end"]) for r in stored) == \
-            sorted((r, *i) for r, ivs in kept.items() for i in ivs)
+        assert sorted((r["replica_id"], r["interval_start"], r["interval_end"]) for r in stored) == sorted(
+            (r, *i) for r, ivs in kept.items() for i in ivs
+        )
 
 
 def test_export_is_hive_partitioned_and_reexport_does_not_duplicate(store, tmp_path):
     day = 86400.0 * 20000
-    store.ingest(from_records([step(1, requests=[compact_row()], ts=day + 5),
-                               step(2, requests=[compact_row()], ts=day + 86400 + 5, replica_id="b")]), "t")
+    store.ingest(
+        from_records(
+            [
+                step(1, requests=[compact_row()], ts=day + 5),
+                step(2, requests=[compact_row()], ts=day + 86400 + 5, replica_id="b"),
+            ]
+        ),
+        "t",
+    )
     out = tmp_path / "export"
     assert store.export(out) == {"steps": 2, "requests": 2, "depth_labels": 8}
     store.export(out, since_ts=day + 10)  # rounds down to the day: rewrites both partitions whole
-    partitions = sorted(p.relative_to(out / "depth_labels").as_posix()
-                        for p in (out / "depth_labels").glob("date=*/replica_id=*"))
+    partitions = sorted(
+        p.relative_to(out / "depth_labels").as_posix() for p in (out / "depth_labels").glob("date=*/replica_id=*")
+    )
     assert partitions == ["date=2024-10-04/replica_id=replica-a", "date=2024-10-05/replica_id=b"]
-    count = duckdb.sql(f"SELECT count(*) FROM read_parquet('{out}/depth_labels/**/*.parquet', "
-                       "hive_partitioning=true)").fetchall()[0][0]
+    count = duckdb.sql(
+        f"SELECT count(*) FROM read_parquet('{out}/depth_labels/**/*.parquet', hive_partitioning=true)"
+    ).fetchall()[0][0]
     assert count == 8
 
 
@@ -205,8 +233,10 @@ def test_snapshot_is_readable_from_another_process_while_the_writer_holds_the_fi
     for _ in range(2):
         store.snapshot(snapdir)
     assert len(list(snapdir.glob("gen-*"))) == 2 and not generation.exists()
-    code = ("from collectors.store import open_snapshot; import sys; "
-            "print(open_snapshot(sys.argv[1]).execute('SELECT count(*) FROM depth_labels').fetchall()[0][0])")
+    code = (
+        "from collectors.store import open_snapshot; import sys; "
+        "print(open_snapshot(sys.argv[1]).execute('SELECT count(*) FROM depth_labels').fetchall()[0][0])"
+    )
     out = subprocess.run([sys.executable, "-c", code, str(snapdir)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "8"
     assert pq.read_table(snapdir / (snapdir / "CURRENT").read_text() / "steps.parquet").num_rows == 2
@@ -216,8 +246,7 @@ def test_snapshot_is_readable_from_another_process_while_the_writer_holds_the_fi
 def test_big_synthetic_batch_commits_in_one_go(store):
     wire = synthetic_wire(50, batch=8, gamma=5)
     parsed = from_dicts(wire.to_pylist())
-    assert store.ingest(parsed, "t").summary() == {"steps": 50, "requests": 400, "depth_labels": 2000,
-                                                   "quarantined": 0}
+    assert store.ingest(parsed, "t").summary() == {"steps": 50, "requests": 400, "depth_labels": 2000, "quarantined": 0}
     statuses = store.query("SELECT DISTINCT status FROM depth_labels ORDER BY 1").column(0).to_pylist()
     assert set(statuses) <= {"accepted", "rejected", "not_at_risk", "censored"} and "censored" in statuses
 

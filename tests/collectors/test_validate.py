@@ -1,4 +1,5 @@
 """Validation names every problem with its field and value (DESIGN §4)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -6,15 +7,27 @@ import math
 
 import pytest
 from hypothesis import given, settings
+
 from sparkgate.collectors.schema import RequestRow, StepRecord
 from sparkgate.collectors.validate import validate
-
 from tests.collectors.strategies import compact_row, step, step_records
 
 
 def static_row(gamma: int = 4, accepted: int = 1, request_id: str = "r1") -> RequestRow:
-    return RequestRow(request_id, "static", "chat", 0.0, None, gamma, accepted, accepted, 0,
-                      [0.8] * gamma, [0.8 ** (k + 1) for k in range(gamma)], list(range(accepted + 1)))
+    return RequestRow(
+        request_id,
+        "static",
+        "chat",
+        0.0,
+        None,
+        gamma,
+        accepted,
+        accepted,
+        0,
+        [0.8] * gamma,
+        [0.8 ** (k + 1) for k in range(gamma)],
+        list(range(accepted + 1)),
+    )
 
 
 def with_row(**changes) -> StepRecord:
@@ -36,40 +49,43 @@ def test_round_trip_through_the_wire_form():
     assert StepRecord.from_dict(record.to_dict()) == record
 
 
-@pytest.mark.parametrize("record, field, value", [
-    (with_row(mode="speculative"), "requests[0].mode", "speculative"),
-    (with_row(confidence=[0.8, math.nan, 0.5, 0.4]), "requests[0].confidence[1]", math.nan),
-    (with_row(confidence=[0.8, 0.5, math.inf, 0.4]), "requests[0].confidence[2]", math.inf),
-    (with_row(survival=[0.8, 0.5, 0.4, -0.1]), "requests[0].survival[3]", -0.1),
-    (with_row(confidence=[0.8, 1.2, 0.5, 0.4]), "requests[0].confidence[1]", 1.2),
-    (with_row(survival=[0.8, 0.5, 0.6, 0.4]), "requests[0].survival[2]", 0.6),
-    (with_row(confidence=[0.8, 0.5]), "requests[0].confidence", "<2 values>"),
-    (with_row(survival=[0.8, 0.5, 0.4, 0.3, 0.2]), "requests[0].survival", "<5 values>"),
-    (step(requests=[compact_row(window=5)]), "requests[0].window", 5),
-    (step(requests=[compact_row(window=-1, accepted=-1)]), "requests[0].window", -1),
-    (step(requests=[compact_row(window=2, accepted=3)]), "requests[0].accepted", 3),
-    (with_row(window=3), "requests[0].window", 3),  # static must verify the full block
-    (with_row(full_accept=3), "requests[0].full_accept", 3),
-    (with_row(full_accept=None), "requests[0].full_accept", None),
-    (step(requests=[dataclasses.replace(compact_row(), full_accept=2)]), "requests[0].full_accept", 2),
-    (with_row(cap_trim=2), "requests[0].cap_trim", 2),
-    (with_row(committed_tokens=[1]), "requests[0].committed_tokens", "<1 ids>"),
-    (with_row(temperature=-0.5), "requests[0].temperature", -0.5),
-    (with_row(request_id=""), "requests[0].request_id", ""),
-    (step(schema_version=2), "schema_version", 2),
-    (step(gamma=0), "gamma", 0),
-    (step(step_id=-4), "step_id", -4),
-    (step(ts=math.nan), "ts", math.nan),
-    (step(step_ms=-1.0), "step_ms", -1.0),
-    (step(replica_id=""), "replica_id", ""),
-    (step(graph_hit=False), "miss_reason", None),
-    (step(graph_hit=False, miss_reason="cosmic_ray"), "miss_reason", "cosmic_ray"),
-    (step(miss_reason="over_max_tier"), "miss_reason", "over_max_tier"),
-    (step(tier=-1), "tier", -1),  # a graph hit runs in a tier
-    (step(graph_hit=False, miss_reason="over_max_tier", tier=-2), "tier", -2),
-    (step(requests=[static_row()], batch_size=0), "batch_size", 0),
-    (step(phase=None), "phase", None),
-])
+@pytest.mark.parametrize(
+    "record, field, value",
+    [
+        (with_row(mode="speculative"), "requests[0].mode", "speculative"),
+        (with_row(confidence=[0.8, math.nan, 0.5, 0.4]), "requests[0].confidence[1]", math.nan),
+        (with_row(confidence=[0.8, 0.5, math.inf, 0.4]), "requests[0].confidence[2]", math.inf),
+        (with_row(survival=[0.8, 0.5, 0.4, -0.1]), "requests[0].survival[3]", -0.1),
+        (with_row(confidence=[0.8, 1.2, 0.5, 0.4]), "requests[0].confidence[1]", 1.2),
+        (with_row(survival=[0.8, 0.5, 0.6, 0.4]), "requests[0].survival[2]", 0.6),
+        (with_row(confidence=[0.8, 0.5]), "requests[0].confidence", "<2 values>"),
+        (with_row(survival=[0.8, 0.5, 0.4, 0.3, 0.2]), "requests[0].survival", "<5 values>"),
+        (step(requests=[compact_row(window=5)]), "requests[0].window", 5),
+        (step(requests=[compact_row(window=-1, accepted=-1)]), "requests[0].window", -1),
+        (step(requests=[compact_row(window=2, accepted=3)]), "requests[0].accepted", 3),
+        (with_row(window=3), "requests[0].window", 3),  # static must verify the full block
+        (with_row(full_accept=3), "requests[0].full_accept", 3),
+        (with_row(full_accept=None), "requests[0].full_accept", None),
+        (step(requests=[dataclasses.replace(compact_row(), full_accept=2)]), "requests[0].full_accept", 2),
+        (with_row(cap_trim=2), "requests[0].cap_trim", 2),
+        (with_row(committed_tokens=[1]), "requests[0].committed_tokens", "<1 ids>"),
+        (with_row(temperature=-0.5), "requests[0].temperature", -0.5),
+        (with_row(request_id=""), "requests[0].request_id", ""),
+        (step(schema_version=2), "schema_version", 2),
+        (step(gamma=0), "gamma", 0),
+        (step(step_id=-4), "step_id", -4),
+        (step(ts=math.nan), "ts", math.nan),
+        (step(step_ms=-1.0), "step_ms", -1.0),
+        (step(replica_id=""), "replica_id", ""),
+        (step(graph_hit=False), "miss_reason", None),
+        (step(graph_hit=False, miss_reason="cosmic_ray"), "miss_reason", "cosmic_ray"),
+        (step(miss_reason="over_max_tier"), "miss_reason", "over_max_tier"),
+        (step(tier=-1), "tier", -1),  # a graph hit runs in a tier
+        (step(graph_hit=False, miss_reason="over_max_tier", tier=-2), "tier", -2),
+        (step(requests=[static_row()], batch_size=0), "batch_size", 0),
+        (step(phase=None), "phase", None),
+    ],
+)
 def test_each_rule_names_field_and_value(record, field, value):
     found = fields(record)
     assert field in found, validate(record)
@@ -105,12 +121,20 @@ def test_compact_full_window_is_observed_not_censored():
 
 
 def test_every_problem_is_returned_not_only_the_first():
-    bad = dataclasses.replace(static_row(), mode="odd", temperature=math.nan, confidence=[2.0] * 4,
-                              survival=[0.1, 0.2, 0.3, 0.4])
+    bad = dataclasses.replace(
+        static_row(), mode="odd", temperature=math.nan, confidence=[2.0] * 4, survival=[0.1, 0.2, 0.3, 0.4]
+    )
     found = fields(step(requests=[bad], schema_version=9, ts=-1.0))
-    assert {"schema_version", "ts", "requests[0].mode", "requests[0].temperature",
-            "requests[0].confidence[0]", "requests[0].confidence[3]",
-            "requests[0].survival[1]", "requests[0].survival[3]"} <= set(found)
+    assert {
+        "schema_version",
+        "ts",
+        "requests[0].mode",
+        "requests[0].temperature",
+        "requests[0].confidence[0]",
+        "requests[0].confidence[3]",
+        "requests[0].survival[1]",
+        "requests[0].survival[3]",
+    } <= set(found)
 
 
 def test_duplicate_request_in_a_step():

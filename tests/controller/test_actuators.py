@@ -1,10 +1,12 @@
 """The SGLang push actuator and PromQL gates against loopback stand-in servers."""
+
 from __future__ import annotations
 
 import contextlib
 import json
 
 import pytest
+
 from sparkgate.controller.actuators import (
     FORCE_KEY,
     ActuatorError,
@@ -13,7 +15,6 @@ from sparkgate.controller.actuators import (
 )
 from sparkgate.controller.promql import PromQLError, query
 from sparkgate.policies.payload import PolicyPayload
-
 from tests.collectors.loopback import QuietHandler, serving
 
 
@@ -28,10 +29,10 @@ def stand_in(answer):
             status, obj = answer(self.path, body)
             self.reply(json.dumps(obj).encode(), "application/json", status)
 
-        def do_POST(self):  # noqa: N802 - http.server's naming
+        def do_POST(self):
             self._answer(json.loads(self.rfile.read(int(self.headers["content-length"]))))
 
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             self._answer(None)
 
     with serving(Handler) as url:
@@ -43,17 +44,33 @@ def sglang_ok(path, body):
 
 
 def payload(phase, fraction, fallback_window=7, gamma=7):
-    return PolicyPayload(revision=1, phase=phase, compact_fraction=fraction, observe_fraction=0.05,
-                         fallback_window=fallback_window, gamma=gamma, cost_table_version=None, sts_version=None)
+    return PolicyPayload(
+        revision=1,
+        phase=phase,
+        compact_fraction=fraction,
+        observe_fraction=0.05,
+        fallback_window=fallback_window,
+        gamma=gamma,
+        cost_table_version=None,
+        sts_version=None,
+    )
 
 
 def test_compact_fraction_is_spread_over_servers_in_a_stable_order():
     urls = ["http://c", "http://a", "http://b", "http://d"]
     assert budget_fractions(urls, payload("shadow", 0.0)) == {u: 1.0 for u in sorted(urls)}
     assert budget_fractions(urls, payload("canary", 0.25)) == {
-        "http://a": None, "http://b": 1.0, "http://c": 1.0, "http://d": 1.0}
+        "http://a": None,
+        "http://b": 1.0,
+        "http://c": 1.0,
+        "http://d": 1.0,
+    }
     assert budget_fractions(urls, payload("canary", 0.3)) == {
-        "http://a": None, "http://b": None, "http://c": 1.0, "http://d": 1.0}
+        "http://a": None,
+        "http://b": None,
+        "http://c": 1.0,
+        "http://d": 1.0,
+    }
     assert set(budget_fractions(urls, payload("adaptive", 1.0)).values()) == {None}
     assert set(budget_fractions(urls, payload("fallback", 0.0, fallback_window=2)).values()) == {2 / 7}
 
@@ -86,8 +103,16 @@ def test_a_refusing_or_missing_server_is_reported_after_the_others_were_pushed()
 def test_promql_takes_the_worst_sample_of_a_vector():
     def prometheus(path, body):
         if "up" in path:
-            return 200, {"status": "success", "data": {"resultType": "vector", "result": [
-                {"metric": {"i": "a"}, "value": [0, "0.5"]}, {"metric": {"i": "b"}, "value": [0, "1.5"]}]}}
+            return 200, {
+                "status": "success",
+                "data": {
+                    "resultType": "vector",
+                    "result": [
+                        {"metric": {"i": "a"}, "value": [0, "0.5"]},
+                        {"metric": {"i": "b"}, "value": [0, "1.5"]},
+                    ],
+                },
+            }
         if "scalar" in path:
             return 200, {"status": "success", "data": {"resultType": "scalar", "result": [0, "3"]}}
         return 400, {"status": "error", "errorType": "bad_data", "error": "parse error"}

@@ -1,10 +1,12 @@
 """Calibration figures against independent references (scikit-learn) and collectors' statistics."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from sklearn.calibration import calibration_curve
 from sklearn.metrics import roc_auc_score
+
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import explode
 from sparkgate.collectors.schema import MODES
@@ -39,7 +41,7 @@ def sklearn_ece(y, p, n_bins=15):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_ece_equals_sklearn_calibration_curve_reference(seed):
-    mode, depth, p, y, group = _rows(20_000, seed, lambda p: p ** 1.3, depths=3)
+    mode, depth, p, y, group = _rows(20_000, seed, lambda p: p**1.3, depths=3)
     stats = KindStats.from_rows(mode, depth, p, y, group, depths=3)
     ece = stats.calibration_stats().ece()
     for d in (1, 2, 3):
@@ -48,7 +50,7 @@ def test_ece_equals_sklearn_calibration_curve_reference(seed):
 
 
 def test_brier_and_auroc_match_references():
-    mode, depth, p, y, group = _rows(50_000, 3, lambda p: p ** 2)
+    mode, depth, p, y, group = _rows(50_000, 3, lambda p: p**2)
     stats = KindStats.from_rows(mode, depth, p, y, group, depths=1)
     assert stats.calibration_stats().brier()[1] == pytest.approx(float(((p - y) ** 2).mean()), abs=1e-9)
     # Binned AUROC: ties are only possible within one 1/960-wide bin.
@@ -59,7 +61,7 @@ def test_equal_mass_ece_uses_bins_of_equal_count():
     # Predictions crowded near 0 with a gap that changes sign every 0.03: equal-width bins average
     # the signs away where the narrow equal-mass bins of the crowded region do not.
     mode, depth, u, _, group = _rows(60_000, 4)
-    p = u ** 3
+    p = u**3
     y = np.random.default_rng(5).random(len(p)) < np.clip(p + 0.1 * np.sin(100 * p), 0, 1)
     stats = KindStats.from_rows(mode, depth, p, y, group, depths=1)
     edges = np.quantile(p, np.linspace(0, 1, 16))
@@ -83,8 +85,14 @@ def test_fine_statistics_sum_to_the_collectors_aggregate():
     depth = labels.column("depth").to_numpy().astype(np.int64)
     observed = status != 3
     group = np.zeros(len(status), np.int64)
-    mine = KindStats.from_rows(mode[observed], depth[observed], labels.column("survival").to_numpy()[observed],
-                               status[observed] == 0, group[observed], 7).calibration_stats()
+    mine = KindStats.from_rows(
+        mode[observed],
+        depth[observed],
+        labels.column("survival").to_numpy()[observed],
+        status[observed] == 0,
+        group[observed],
+        7,
+    ).calibration_stats()
     np.testing.assert_array_equal(mine.count, reference.survival.count)
     np.testing.assert_array_equal(mine.sum_y, reference.survival.sum_y)
     np.testing.assert_allclose(mine.sum_p, reference.survival.sum_p, atol=1e-9)
@@ -96,7 +104,7 @@ def test_bootstrap_interval_covers_the_true_ece_at_about_the_nominal_rate():
     # ECE is its integral, 1/2 - 1/2.5 = 0.1 (the binned absolute value loses nothing).
     truth, covered, runs = 0.1, 0, 100
     for seed in range(runs):
-        mode, depth, p, y, group = _rows(20_000, 100 + seed, lambda p: p ** 1.5)
+        mode, depth, p, y, group = _rows(20_000, 100 + seed, lambda p: p**1.5)
         lo, hi = bootstrap_ece(KindStats.from_rows(mode, depth, p, y, group, 1), resamples=200, seed=seed)[1]
         covered += lo <= truth <= hi
     assert 0.88 <= covered / runs <= 0.995
@@ -111,9 +119,10 @@ def test_bootstrap_resamples_requests_not_rows():
     p, y = np.repeat(p_req, copies), np.repeat(y_req, copies)
     group = np.repeat(np.arange(requests) % REQUEST_GROUPS, copies)
     grouped = KindStats.from_rows(np.full(len(p), STATIC), np.ones(len(p), np.int64), p, y, group, 1)
-    shuffled = KindStats.from_rows(np.full(len(p), STATIC), np.ones(len(p), np.int64), p, y,
-                                   rng.integers(0, REQUEST_GROUPS, len(p)), 1)
-    width = lambda s: np.subtract(*bootstrap_ece(s, 200)[1][::-1])  # noqa: E731
+    shuffled = KindStats.from_rows(
+        np.full(len(p), STATIC), np.ones(len(p), np.int64), p, y, rng.integers(0, REQUEST_GROUPS, len(p)), 1
+    )
+    width = lambda s: np.subtract(*bootstrap_ece(s, 200)[1][::-1])
     assert width(grouped) > 3 * width(shuffled)
 
 

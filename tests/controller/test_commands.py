@@ -1,4 +1,5 @@
 """The controller's commands through click, against a DuckDB file and a live loopback service."""
+
 from __future__ import annotations
 
 import json
@@ -6,16 +7,16 @@ import json
 import httpx
 import pytest
 from click.testing import CliRunner
+
+from sparkgate.cli import main
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.ingest_api import serve_in_thread
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store
 from sparkgate.controller.service import create_app
 from sparkgate.controller.supervisor import Controller
-from sparkgate.policies.rollout import DEFAULT_PATH, load_rollout_policy
-
-from sparkgate.cli import main
 from sparkgate.demo.fleet import Fleet, free_port
+from sparkgate.policies.rollout import DEFAULT_PATH, load_rollout_policy
 from tests.collectors.otlp_receiver import attributes, otlp_receiver
 from tests.collectors.strategies import compact_row, step
 from tests.conftest import T0, ingest_synthetic
@@ -60,8 +61,9 @@ def test_report_window_and_slices(db):
 
 
 def test_serve_refuses_a_public_bind_without_a_token(tmp_path):
-    result = CliRunner().invoke(main, ["serve", "--db", str(tmp_path / "x.duckdb"), "--host", "0.0.0.0"], env={
-        "SPARKGATE_TOKEN": ""})
+    result = CliRunner().invoke(
+        main, ["serve", "--db", str(tmp_path / "x.duckdb"), "--host", "0.0.0.0"], env={"SPARKGATE_TOKEN": ""}
+    )
     assert result.exit_code == 2 and "needs a bearer token" in result.output
 
 
@@ -71,10 +73,12 @@ def test_serve_exports_a_span_per_ingested_step_over_otlp(tmp_path, monkeypatch)
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", traces_url)
         with Fleet(tmp_path / "logs") as fleet:
             url = fleet.controller(tmp_path / "s.duckdb", DEFAULT_PATH, free_port())
-            body = "".join(json.dumps(step(i, requests=[compact_row(request_id=f"r{i}")]).to_dict()) + "\n"
-                           for i in (1, 2, 3))
-            posted = httpx.post(f"{url}/v1/records", content=body,
-                                headers={"content-type": "application/x-ndjson"}, timeout=10)
+            body = "".join(
+                json.dumps(step(i, requests=[compact_row(request_id=f"r{i}")]).to_dict()) + "\n" for i in (1, 2, 3)
+            )
+            posted = httpx.post(
+                f"{url}/v1/records", content=body, headers={"content-type": "application/x-ndjson"}, timeout=10
+            )
             assert posted.status_code == 200, posted.text
             # SIGTERM, as a process manager stops it: serve still exports the spans it batched.
             assert fleet.stop("controller") == 143

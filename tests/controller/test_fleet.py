@@ -1,10 +1,12 @@
 """Fleet aggregates: the vectorised merge equals the pairwise fold; the benchmark runs end to end."""
+
 from __future__ import annotations
 
 import functools
 
 import numpy as np
 import pytest
+
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import explode
 from sparkgate.collectors.synth import synthetic_wire

@@ -1,4 +1,5 @@
 """Store metrics over real DuckDB files: agreement with the collectors' aggregate, slices, baseline ratios."""
+
 from __future__ import annotations
 
 import json
@@ -6,19 +7,20 @@ import json
 import numpy as np
 import pyarrow as pa
 import pytest
+
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import explode
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import flatten, from_dicts
 from sparkgate.controller.metrics import evaluate
 from sparkgate.controller.queries import Slice, Window, slice_values
-
 from tests.conftest import T0, ingest_synthetic, with_columns
 
 
 def test_store_metrics_equal_the_collectors_aggregate_of_the_same_records(store):
-    wire = pa.concat_tables([ingest_synthetic(store, 30, T0, replica="a"),
-                             ingest_synthetic(store, 20, T0, replica="b", first_step=100)])
+    wire = pa.concat_tables(
+        [ingest_synthetic(store, 30, T0, replica="a"), ingest_synthetic(store, 20, T0, replica="b", first_step=100)]
+    )
     flat = flatten(wire)
     reference = Aggregate.from_tables(flat.requests, explode(flat), 7)
     mine = evaluate(store).aggregate
@@ -36,12 +38,13 @@ def test_report_keeps_the_censored_compact_view_apart(store):
     ingest_synthetic(store, 40, T0)
     report = evaluate(store).report("canary")
     json.dumps(report)  # plain JSON
-    censored = store.query("SELECT depth, count(*) AS n FROM depth_labels WHERE status = 'censored' "
-                           "GROUP BY depth").to_pylist()
+    censored = store.query(
+        "SELECT depth, count(*) AS n FROM depth_labels WHERE status = 'censored' GROUP BY depth"
+    ).to_pylist()
     view = report["calibration"]["compact_censored"]["survival"]
     assert {r["depth"]: r["n"] for r in censored} == {int(d): v["censored"] for d, v in view.items() if v["censored"]}
     uncensored = store.query("SELECT count(*) AS n FROM requests WHERE mode != 'compact'").column("n")[0].as_py()
-    for depth, figures in report["calibration"]["survival"].items():
+    for figures in report["calibration"]["survival"].values():
         assert figures["samples"] == uncensored  # every depth of a full block is observed
         lo, hi = figures["ece_interval"]
         assert 0 <= lo <= hi and {"ece", "ece_equal_mass", "brier", "auroc", "mean_p", "rate"} <= figures.keys()
@@ -86,12 +89,12 @@ def test_window_bounds_select_rows_by_time(store):
 def test_tier_misses_padding_latency_and_baseline_ratios(store):
     base = ingest_synthetic(store, 50, T0, phase="baseline")
     slow = with_columns(base, phase="canary", ts=T0 + 10, step_id=1000)
-    slow = slow.set_column(slow.schema.get_field_index("step_ms"), "step_ms", pa.compute.multiply(
-        slow.column("step_ms"), 2.0))
+    slow = slow.set_column(
+        slow.schema.get_field_index("step_ms"), "step_ms", pa.compute.multiply(slow.column("step_ms"), 2.0)
+    )
     slow = slow.set_column(slow.schema.get_field_index("step_id"), "step_id", pa.array(np.arange(1000, 1050)))
     store.ingest(from_dicts(slow.to_pylist()), "t")
-    ingest_synthetic(store, 2, T0 + 20, phase="canary", first_step=2000, graph_hit=False,
-                     miss_reason="over_max_tier")
+    ingest_synthetic(store, 2, T0 + 20, phase="canary", first_step=2000, graph_hit=False, miss_reason="over_max_tier")
     evaluation = evaluate(store, Window(since=T0 + 5))
     report = evaluation.report("canary")
     assert report["tiers"]["steps"] == 52 and report["tiers"]["misses"] == {"over_max_tier": 2}
@@ -108,11 +111,22 @@ def test_tier_misses_padding_latency_and_baseline_ratios(store):
 
 
 def test_consistency_checks_are_counted_per_kind(store):
-    store.record_consistency([
-        {"received_at": T0, "replica_id": "a", "request_id": "x", "kind": "greedy_replay", "tokens": 5},
-        {"received_at": T0, "replica_id": "a", "request_id": "y", "kind": "greedy_replay", "tokens": 5,
-         "mismatch_at": 3, "expected": 1, "got": 2},
-        {"received_at": T0, "replica_id": "b", "request_id": "z", "kind": "state_rollback", "tokens": 9}])
+    store.record_consistency(
+        [
+            {"received_at": T0, "replica_id": "a", "request_id": "x", "kind": "greedy_replay", "tokens": 5},
+            {
+                "received_at": T0,
+                "replica_id": "a",
+                "request_id": "y",
+                "kind": "greedy_replay",
+                "tokens": 5,
+                "mismatch_at": 3,
+                "expected": 1,
+                "got": 2,
+            },
+            {"received_at": T0, "replica_id": "b", "request_id": "z", "kind": "state_rollback", "tokens": 9},
+        ]
+    )
     gates = evaluate(store).measurements("canary")
     assert (gates["consistency_mismatches"].value, gates["consistency_mismatches"].samples) == (1.0, 2)
     assert (gates["state_rollback_failures"].value, gates["state_rollback_failures"].samples) == (0.0, 1)

@@ -1,10 +1,12 @@
 """Schemathesis against the published OpenAPI spec of a live service on 127.0.0.1: no 5xx anywhere."""
+
 from __future__ import annotations
 
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
+
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.ingest_api import serve_in_thread
 from sparkgate.collectors.metrics import Metrics
@@ -28,6 +30,7 @@ def test_no_server_errors(api_schema):
     operations = [result.ok() for result in api_schema.get_all_operations()]
     assert len(operations) >= 12
     for operation in operations:
+
         @given(operation.as_strategy())
         @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         def fuzz(case):

@@ -6,6 +6,7 @@ Prometheus's HTTP API for the acceptance-rate and phase series, and checks that
 the controller judged a ``promql`` gate (p99 step time over the replicas'
 histograms) with a value Prometheus computed.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -14,19 +15,22 @@ import time
 import httpx
 import pytest
 import yaml
-from sparkgate.policies.rollout import Gate
-from sparkgate.policies.vocabulary import LADDER
 
 from sparkgate.demo.command import demo_policy
 from sparkgate.demo.fleet import Fleet, answers, free_port
+from sparkgate.policies.rollout import Gate
+from sparkgate.policies.vocabulary import LADDER
 
 PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus binary "
-                                "(apt-get install prometheus), which .ci/run installs")
+pytestmark = pytest.mark.skipif(
+    PROMETHEUS is None, reason="needs Debian's prometheus binary (apt-get install prometheus), which .ci/run installs"
+)
 
 P99_QUERY = 'histogram_quantile(0.99, sum by (le) (rate(sparkgate_step_seconds_bucket{job="replicas"}[20s])))'
-ACCEPTANCE_QUERY = ("sum by (job) (rate(sparkgate_depth_accepted_total[20s]))"
-                    " / sum by (job) (rate(sparkgate_depth_verified_total[20s]))")
+ACCEPTANCE_QUERY = (
+    "sum by (job) (rate(sparkgate_depth_accepted_total[20s]))"
+    " / sum by (job) (rate(sparkgate_depth_verified_total[20s]))"
+)
 PHASE_QUERY = "sparkgate_rollout_phase == 1"
 TIMEOUT_S = 240.0
 
@@ -57,27 +61,46 @@ def _wait(what: str, fleet: Fleet, probe):
 
 def test_prometheus_scrapes_the_fleet_and_a_gate_reads_p99_through_promql(tmp_path):
     policy = demo_policy(None, quick=True)
-    gate = Gate(metric="p99_step_seconds", threshold=1.0, direction="at_most", name="p99_step_seconds", promql=P99_QUERY)
+    gate = Gate(
+        metric="p99_step_seconds", threshold=1.0, direction="at_most", name="p99_step_seconds", promql=P99_QUERY
+    )
     policy_file = tmp_path / "rollout.yaml"
-    policy_file.write_text(yaml.safe_dump(policy.replace(gates=[*policy.to_dict()["gates"], gate.model_dump(mode="json")]).to_dict()))
+    policy_file.write_text(
+        yaml.safe_dump(policy.replace(gates=[*policy.to_dict()["gates"], gate.model_dump(mode="json")]).to_dict())
+    )
     ports = {name: free_port() for name in ("controller", "prometheus", "replica-a", "replica-b")}
-    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "scrape_configs": [
-        {"job_name": "controller", "static_configs": [{"targets": [f"127.0.0.1:{ports['controller']}"]}]},
-        {"job_name": "replicas", "static_configs": [
-            {"targets": [f"127.0.0.1:{ports['replica-a']}", f"127.0.0.1:{ports['replica-b']}"]}]}]}
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [
+            {"job_name": "controller", "static_configs": [{"targets": [f"127.0.0.1:{ports['controller']}"]}]},
+            {
+                "job_name": "replicas",
+                "static_configs": [{"targets": [f"127.0.0.1:{ports['replica-a']}", f"127.0.0.1:{ports['replica-b']}"]}],
+            },
+        ],
+    }
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     prometheus = f"http://127.0.0.1:{ports['prometheus']}"
 
     with Fleet(tmp_path / "logs") as fleet:
-        fleet.spawn("prometheus", [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
-                                   f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                   f"--web.listen-address=127.0.0.1:{ports['prometheus']}", "--log.level=warn"])
+        fleet.spawn(
+            "prometheus",
+            [
+                PROMETHEUS,
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
+                "--log.level=warn",
+            ],
+        )
         fleet.wait(lambda: answers(f"{prometheus}/-/ready"), 60.0, "prometheus to be ready", "prometheus")
-        controller = fleet.controller(tmp_path / "fleet.duckdb", policy_file, ports["controller"],
-                                      prometheus=prometheus)
+        controller = fleet.controller(
+            tmp_path / "fleet.duckdb", policy_file, ports["controller"], prometheus=prometheus
+        )
         for i, replica_id in enumerate(("replica-a", "replica-b")):
-            fleet.replica(replica_id, controller, rate=6.0, offset=i / 2, period_s=20.0, seed=i,
-                          metrics_port=ports[replica_id])
+            fleet.replica(
+                replica_id, controller, rate=6.0, offset=i / 2, period_s=20.0, seed=i, metrics_port=ports[replica_id]
+            )
 
         verdict = _wait("PromQL gate verdict with a value", fleet, lambda: _promql_verdict(controller))
         acceptance = _wait("acceptance rate of both jobs", fleet, lambda: _acceptance(prometheus))

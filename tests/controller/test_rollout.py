@@ -1,7 +1,9 @@
 """Scripted metric streams through the real gates, state machine and ledger (a DuckDB file)."""
+
 from __future__ import annotations
 
 import pytest
+
 from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
 from sparkgate.controller.gates import judge_all, judge_baseline
@@ -18,13 +20,24 @@ from sparkgate.controller.rollout import (
 from sparkgate.policies.rollout import parse_rollout_policy
 from sparkgate.policies.vocabulary import Phase
 
-POLICY = parse_rollout_policy({"canary_steps": [0.05, 0.5], "consecutive_passes": 2, "failure_limit": 1,
-                               "evaluation_interval_s": 60, "progress_deadline_s": 300})
+POLICY = parse_rollout_policy(
+    {
+        "canary_steps": [0.05, 0.5],
+        "consecutive_passes": 2,
+        "failure_limit": 1,
+        "evaluation_interval_s": 60,
+        "progress_deadline_s": 300,
+    }
+)
 GOOD = {
-    "survival_ece": Measurement(0.02, 5000), "survival_ece_upper": Measurement(0.04, 5000),
-    "upper_bound_utilization": Measurement(0.95, 1000), "tier_miss_rate": Measurement(0.0, 1000),
-    "p99_step_ratio": Measurement(1.0, 1000), "tokens_per_s_ratio": Measurement(1.1, 1000),
-    "consistency_mismatches": Measurement(0.0, 10), "state_rollback_failures": Measurement(0.0, 10),
+    "survival_ece": Measurement(0.02, 5000),
+    "survival_ece_upper": Measurement(0.04, 5000),
+    "upper_bound_utilization": Measurement(0.95, 1000),
+    "tier_miss_rate": Measurement(0.0, 1000),
+    "p99_step_ratio": Measurement(1.0, 1000),
+    "tokens_per_s_ratio": Measurement(1.1, 1000),
+    "consistency_mismatches": Measurement(0.0, 10),
+    "state_rollback_failures": Measurement(0.0, 10),
 }
 
 
@@ -50,8 +63,13 @@ class Script:
         self.now += self.policy.evaluation_interval_s
         measurements = GOOD if measurements is None else measurements
         phase = self.policy.stages()[self.state.stage].phase if self.state.stage is not None else "shadow"
-        verdicts = judge_all(self.policy.gates_for(phase), measurements, stale) if phase != "baseline" else \
-            [judge_baseline(self.policy, measurements.get("baseline_steps", Measurement(1000, 1000)).samples, stale)]
+        verdicts = (
+            judge_all(self.policy.gates_for(phase), measurements, stale)
+            if phase != "baseline"
+            else [
+                judge_baseline(self.policy, measurements.get("baseline_steps", Measurement(1000, 1000)).samples, stale)
+            ]
+        )
         return self._commit(decide(self.policy, self.state, verdicts, self.now))
 
     def act(self, action: str, operator: str = "alice", note: str = ""):
@@ -74,7 +92,8 @@ def test_advances_after_consecutive_passes_through_the_whole_ladder(script):
     assert script.state.revision == len(POLICY.stages())  # one revision per policy change
     changes = ledger.decisions(script.store, changes_only=True)
     assert [(d.phase_to, d.compact_fraction) for d in changes] == [
-        (s.phase, s.compact_fraction) for s in POLICY.stages()]
+        (s.phase, s.compact_fraction) for s in POLICY.stages()
+    ]
 
 
 def test_holds_while_inconclusive_and_an_inconclusive_interval_resets_the_streak(script):
@@ -158,9 +177,21 @@ def test_oscillation_around_a_threshold_does_not_flap(script):
 
 
 def test_dry_run_gates_are_recorded_but_never_decide(store):
-    policy = parse_rollout_policy({**POLICY.to_dict(), "gates": [
-        {"metric": "survival_ece", "threshold": 0.05, "direction": "at_most"},
-        {"metric": "tier_miss_rate", "threshold": 0.0, "direction": "at_most", "dry_run": True, "critical": True}]})
+    policy = parse_rollout_policy(
+        {
+            **POLICY.to_dict(),
+            "gates": [
+                {"metric": "survival_ece", "threshold": 0.05, "direction": "at_most"},
+                {
+                    "metric": "tier_miss_rate",
+                    "threshold": 0.0,
+                    "direction": "at_most",
+                    "dry_run": True,
+                    "critical": True,
+                },
+            ],
+        }
+    )
     script = Script(store, policy)
     script.climb_to("shadow")
     decision = script.interval(good(tier_miss_rate=Measurement(0.5, 100)))

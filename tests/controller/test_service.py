@@ -1,10 +1,12 @@
 """The controller service over real HTTP on 127.0.0.1 with a real DuckDB file."""
+
 from __future__ import annotations
 
 import json
 
 import httpx
 import pytest
+
 import sparkgate.controller.service as service_module
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.ingest import Ingestor
@@ -17,13 +19,17 @@ from sparkgate.collectors.wire import flatten
 from sparkgate.controller.service import check_bind, create_app
 from sparkgate.controller.supervisor import Controller
 from sparkgate.policies.rollout import parse_rollout_policy
-
 from tests.conftest import T0, Clock, with_columns
 
 TOKEN = "s3cret-token"
-POLICY = parse_rollout_policy({"gates": [
-    {"metric": "survival_ece", "threshold": 0.5, "direction": "at_most"},
-    {"metric": "consistency_mismatches", "threshold": 0, "direction": "at_most", "critical": True}]})
+POLICY = parse_rollout_policy(
+    {
+        "gates": [
+            {"metric": "survival_ece", "threshold": 0.5, "direction": "at_most"},
+            {"metric": "consistency_mismatches", "threshold": 0, "direction": "at_most", "critical": True},
+        ]
+    }
+)
 
 
 @pytest.fixture
@@ -47,11 +53,19 @@ def operator(action: str, token: str | None = TOKEN, who: str = "alice") -> dict
 
 
 def test_policy_records_status_and_decisions(service):
-    http, controller, clock, _ = service
+    http, controller, _, _ = service
     assert http.get("/healthz").json() == {"ok": True, "revision": 1}
     policy = http.get("/v1/policy").json()
-    assert policy == {"revision": 1, "phase": "baseline", "compact_fraction": 0.0, "observe_fraction": 0.05,
-                      "fallback_window": 7, "gamma": 7, "cost_table_version": None, "sts_version": None}
+    assert policy == {
+        "revision": 1,
+        "phase": "baseline",
+        "compact_fraction": 0.0,
+        "observe_fraction": 0.05,
+        "fallback_window": 7,
+        "gamma": 7,
+        "cost_table_version": None,
+        "sts_version": None,
+    }
     response = http.post("/v1/records", content=ndjson(5), headers={"content-type": "application/x-ndjson"})
     assert response.status_code == 200 and response.json()["steps"] == 5
     bad = http.post("/v1/records", content=b'{"replica_id": 3}\n', headers={"content-type": "application/x-ndjson"})
@@ -92,8 +106,10 @@ def test_a_consistency_mismatch_rolls_back_at_the_next_evaluation(service):
     tokens = http.get("/v1/requests/req-3/committed").json()
     assert tokens["modes"] and len(tokens["tokens"]) >= 1
     assert http.get("/v1/requests/nope/committed").status_code == 404
-    report = {"replica_id": "r0", "checks": [
-        {"request_id": "req-3", "tokens": len(tokens["tokens"]), "mismatch_at": 2, "expected": 5, "got": 6}]}
+    report = {
+        "replica_id": "r0",
+        "checks": [{"request_id": "req-3", "tokens": len(tokens["tokens"]), "mismatch_at": 2, "expected": 5, "got": 6}],
+    }
     assert http.post("/v1/consistency", json=report).json() == {"recorded": 1, "mismatches": 1}
     clock.now += 60
     decision = controller.tick()
@@ -116,8 +132,11 @@ def test_replicas_report_aggregates_and_the_fleet_view_merges_them(service, stor
     for i, part in enumerate(parts):
         body = {"replica_id": f"r{i}", "interval_start": T0, "interval_end": T0 + 10, "aggregate": part.to_dict()}
         ok = http.post("/v1/aggregates", json=body)
-        assert ok.status_code == 200 and ok.json() == {"recorded": 1, "duplicate": False,
-                                                        "labels": int(part.survival.count.sum())}
+        assert ok.status_code == 200 and ok.json() == {
+            "recorded": 1,
+            "duplicate": False,
+            "labels": int(part.survival.count.sum()),
+        }
     retry = http.post("/v1/aggregates", json=body)  # the last report again: counted once
     assert retry.status_code == 200 and retry.json()["duplicate"] is True
     fleet = http.get("/v1/fleet").json()
@@ -145,21 +164,32 @@ def test_replicas_report_aggregates_and_the_fleet_view_merges_them(service, stor
     bad = parts[0].to_dict()
     bad["survival.count"] = [[[-1]]]
     del bad["full_hist"]
-    refused = http.post("/v1/aggregates", json={"replica_id": "r9", "interval_start": T0 + 5, "interval_end": T0,
-                                                "aggregate": bad})
+    refused = http.post(
+        "/v1/aggregates", json={"replica_id": "r9", "interval_start": T0 + 5, "interval_end": T0, "aggregate": bad}
+    )
     assert refused.status_code == 422
     fields = [p["field"] for p in refused.json()["problems"]]
     assert fields == ["interval_end", "full_hist"]
     worse = {**parts[0].to_dict(), "survival.sum_y": (parts[0].survival.count + 1).tolist()}
-    assert http.post("/v1/aggregates", json={"replica_id": "r9", "interval_start": T0, "interval_end": T0,
-                                             "aggregate": worse}).json()["problems"][0]["field"] == "survival.sum_y"
+    assert (
+        http.post(
+            "/v1/aggregates", json={"replica_id": "r9", "interval_start": T0, "interval_end": T0, "aggregate": worse}
+        ).json()["problems"][0]["field"]
+        == "survival.sum_y"
+    )
     # Counts that would wrap int64 (alone, or summed over a report) and huge or non-numeric JSON numbers.
-    for field, value in [("accept_hist", 1e19), ("survival.count", 4 * 10 ** 18), ("full_hist", 10 ** 400),
-                         ("suggest_hist", "3"), ("conditional.count", True)]:
+    for field, value in [
+        ("accept_hist", 1e19),
+        ("survival.count", 4 * 10**18),
+        ("full_hist", 10**400),
+        ("suggest_hist", "3"),
+        ("conditional.count", True),
+    ]:
         odd = parts[0].to_dict()
         odd[field][0][1][0] = value
-        refused = http.post("/v1/aggregates", json={"replica_id": "r9", "interval_start": T0, "interval_end": T0,
-                                                    "aggregate": odd})
+        refused = http.post(
+            "/v1/aggregates", json={"replica_id": "r9", "interval_start": T0, "interval_end": T0, "aggregate": odd}
+        )
         assert refused.status_code == 422 and refused.json()["problems"][0]["field"] == field, (field, refused.text)
     assert store.counts()["quarantine"] == 0 and len(store.aggregates()) == 3
 
@@ -173,8 +203,18 @@ def test_replicas_report_aggregates_and_the_fleet_view_merges_them(service, stor
 def test_openapi_spec_is_published(service):
     http, *_ = service
     spec = http.get("/openapi.json").json()
-    assert {"/v1/policy", "/v1/records", "/v1/status", "/v1/decisions", "/v1/consistency", "/metrics", "/healthz",
-            "/v1/rollout/{action}", "/v1/aggregates", "/v1/fleet"} <= spec["paths"].keys()
+    assert {
+        "/v1/policy",
+        "/v1/records",
+        "/v1/status",
+        "/v1/decisions",
+        "/v1/consistency",
+        "/metrics",
+        "/healthz",
+        "/v1/rollout/{action}",
+        "/v1/aggregates",
+        "/v1/fleet",
+    } <= spec["paths"].keys()
     assert "application/x-ndjson" in spec["paths"]["/v1/records"]["post"]["requestBody"]["content"]
 
 

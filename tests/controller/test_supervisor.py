@@ -1,21 +1,34 @@
 """The controller over a real DuckDB file: restarts, policy-file changes, staleness, failing actuators, the loop."""
+
 from __future__ import annotations
 
 import threading
 
 import pytest
+
 from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
 from sparkgate.controller.commands import evaluate_forever
 from sparkgate.controller.supervisor import Controller
 from sparkgate.policies.rollout import parse_rollout_policy
-
 from tests.conftest import T0, ingest_synthetic
 
-POLICY = parse_rollout_policy({"canary_steps": [0.1, 0.5], "stale_after_s": 120, "gates": [
-    {"metric": "survival_ece", "threshold": 0.5, "direction": "at_most", "min_samples": 10},
-    {"metric": "tier_miss_rate", "threshold": 0.1, "direction": "at_most", "name": "prom_misses",
-     "promql": "max(rate(sparkgate_tier_misses_total[5m]))"}]})
+POLICY = parse_rollout_policy(
+    {
+        "canary_steps": [0.1, 0.5],
+        "stale_after_s": 120,
+        "gates": [
+            {"metric": "survival_ece", "threshold": 0.5, "direction": "at_most", "min_samples": 10},
+            {
+                "metric": "tier_miss_rate",
+                "threshold": 0.1,
+                "direction": "at_most",
+                "name": "prom_misses",
+                "promql": "max(rate(sparkgate_tier_misses_total[5m]))",
+            },
+        ],
+    }
+)
 
 
 def controller(store, policy=POLICY, now=T0, **kw) -> Controller:

@@ -8,6 +8,7 @@ Timeline (T0 = 1.75e9):
 - T0 + 10: a tick fails ``tier_miss_rate`` (0.05 > 0.02) with failure_limit 0: rollback to fallback
   (revision 3), recorded with every gate verdict.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,22 +16,25 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+
 from sparkgate.collectors.store import Store
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import from_wire
 from sparkgate.controller.supervisor import Controller
 from sparkgate.policies.rollout import parse_rollout_policy
-
 from tests.conftest import T0, Clock
 
 POLICY = {
-    "consecutive_passes": 1, "failure_limit": 0, "canary_steps": [0.25],
+    "consecutive_passes": 1,
+    "failure_limit": 0,
+    "canary_steps": [0.25],
     "gates": [
         {"metric": "survival_ece", "threshold": 0.5, "direction": "at_most", "min_samples": 100},
         {"metric": "upper_bound_utilization", "threshold": 0.85, "direction": "at_least", "dry_run": True},
         {"metric": "tier_miss_rate", "threshold": 0.02, "direction": "at_most", "min_samples": 100},
         {"metric": "consistency_mismatches", "threshold": 0, "direction": "at_most", "critical": True},
-    ]}
+    ],
+}
 MISSES, SHADOW_STEPS = 10, 200
 
 
@@ -47,8 +51,9 @@ def _set_task(wire: pa.Table, task: str) -> pa.Table:
     return wire.set_column(wire.schema.get_field_index("requests"), "requests", rebuilt)
 
 
-def steps(count: int, replica: str, first_step: int, ts: float, phase: str, task: str,
-          sts: str | None = None, misses: int = 0) -> pa.Table:
+def steps(
+    count: int, replica: str, first_step: int, ts: float, phase: str, task: str, sts: str | None = None, misses: int = 0
+) -> pa.Table:
     wire = synthetic_wire(count, 16, 7, replica, first_step=first_step, seed=first_step + len(replica), ts=ts)
     wire = _set_step(wire, "phase", [phase] * count)
     wire = _set_step(wire, "sts_version", [sts] * count)

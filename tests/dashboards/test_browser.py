@@ -3,6 +3,7 @@
 Screenshots of every page go to ``$SPARKGATE_TEST_ARTIFACTS`` (default
 ``test-artifacts/dashboards`` in the repository, which git ignores).
 """
+
 from __future__ import annotations
 
 import os
@@ -12,30 +13,46 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
 from sparkgate.dashboards.cli import streamlit_command
-
 from sparkgate.demo.fleet import free_port
 
 CHROMIUM = Path("/usr/bin/chromium")
-ARTIFACTS = Path(os.environ.get("SPARKGATE_TEST_ARTIFACTS",
-                                Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboards"))
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-background-networking", "--disable-gpu", "--no-first-run",
-                 "--disable-component-update", "--disable-sync"]
+ARTIFACTS = Path(
+    os.environ.get("SPARKGATE_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboards")
+)
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-background-networking",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-component-update",
+    "--disable-sync",
+]
 # Page title -> a text of its last section: the script has run to the end once it is shown.
-PAGES = {"Calibration": "Conditional ECE per depth", "Acceptance": "Window lengths chosen per mode",
-         "Tiers and cost": "Latency by load bucket", "Fleet": "measured over each replica's last"}
+PAGES = {
+    "Calibration": "Conditional ECE per depth",
+    "Acceptance": "Window lengths chosen per mode",
+    "Tiers and cost": "Latency by load bucket",
+    "Fleet": "measured over each replica's last",
+}
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed at /usr/bin/chromium "
-                                                              "(apt-get install -y chromium)")
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="Debian's chromium is not installed at /usr/bin/chromium (apt-get install -y chromium)",
+)
 
 
 @pytest.fixture
 def server(fixture_store):
     port = free_port()
-    command = streamlit_command(["--snapshot-dir", str(fixture_store.snapshot_dir),
-                                 "--policy", str(fixture_store.policy_path)], "127.0.0.1", port)
+    command = streamlit_command(
+        ["--snapshot-dir", str(fixture_store.snapshot_dir), "--policy", str(fixture_store.policy_path)],
+        "127.0.0.1",
+        port,
+    )
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -94,5 +111,7 @@ def test_pages_in_chromium(server, fixture_store):
                     assert f"{gate['value']:.4f}" in worst  # the per-depth ECE the gate judged
         finally:
             browser.close()
-    assert all((ARTIFACTS / f"{name}.png").stat().st_size > 10_000
-               for name in ("rollout", "calibration", "acceptance", "tiers", "fleet"))
+    assert all(
+        (ARTIFACTS / f"{name}.png").stat().st_size > 10_000
+        for name in ("rollout", "calibration", "acceptance", "tiers", "fleet")
+    )

@@ -4,6 +4,7 @@ Reference figures come from a second path: the ledger read from the writer's
 store, or the collectors' ``Aggregate`` built straight from the ingested
 records, never from the dashboard's own queries.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -12,6 +13,8 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pytest
+from streamlit.testing.v1 import AppTest
+
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import explode
 from sparkgate.collectors.store import Store
@@ -21,8 +24,6 @@ from sparkgate.controller.metrics import evaluate
 from sparkgate.controller.queries import Window
 from sparkgate.dashboards import series
 from sparkgate.dashboards.source import open_snapshot_reader
-from streamlit.testing.v1 import AppTest
-
 from tests.conftest import APP
 from tests.dashboards.known_store import MISSES, SHADOW_STEPS
 
@@ -152,8 +153,9 @@ def test_tiers_shows_the_miss_rate_by_reason(monkeypatch, fixture_store):
     assert shown["Tier miss rate"] == f"{MISSES / SHADOW_STEPS:.2%}" == "5.00%"
     assert shown["Misses"] == str(MISSES) and shown["Steps"] == str(SHADOW_STEPS)
     reasons = app.dataframe[0].value
-    assert reasons.to_dict("records") == [{"reason": "over_max_tier", "steps": MISSES,
-                                           "share of steps": MISSES / SHADOW_STEPS}]
+    assert reasons.to_dict("records") == [
+        {"reason": "over_max_tier", "steps": MISSES, "share of steps": MISSES / SHADOW_STEPS}
+    ]
 
 
 def test_fleet_lists_replicas_and_their_versions(monkeypatch, fixture_store):
@@ -251,6 +253,6 @@ def test_dashboard_command_runs_streamlit_headless_on_loopback(monkeypatch, fixt
     assert argv[argv.index("--server.address") + 1] == "127.0.0.1"
     assert argv[argv.index("--server.headless") + 1] == "true"
     assert argv[argv.index("--browser.gatherUsageStats") + 1] == "false"
-    assert argv[argv.index("--") + 1:][:2] == ["--db", str(fixture_store.db)]
+    assert argv[argv.index("--") + 1 :][:2] == ["--db", str(fixture_store.db)]
     missing = CliRunner().invoke(main, ["dashboard"])
     assert missing.exit_code == 2 and "exactly one of" in missing.output

@@ -5,6 +5,7 @@ survival ECE; a foreign cost table: tier misses) and the controller falls back
 by itself. The tests check the JSON summary, the DuckDB file and the exports
 the demo leaves, and that no process of the fleet outlives it.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,12 @@ def _processes_mentioning(text: str) -> list[str]:
 
 
 def _demo(out: Path, *options: str) -> dict:
-    run = subprocess.run([sys.executable, "-m", "sparkgate", "demo", "--quick", "--json", "--out", str(out),
-                          *options], capture_output=True, text=True, timeout=540)
+    run = subprocess.run(
+        [sys.executable, "-m", "sparkgate", "demo", "--quick", "--json", "--out", str(out), *options],
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     assert run.returncode == 0, f"stdout:\n{run.stdout[-2000:]}\nstderr:\n{run.stderr[-4000:]}"
     return json.loads(run.stdout)
 
@@ -52,9 +57,12 @@ def test_quick_demo_walks_the_ladder_and_falls_back_on_calibration_drift(tmp_pat
 
     assert Path(summary["db"]) == out / "demo.duckdb"
     with Store(summary["db"]) as store:
-        labels = {(r["mode"], r["status"]): r["n"] for r in store.query(
-            "SELECT mode::VARCHAR AS mode, status::VARCHAR AS status, count(*) AS n FROM depth_labels "
-            "GROUP BY ALL").to_pylist()}
+        labels = {
+            (r["mode"], r["status"]): r["n"]
+            for r in store.query(
+                "SELECT mode::VARCHAR AS mode, status::VARCHAR AS status, count(*) AS n FROM depth_labels GROUP BY ALL"
+            ).to_pylist()
+        }
         temperatures = store.query("SELECT DISTINCT replica_id, temperature FROM requests").to_pylist()
     uncensored = {(m, s) for m, s in labels if m != "compact"}
     assert {m for m, _ in uncensored} == {"static", "shadow", "cap_accept"}
@@ -77,8 +85,10 @@ def test_a_cost_table_from_other_hardware_falls_back_on_tier_misses(tmp_path):
     assert summary["ok"] and summary["phases"] == ["baseline", "shadow", "canary", "compact", "fallback"]
     assert "tier_miss_rate" in summary["fallback_reason"]
     with Store(summary["db"]) as store:
-        eager = store.query("SELECT replica_id, miss_reason, min(tier) AS tier, count(*) AS n FROM steps "
-                            "WHERE NOT graph_hit GROUP BY ALL").to_pylist()
+        eager = store.query(
+            "SELECT replica_id, miss_reason, min(tier) AS tier, count(*) AS n FROM steps "
+            "WHERE NOT graph_hit GROUP BY ALL"
+        ).to_pylist()
         quarantined = store.counts()["quarantine"]
     assert [(r["replica_id"], r["miss_reason"], r["tier"]) for r in eager] == [("replica-c", "over_max_tier", -1)]
     assert quarantined == 0  # eager steps are stored like any other

@@ -1,4 +1,5 @@
 """The demo's process supervisor."""
+
 from __future__ import annotations
 
 import sys
@@ -9,10 +10,9 @@ from sparkgate.demo.fleet import Fleet, FleetError
 
 
 def test_the_fleet_stops_its_children_even_when_the_caller_fails(tmp_path):
-    with pytest.raises(RuntimeError, match="boom"):
-        with Fleet(tmp_path) as fleet:
-            child = fleet.spawn("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"])
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), Fleet(tmp_path) as fleet:
+        child = fleet.spawn("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"])
+        raise RuntimeError("boom")
     assert child.process.poll() is not None
 
 

@@ -1,11 +1,11 @@
 """What the demo reports, read back from a store that holds a known walk."""
+
 from __future__ import annotations
 
 from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger, rollout
 from sparkgate.controller.gates import judge_all, judge_baseline
 from sparkgate.controller.metrics import Measurement
-
 from sparkgate.demo.command import demo_policy
 from sparkgate.demo.summary import (
     fallback_reason,
@@ -23,13 +23,13 @@ def _walk(store: Store, policy, start: float):
     decision = rollout.start(policy, now)
     decisions = [decision]
     state = rollout.apply(None, decision)
-    good = {g.metric: Measurement(0.9 if "util" in g.metric or "tokens" in g.metric else 0.0, 10_000)
-            for g in policy.gates}
+    good = {
+        g.metric: Measurement(0.9 if "util" in g.metric or "tokens" in g.metric else 0.0, 10_000) for g in policy.gates
+    }
     while state.phase != "compact" or state.passes < 1:
         now += policy.evaluation_interval_s
         phase = policy.stages()[state.stage].phase
-        verdicts = [judge_baseline(policy, 10_000)] if phase == "baseline" else \
-            judge_all(policy.gates_for(phase), good)
+        verdicts = [judge_baseline(policy, 10_000)] if phase == "baseline" else judge_all(policy.gates_for(phase), good)
         decision = rollout.decide(policy, state, verdicts, now)
         decisions.append(decision)
         state = rollout.apply(state, decision)
@@ -55,7 +55,15 @@ def test_the_summary_reads_the_walk_the_fault_and_the_reason_back_from_the_store
         decisions = ledger.decisions(store)
     assert summary["phases"] == phases_entered(decisions) == ["baseline", "shadow", "canary", "compact", "fallback"]
     assert [s["stage"] for s in summary["stages"]] == [
-        "baseline", "shadow", "canary 5%", "canary 25%", "canary 50%", "compact", "compact + fault", "fallback"]
+        "baseline",
+        "shadow",
+        "canary 5%",
+        "canary 25%",
+        "canary 50%",
+        "compact",
+        "compact + fault",
+        "fallback",
+    ]
     assert [s["fault"] for s in summary["stages"]] == [False] * 6 + [True, True]
     assert summary["fallback_reason"].startswith("failure limit (2 failed intervals > limit 1): survival_ece 0.4 >")
     assert summary["fallback_reason"] == fallback_reason(decisions)
@@ -70,7 +78,9 @@ def test_stages_split_at_the_fault_and_tables_align():
     store_free = [rollout.start(policy, T0)]
     stages = stages_of(store_free, T0 + 10, fault_at=T0 + 4)
     assert [(s.label, s.start, s.end, s.faulted) for s in stages] == [
-        ("baseline", T0, T0 + 4, False), ("baseline + fault", T0 + 4, T0 + 10, True)]
+        ("baseline", T0, T0 + 4, False),
+        ("baseline + fault", T0 + 4, T0 + 10, True),
+    ]
     verdicts = [v.to_dict() for v in judge_all(policy.gates, {"survival_ece": Measurement(0.31, 5000)})]
     table = gate_table(verdicts).splitlines()
     assert table[0].split()[:2] == ["gate", "value"] and len(table) == len(policy.gates) + 1

@@ -1,8 +1,10 @@
 """One binning rule, two array libraries: the NumPy and torch forms put every value in the same bin."""
+
 import numpy as np
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+
 from sparkgate.policies import calibration
 from sparkgate.policies.binning import EDGES, N_BINS, bin_index
 

@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+
 from sparkgate.policies.calibration import (
     STS,
     STSFormatError,
@@ -87,18 +88,21 @@ def test_json_round_trip_in_sglang_layout(tmp_path):
     assert STS.from_dict({"temperatures": [1, 2.5]}).temperatures == [1.0, 2.5]
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"temperatures": [1.0, 0.0]}, r"temperatures\[1\]=0.0: must be a finite number > 0"),
-    ({"temperatures": [1.0, -2]}, r"temperatures\[1\]=-2"),
-    ({"temperatures": [1.0, math.nan]}, r"temperatures\[1\]=nan"),
-    ({"temperatures": []}, r"temperatures=\[\]: expected a non-empty list"),
-    ({"temperatures": "1.0"}, r"temperatures='1.0'"),
-    ({"temperatures": [1.0, 1.0], "ece_after": [0.1]}, r"ece_after=\[0.1\]: expected a list of 2 values"),
-    ({"temperatures": [1.0], "ece_before": [1.5]}, r"ece_before\[0\]=1.5: must be a number in \[0, 1\]"),
-    ({"temperatures": [1.0], "num_samples": -1}, r"num_samples=-1"),
-    ({"temperatures": [1.0], "dataset": 3}, r"dataset=3"),
-    ([1.0], r"<root>='list': expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"temperatures": [1.0, 0.0]}, r"temperatures\[1\]=0.0: must be a finite number > 0"),
+        ({"temperatures": [1.0, -2]}, r"temperatures\[1\]=-2"),
+        ({"temperatures": [1.0, math.nan]}, r"temperatures\[1\]=nan"),
+        ({"temperatures": []}, r"temperatures=\[\]: expected a non-empty list"),
+        ({"temperatures": "1.0"}, r"temperatures='1.0'"),
+        ({"temperatures": [1.0, 1.0], "ece_after": [0.1]}, r"ece_after=\[0.1\]: expected a list of 2 values"),
+        ({"temperatures": [1.0], "ece_before": [1.5]}, r"ece_before\[0\]=1.5: must be a number in \[0, 1\]"),
+        ({"temperatures": [1.0], "num_samples": -1}, r"num_samples=-1"),
+        ({"temperatures": [1.0], "dataset": 3}, r"dataset=3"),
+        ([1.0], r"<root>='list': expected a JSON object"),
+    ],
+)
 def test_malformed_files_are_rejected_naming_the_field(tmp_path, data, message):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(data))

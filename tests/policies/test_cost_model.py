@@ -4,6 +4,7 @@ import re
 
 import pytest
 import torch
+
 from sparkgate.policies.cost_model import (
     AdditiveCostTable,
     CostMeta,
@@ -17,10 +18,18 @@ from sparkgate.policies.cost_model import (
     save_cost_table,
 )
 
-SGLANG_SPS = {"sample_batch_tokens": [8, 16, 32, 64], "sample_steps_per_sec": [1000.0, 950.0, 500.0, 480.0],
-              "max_batch_tokens": 128}
-SGLANG_ADDITIVE = {"bias_seconds": 0.002, "bs_probes": [1, 64], "alpha_seconds": [0.0, 0.001],
-                   "m_probes": [1, 64, 512], "theta_seconds": [0.0, 0.0005, 0.004]}
+SGLANG_SPS = {
+    "sample_batch_tokens": [8, 16, 32, 64],
+    "sample_steps_per_sec": [1000.0, 950.0, 500.0, 480.0],
+    "max_batch_tokens": 128,
+}
+SGLANG_ADDITIVE = {
+    "bias_seconds": 0.002,
+    "bs_probes": [1, 64],
+    "alpha_seconds": [0.0, 0.001],
+    "m_probes": [1, 64, 512],
+    "theta_seconds": [0.0, 0.0005, 0.004],
+}
 HW = {"system": "Linux", "machine": "x86_64", "cpu": "Test CPU", "torch": "2.13.0", "device": "cpu"}
 
 
@@ -74,43 +83,55 @@ def test_round_trip_without_meta_keeps_sglang_keys(tmp_path, table):
 
 
 def test_round_trip_with_meta(tmp_path):
-    meta = {"hardware": HW, "model": "tiny-v1", "tiers": [8, 16], "created_at": "2025-01-01T00:00:00Z",
-            "version": "cost-3"}
+    meta = {
+        "hardware": HW,
+        "model": "tiny-v1",
+        "tiers": [8, 16],
+        "created_at": "2025-01-01T00:00:00Z",
+        "version": "cost-3",
+    }
     path = write(tmp_path, {**SGLANG_ADDITIVE, "meta": meta})
     table = load_cost_table(path, hardware=HW, model="tiny-v1")
-    assert table.meta == CostMeta(hardware=HW, model="tiny-v1", tiers=(8, 16),
-                                  created_at="2025-01-01T00:00:00Z", version="cost-3")
+    assert table.meta == CostMeta(
+        hardware=HW, model="tiny-v1", tiers=(8, 16), created_at="2025-01-01T00:00:00Z", version="cost-3"
+    )
     save_cost_table(table, tmp_path / "again.json")
     assert load_cost_table(tmp_path / "again.json") == table
 
 
-@pytest.mark.parametrize("patch, field", [
-    ({"sample_batch_tokens": [8, 8, 16, 32]}, "sample_batch_tokens"),
-    ({"sample_batch_tokens": [16, 8, 32, 64]}, "sample_batch_tokens"),
-    ({"sample_batch_tokens": [0, 8, 32, 64]}, "sample_batch_tokens[0]"),
-    ({"sample_steps_per_sec": [1000.0, 950.0, 500.0]}, "sample_steps_per_sec"),
-    ({"sample_steps_per_sec": [1000.0, float("nan"), 500.0, 480.0]}, "sample_steps_per_sec[1]"),
-    ({"sample_steps_per_sec": [1000.0, 0.0, 500.0, 480.0]}, "sample_steps_per_sec[1]"),
-    ({"max_batch_tokens": 32}, "max_batch_tokens"),
-    ({"sample_batch_tokens": "8,16"}, "sample_batch_tokens"),
-    ({"extra": 1}, "extra"),
-    ({"meta": {"tiers": [16, 8]}}, "meta.tiers"),
-    ({"meta": {"hardware": "x86"}}, "meta.hardware"),
-    ({"meta": {"colour": "red"}}, "meta.colour"),
-])
+@pytest.mark.parametrize(
+    "patch, field",
+    [
+        ({"sample_batch_tokens": [8, 8, 16, 32]}, "sample_batch_tokens"),
+        ({"sample_batch_tokens": [16, 8, 32, 64]}, "sample_batch_tokens"),
+        ({"sample_batch_tokens": [0, 8, 32, 64]}, "sample_batch_tokens[0]"),
+        ({"sample_steps_per_sec": [1000.0, 950.0, 500.0]}, "sample_steps_per_sec"),
+        ({"sample_steps_per_sec": [1000.0, float("nan"), 500.0, 480.0]}, "sample_steps_per_sec[1]"),
+        ({"sample_steps_per_sec": [1000.0, 0.0, 500.0, 480.0]}, "sample_steps_per_sec[1]"),
+        ({"max_batch_tokens": 32}, "max_batch_tokens"),
+        ({"sample_batch_tokens": "8,16"}, "sample_batch_tokens"),
+        ({"extra": 1}, "extra"),
+        ({"meta": {"tiers": [16, 8]}}, "meta.tiers"),
+        ({"meta": {"hardware": "x86"}}, "meta.hardware"),
+        ({"meta": {"colour": "red"}}, "meta.colour"),
+    ],
+)
 def test_bad_sps_tables_fail_naming_the_field(patch, field):
     with pytest.raises(CostTableError, match="^" + re.escape(field)):
         parse_cost_table({**SGLANG_SPS, **patch})
 
 
-@pytest.mark.parametrize("patch, field", [
-    ({"alpha_seconds": [0.0, -0.001]}, "alpha_seconds[1]"),
-    ({"theta_seconds": [0.0, 0.0005]}, "theta_seconds"),
-    ({"m_probes": [1, 64, 64]}, "m_probes"),
-    ({"bias_seconds": float("inf")}, "bias_seconds"),
-    ({"bias_seconds": True}, "bias_seconds"),
-    ({"bias_seconds": 0.0, "theta_seconds": [0.0, 0.0, 0.0], "alpha_seconds": [0.0, 0.0]}, "bias_seconds"),
-])
+@pytest.mark.parametrize(
+    "patch, field",
+    [
+        ({"alpha_seconds": [0.0, -0.001]}, "alpha_seconds[1]"),
+        ({"theta_seconds": [0.0, 0.0005]}, "theta_seconds"),
+        ({"m_probes": [1, 64, 64]}, "m_probes"),
+        ({"bias_seconds": float("inf")}, "bias_seconds"),
+        ({"bias_seconds": True}, "bias_seconds"),
+        ({"bias_seconds": 0.0, "theta_seconds": [0.0, 0.0, 0.0], "alpha_seconds": [0.0, 0.0]}, "bias_seconds"),
+    ],
+)
 def test_bad_additive_tables_fail_naming_the_field(patch, field):
     with pytest.raises(CostTableError, match="^" + re.escape(field)):
         parse_cost_table({**SGLANG_ADDITIVE, **patch})

@@ -4,6 +4,7 @@ import re
 
 import pytest
 import torch
+
 from sparkgate.policies.cost_model import (
     AdditiveCostTable,
     CostMeta,
@@ -17,8 +18,13 @@ from sparkgate.policies.cost_profile import (
     median_relative_error,
 )
 
-TRUE = AdditiveCostTable(bias_seconds=0.003, bs_probes=(1, 8, 32), alpha_seconds=(0.0, 0.0004, 0.002),
-                         m_probes=(1, 16, 64, 256), theta_seconds=(0.0, 0.0001, 0.001, 0.006))
+TRUE = AdditiveCostTable(
+    bias_seconds=0.003,
+    bs_probes=(1, 8, 32),
+    alpha_seconds=(0.0, 0.0004, 0.002),
+    m_probes=(1, 16, 64, 256),
+    theta_seconds=(0.0, 0.0001, 0.001, 0.006),
+)
 
 
 def grid_samples(table, noise=0.0, seed=0):
@@ -49,8 +55,14 @@ def test_fit_of_noisy_samples_predicts_within_the_noise_and_round_trips():
 
 def test_fit_never_predicts_a_cheaper_step_for_more_rows_or_a_larger_batch():
     # Noise made 24 rows measure faster than 16, and batch 8 faster than batch 1.
-    samples = [StepSample(1, 1, 0.004), StepSample(1, 8, 0.0045), StepSample(8, 8, 0.0035),
-               StepSample(8, 16, 0.006), StepSample(8, 24, 0.005), StepSample(8, 64, 0.009)]
+    samples = [
+        StepSample(1, 1, 0.004),
+        StepSample(1, 8, 0.0045),
+        StepSample(8, 8, 0.0035),
+        StepSample(8, 16, 0.006),
+        StepSample(8, 24, 0.005),
+        StepSample(8, 64, 0.009),
+    ]
     fitted = fit_additive_table(samples)
     assert list(fitted.theta_seconds) == sorted(fitted.theta_seconds)
     assert list(fitted.alpha_seconds) == sorted(fitted.alpha_seconds)
@@ -68,11 +80,14 @@ def test_fit_rounds_rows_to_tiers_like_prediction():
     assert median_relative_error(fitted, samples) < 1e-9
 
 
-@pytest.mark.parametrize("sample, field", [
-    (StepSample(0, 4, 0.01), "samples[0]: needs 1 <= batch_size"),
-    (StepSample(4, 2, 0.01), "samples[0]: needs 1 <= batch_size"),
-    (StepSample(4, 8, float("nan")), "samples[0].seconds"),
-])
+@pytest.mark.parametrize(
+    "sample, field",
+    [
+        (StepSample(0, 4, 0.01), "samples[0]: needs 1 <= batch_size"),
+        (StepSample(4, 2, 0.01), "samples[0]: needs 1 <= batch_size"),
+        (StepSample(4, 8, float("nan")), "samples[0].seconds"),
+    ],
+)
 def test_bad_samples_are_rejected(sample, field):
     with pytest.raises(CostTableError, match=re.escape(field)):
         fit_additive_table([sample])

@@ -3,6 +3,7 @@ from importlib import resources
 
 import pytest
 import yaml
+
 from sparkgate.policies.rollout import (
     DEFAULT_GATES,
     Gate,
@@ -25,7 +26,10 @@ def test_default_gates_follow_the_design():
     gates = {g.name: g for g in RolloutPolicy().gates}
     assert (gates["survival_ece"].threshold, gates["survival_ece"].direction) == (0.05, "at_most")
     assert gates["survival_ece_upper"].threshold == 0.08
-    assert (gates["upper_bound_utilization"].threshold, gates["upper_bound_utilization"].direction) == (0.85, "at_least")
+    assert (gates["upper_bound_utilization"].threshold, gates["upper_bound_utilization"].direction) == (
+        0.85,
+        "at_least",
+    )
     assert gates["tier_miss_rate"].threshold == 0.02
     assert gates["p99_step_ratio"].threshold == 1.10
     assert gates["tokens_per_s_ratio"].threshold == 0.98
@@ -45,17 +49,28 @@ def test_empty_and_partial_files_take_defaults(tmp_path):
 
 
 def test_round_trip_through_plain_data():
-    policy = parse_rollout_policy({"phases": ["baseline", "shadow", "compact"], "gates": [
-        {"metric": "tier_miss_rate", "threshold": 0.01, "direction": "at_most", "dry_run": True},
-        {"metric": "queue_depth", "threshold": 5, "direction": "at_most", "promql": "max(q)", "name": "queue"},
-    ]})
+    policy = parse_rollout_policy(
+        {
+            "phases": ["baseline", "shadow", "compact"],
+            "gates": [
+                {"metric": "tier_miss_rate", "threshold": 0.01, "direction": "at_most", "dry_run": True},
+                {"metric": "queue_depth", "threshold": 5, "direction": "at_most", "promql": "max(q)", "name": "queue"},
+            ],
+        }
+    )
     assert parse_rollout_policy(yaml.safe_load(yaml.safe_dump(policy.to_dict()))) == policy
 
 
 def test_stages_walk_the_ladder():
     assert RolloutPolicy().stages() == (
-        Stage("baseline", 0.0), Stage("shadow", 0.0), Stage("canary", 0.05), Stage("canary", 0.25),
-        Stage("canary", 0.5), Stage("compact", 1.0), Stage("adaptive", 1.0))
+        Stage("baseline", 0.0),
+        Stage("shadow", 0.0),
+        Stage("canary", 0.05),
+        Stage("canary", 0.25),
+        Stage("canary", 0.5),
+        Stage("compact", 1.0),
+        Stage("adaptive", 1.0),
+    )
     short = RolloutPolicy(phases=("baseline", "shadow", "compact"))
     assert [s.phase for s in short.stages()] == ["baseline", "shadow", "compact"]
 
@@ -79,38 +94,41 @@ def test_fallback_defaults_to_static():
 GATE = {"metric": "tier_miss_rate", "threshold": 0.02, "direction": "at_most"}
 
 
-@pytest.mark.parametrize("raw, message", [
-    ({"colour": "red"}, "colour: unknown key"),
-    ({"gates": [{**GATE, "treshold": 1}]}, "gates[0].treshold: unknown key"),
-    ({"gates": [{"metric": "tier_miss_rate", "direction": "at_most"}]}, "gates[0].threshold: missing"),
-    ({"gates": [{**GATE, "threshold": "high"}]}, "gates[0].threshold: expected a number, got 'high'"),
-    ({"gates": [{**GATE, "threshold": float("nan")}]}, "gates[0].threshold: expected a finite number"),
-    ({"gates": [GATE, {**GATE, "metric": "ece"}]}, "gates[1].metric: expected one of"),
-    ({"gates": [{**GATE, "direction": "below"}]}, "gates[0].direction: expected one of at_most, at_least"),
-    ({"gates": [{**GATE, "min_samples": -1}]}, "gates[0].min_samples: expected an integer >= 0"),
-    ({"gates": [{**GATE, "critical": "yes"}]}, "gates[0].critical: expected true or false, got 'yes'"),
-    ({"gates": [{**GATE, "phases": ["baseline"]}]}, "gates[0].phases[0]: expected one of shadow"),
-    ({"gates": [{**GATE, "promql": " "}]}, "gates[0].promql: expected a non-empty query"),
-    ({"gates": [GATE, GATE]}, "gates[1].name: expected a name no other gate uses"),
-    ({"gates": {"a": 1}}, "gates: expected a list"),
-    ({"gates": ["tier_miss_rate"]}, "gates[0]: expected a mapping"),
-    ({"phases": ["shadow", "canary"]}, "phases: expected a list starting with baseline"),
-    ({"phases": ["baseline", "compact", "canary"]}, "phases[2]: expected a phase after compact"),
-    ({"phases": ["baseline", "rollout"]}, "phases[1]: expected one of baseline"),
-    ({"canary_steps": [0.25, 0.05]}, "canary_steps[1]: expected a fraction in (0.25, 1)"),
-    ({"canary_steps": [0.5, 1.0]}, "canary_steps[1]"),
-    ({"canary_steps": []}, "canary_steps: expected at least one step"),
-    ({"observe_fraction": 0}, "observe_fraction: expected a fraction in (0, 1), got 0.0"),
-    ({"observe_fraction": True}, "observe_fraction: expected a number, got True"),
-    ({"consecutive_passes": 0}, "consecutive_passes: expected an integer >= 1"),
-    ({"consecutive_passes": 2.5}, "consecutive_passes: expected an integer, got 2.5"),
-    ({"failure_limit": -1}, "failure_limit: expected an integer >= 0"),
-    ({"evaluation_interval_s": 0}, "evaluation_interval_s: expected a finite number of seconds > 0"),
-    ({"progress_deadline_s": 10}, "progress_deadline_s: expected at least evaluation_interval_s"),
-    ({"fallback_window": 8}, "fallback_window: expected an integer in [0, gamma=7] or null, got 8"),
-    ({"gamma": 0}, "gamma: expected an integer >= 1"),
-    (["baseline"], "rollout policy: expected a mapping"),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"colour": "red"}, "colour: unknown key"),
+        ({"gates": [{**GATE, "treshold": 1}]}, "gates[0].treshold: unknown key"),
+        ({"gates": [{"metric": "tier_miss_rate", "direction": "at_most"}]}, "gates[0].threshold: missing"),
+        ({"gates": [{**GATE, "threshold": "high"}]}, "gates[0].threshold: expected a number, got 'high'"),
+        ({"gates": [{**GATE, "threshold": float("nan")}]}, "gates[0].threshold: expected a finite number"),
+        ({"gates": [GATE, {**GATE, "metric": "ece"}]}, "gates[1].metric: expected one of"),
+        ({"gates": [{**GATE, "direction": "below"}]}, "gates[0].direction: expected one of at_most, at_least"),
+        ({"gates": [{**GATE, "min_samples": -1}]}, "gates[0].min_samples: expected an integer >= 0"),
+        ({"gates": [{**GATE, "critical": "yes"}]}, "gates[0].critical: expected true or false, got 'yes'"),
+        ({"gates": [{**GATE, "phases": ["baseline"]}]}, "gates[0].phases[0]: expected one of shadow"),
+        ({"gates": [{**GATE, "promql": " "}]}, "gates[0].promql: expected a non-empty query"),
+        ({"gates": [GATE, GATE]}, "gates[1].name: expected a name no other gate uses"),
+        ({"gates": {"a": 1}}, "gates: expected a list"),
+        ({"gates": ["tier_miss_rate"]}, "gates[0]: expected a mapping"),
+        ({"phases": ["shadow", "canary"]}, "phases: expected a list starting with baseline"),
+        ({"phases": ["baseline", "compact", "canary"]}, "phases[2]: expected a phase after compact"),
+        ({"phases": ["baseline", "rollout"]}, "phases[1]: expected one of baseline"),
+        ({"canary_steps": [0.25, 0.05]}, "canary_steps[1]: expected a fraction in (0.25, 1)"),
+        ({"canary_steps": [0.5, 1.0]}, "canary_steps[1]"),
+        ({"canary_steps": []}, "canary_steps: expected at least one step"),
+        ({"observe_fraction": 0}, "observe_fraction: expected a fraction in (0, 1), got 0.0"),
+        ({"observe_fraction": True}, "observe_fraction: expected a number, got True"),
+        ({"consecutive_passes": 0}, "consecutive_passes: expected an integer >= 1"),
+        ({"consecutive_passes": 2.5}, "consecutive_passes: expected an integer, got 2.5"),
+        ({"failure_limit": -1}, "failure_limit: expected an integer >= 0"),
+        ({"evaluation_interval_s": 0}, "evaluation_interval_s: expected a finite number of seconds > 0"),
+        ({"progress_deadline_s": 10}, "progress_deadline_s: expected at least evaluation_interval_s"),
+        ({"fallback_window": 8}, "fallback_window: expected an integer in [0, gamma=7] or null, got 8"),
+        ({"gamma": 0}, "gamma: expected an integer >= 1"),
+        (["baseline"], "rollout policy: expected a mapping"),
+    ],
+)
 def test_bad_policies_fail_naming_the_key_and_value(raw, message):
     with pytest.raises(RolloutPolicyError, match="^" + re.escape(message)):
         parse_rollout_policy(raw)

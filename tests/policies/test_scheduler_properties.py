@@ -1,7 +1,9 @@
 """Properties of the prefix scheduler, checked against a plain-Python reference."""
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from sparkgate.policies.cost_model import AdditiveCostTable
 from sparkgate.policies.scheduler import admission_order, assign_windows, clean_survival
 from sparkgate.policies.window import (
@@ -25,8 +27,13 @@ def survivals(draw, max_batch=6, max_gamma=5):
 @st.composite
 def tables(draw):
     theta = draw(st.lists(st.floats(0.0, 1.0), min_size=3, max_size=3))
-    return AdditiveCostTable(bias_seconds=draw(st.floats(0.01, 2.0)), bs_probes=(1,), alpha_seconds=(0.0,),
-                             m_probes=(1, 8, 40), theta_seconds=tuple(sorted(theta)))
+    return AdditiveCostTable(
+        bias_seconds=draw(st.floats(0.01, 2.0)),
+        bs_probes=(1,),
+        alpha_seconds=(0.0,),
+        m_probes=(1, 8, 40),
+        theta_seconds=tuple(sorted(theta)),
+    )
 
 
 def reference_windows(survival: torch.Tensor, budget: int) -> list[int]:
@@ -75,7 +82,7 @@ def test_scheduler_windows_are_in_range_and_its_budget_is_optimal(survival, tabl
     assert bool(((windows >= min(min_window, gamma)) & (windows <= gamma)).all())
     assert int(windows.sum()) == int(decision.budget)
     # Brute force over every feasible budget: none commits more tokens per second.
-    requests, admitted = admission_order(clean_survival(survival), min(min_window, gamma))
+    _, admitted = admission_order(clean_survival(survival), min(min_window, gamma))
     best = 0.0
     for k in range(batch * min(min_window, gamma), batch * gamma + 1):
         tau = batch + float(admitted[:k].sum())

@@ -1,6 +1,8 @@
 """Window policies: the behaviours issue 4 asks for, on hand-computed cases."""
+
 import pytest
 import torch
+
 from sparkgate.policies.cost_model import AdditiveCostTable, StepsPerSecondTable
 from sparkgate.policies.scheduler import admission_order, assign_windows, clean_survival
 from sparkgate.policies.window import (
@@ -12,11 +14,13 @@ from sparkgate.policies.window import (
 
 FREE = StepsPerSecondTable(sample_batch_tokens=(1,), sample_steps_per_sec=(100.0,), max_batch_tokens=100_000)
 # T(bs, M) = 2 + M seconds: a fixed overhead plus a cost proportional to rows.
-PROPORTIONAL = AdditiveCostTable(bias_seconds=2.0, bs_probes=(1,), alpha_seconds=(0.0,),
-                                 m_probes=(1, 2), theta_seconds=(1.0, 2.0))
+PROPORTIONAL = AdditiveCostTable(
+    bias_seconds=2.0, bs_probes=(1,), alpha_seconds=(0.0,), m_probes=(1, 2), theta_seconds=(1.0, 2.0)
+)
 # Rows are nearly free up to 64 (memory-bound), then every row costs (compute-bound).
-KNEE = AdditiveCostTable(bias_seconds=0.01, bs_probes=(1,), alpha_seconds=(0.0,),
-                         m_probes=(1, 64, 128), theta_seconds=(0.0, 0.0005, 0.0105))
+KNEE = AdditiveCostTable(
+    bias_seconds=0.01, bs_probes=(1,), alpha_seconds=(0.0,), m_probes=(1, 64, 128), theta_seconds=(0.0, 0.0005, 0.0105)
+)
 
 
 def decide(policy, survival, lagged=None):
@@ -142,8 +146,11 @@ def test_fixed_window_clamps_to_gamma():
 def test_scheduler_never_syncs_on_cuda():
     survival = torch.cumprod(torch.rand(64, 7, device="cuda") * 0.7 + 0.3, dim=1)
     lagged_host = torch.cumprod(torch.rand(64, 7) * 0.7 + 0.3, dim=1)
-    for policy, lagged in ((CostAwareScheduler(KNEE), None), (CostAwareScheduler(KNEE, lag=2), lagged_host),
-                           (ConfidenceThreshold(0.5), None)):
+    for policy, lagged in (
+        (CostAwareScheduler(KNEE), None),
+        (CostAwareScheduler(KNEE, lag=2), lagged_host),
+        (ConfidenceThreshold(0.5), None),
+    ):
         decide(policy, survival, lagged)  # warm-up copies the cost curve once
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")

@@ -5,12 +5,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2
+
 from sparkgate.policies.window import FixedWindow
 from sparkgate.verify_runtime.acceptance import accept_all
 from sparkgate.verify_runtime.drafters import ModelDrafter
 from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
 from sparkgate.verify_runtime.model import forward_full
-
 from tests.conftest import tiny_model
 
 VOCAB, PROMPT, N = 8, [1, 5, 2], 3000
@@ -27,8 +27,9 @@ def exact_first_two(model, temperature: float) -> torch.Tensor:
 
 def sampled_first_two(model, drafter, mode, window, temperature, passes=None) -> torch.Tensor:
     kwargs = {} if passes is None else {"passes": passes}
-    engine = Engine(model, drafter, EngineConfig(gamma=3, max_batch=N, cache_len=16),
-                    policy=FixedWindow(window), **kwargs)
+    engine = Engine(
+        model, drafter, EngineConfig(gamma=3, max_batch=N, cache_len=16), policy=FixedWindow(window), **kwargs
+    )
     for seed in range(N):
         engine.submit(Request(str(seed), PROMPT, 2, temperature=temperature, seed=seed, mode=mode, stop_at_eos=False))
     counts = torch.zeros(VOCAB, VOCAB)
@@ -56,7 +57,9 @@ def pair():
     return target, ModelDrafter(draft_model)
 
 
-@pytest.mark.parametrize("mode,window", [("static", 3), ("shadow", 1), ("compact", 1), ("compact", 2), ("cap_accept", 1)])
+@pytest.mark.parametrize(
+    "mode,window", [("static", 3), ("shadow", 1), ("compact", 1), ("compact", 2), ("cap_accept", 1)]
+)
 def test_every_mode_samples_the_target_distribution(pair, mode, window):
     target, drafter = pair
     probs = exact_first_two(target, temperature=1.0)
@@ -83,13 +86,21 @@ def test_drafter_distribution_differs_from_target(pair):
 
 def test_greedy_acceptance_rule():
     from sparkgate.verify_runtime.acceptance import AcceptInput, accept
+
     p = torch.zeros(1, 4, 5)
     for row, tok in enumerate([2, 3, 1, 4]):
         p[0, row, tok] = 1.0
     drafts = torch.tensor([[2, 3, 0]])  # third draft is wrong
-    x = AcceptInput(p=p, q=torch.full((1, 3, 5), 0.2), drafts=drafts, verified=torch.tensor([3]),
-                    limit=torch.tensor([3]), greedy=torch.tensor([True]),
-                    u_accept=torch.zeros(1, 3), u_sample=torch.zeros(1, 4))
+    x = AcceptInput(
+        p=p,
+        q=torch.full((1, 3, 5), 0.2),
+        drafts=drafts,
+        verified=torch.tensor([3]),
+        limit=torch.tensor([3]),
+        greedy=torch.tensor([True]),
+        u_accept=torch.zeros(1, 3),
+        u_sample=torch.zeros(1, 4),
+    )
     out = accept(x)
     assert (out.accepted.item(), out.full.item(), out.next_token.item()) == (2, 2, 1)
     # a commit limit of 1 keeps one draft and takes the bonus after it
@@ -103,17 +114,24 @@ def test_greedy_acceptance_rule():
 def test_greedy_batches_skip_the_sampler_and_commit_the_same(seed, batch, gamma):
     """Without uniforms (an all-greedy batch) acceptance equals the full rule given any uniforms."""
     from sparkgate.verify_runtime.acceptance import AcceptInput, accept
+
     g = torch.Generator().manual_seed(seed)
     p = torch.softmax(torch.randn(batch, gamma + 1, VOCAB, generator=g) * 3, -1)
     q = torch.softmax(torch.randn(batch, gamma, VOCAB, generator=g) * 3, -1)
     # Drafts that often match the target's argmax, so accepted lengths vary.
-    drafts = torch.where(torch.rand(batch, gamma, generator=g) < 0.7, p[:, :-1].argmax(-1),
-                         torch.randint(0, VOCAB, (batch, gamma), generator=g))
+    drafts = torch.where(
+        torch.rand(batch, gamma, generator=g) < 0.7,
+        p[:, :-1].argmax(-1),
+        torch.randint(0, VOCAB, (batch, gamma), generator=g),
+    )
     verified = torch.randint(0, gamma + 1, (batch,), generator=g)
     limit = torch.minimum(verified, torch.randint(0, gamma + 1, (batch,), generator=g))
     common = dict(p=p, q=q, drafts=drafts, verified=verified, limit=limit, greedy=torch.ones(batch, dtype=torch.bool))
-    full = accept(AcceptInput(**common, u_accept=torch.rand(batch, gamma, generator=g),
-                              u_sample=torch.rand(batch, gamma + 1, generator=g)))
+    full = accept(
+        AcceptInput(
+            **common, u_accept=torch.rand(batch, gamma, generator=g), u_sample=torch.rand(batch, gamma + 1, generator=g)
+        )
+    )
     fast = accept(AcceptInput(**common))
     for name in ("accepted", "full", "next_token"):
         assert torch.equal(getattr(full, name), getattr(fast, name)), name
@@ -121,6 +139,7 @@ def test_greedy_batches_skip_the_sampler_and_commit_the_same(seed, batch, gamma)
 
 def test_greedy_drafts_skip_the_sampler_and_pick_the_same():
     from sparkgate.verify_runtime.drafters import DraftContext, pick
+
     probs = torch.softmax(torch.randn(4, VOCAB), -1)
     ctx = DraftContext([[1]] * 4, torch.arange(4), torch.arange(4), torch.zeros(4), 3)
     assert torch.equal(pick(probs, ctx, 1), probs.argmax(-1))

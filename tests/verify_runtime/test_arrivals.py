@@ -1,11 +1,12 @@
 """Open-loop arrivals for ``sparkgate replica --rate``."""
+
 from __future__ import annotations
 
 from itertools import count
 
 import pytest
-from sparkgate.verify_runtime.arrivals import Arrivals, swing
 
+from sparkgate.verify_runtime.arrivals import Arrivals, swing
 from tests.conftest import Clock
 
 

@@ -1,11 +1,12 @@
 """The shipped checkpoints and STS file: present, described, small, loadable, usable."""
+
 import pytest
 import torch
+
 from sparkgate.verify_runtime.drafters import DraftContext
 from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
 from sparkgate.verify_runtime.model import model_version
 from sparkgate.verify_runtime.shipped import ASSETS, FILES, load_shipped, read_manifest
-
 from tests.verify_runtime.reference import greedy_decode
 
 
@@ -59,8 +60,9 @@ def test_parallel_ablation_is_shipped_too():
     with pytest.raises(ValueError, match="variant must be one of"):
         load_shipped("eagle")
     hidden = torch.zeros(1, drafter.hidden_window, target.args.dim)
-    ctx = DraftContext([[65, 66]], torch.tensor([1]), torch.tensor([0]), torch.tensor([0.0]), 7, hidden,
-                       torch.tensor([0]))
+    ctx = DraftContext(
+        [[65, 66]], torch.tensor([1]), torch.tensor([0]), torch.tensor([0.0]), 7, hidden, torch.tensor([0])
+    )
     assert drafter.propose(ctx).tokens.shape == (1, 7)
 
 

@@ -1,10 +1,11 @@
 """Smoke tests of `sparkgate bench scheduler` (no timing thresholds)."""
+
 import json
 
 from click.testing import CliRunner
-from sparkgate.verify_runtime import bench_scheduler
 
 from sparkgate.cli import main
+from sparkgate.verify_runtime import bench_scheduler
 
 ARGS = ["--batch", "4", "--gamma", "3", "--steps", "3", "--json"]
 

@@ -1,5 +1,6 @@
 import pytest
 import torch
+
 from sparkgate.verify_runtime.block_drafter import (
     BlockDrafter,
     DrafterArgs,
@@ -10,14 +11,24 @@ from sparkgate.verify_runtime.block_drafter import (
 from sparkgate.verify_runtime.drafters import DraftContext
 from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
 from sparkgate.verify_runtime.model import forward_full, model_version, save_checkpoint
-
 from tests.verify_runtime.reference import greedy_decode
 
 
 def tiny_net(sequential: bool = True, seed: int = 0) -> DSparkNet:
     torch.manual_seed(seed)
-    args = DrafterArgs(target_dim=32, dim=32, n_heads=4, n_kv_heads=2, ffn_hidden=48, vocab_size=32, window=6,
-                       max_gamma=6, markov_rank=8, sequential=sequential, init_std=0.3)
+    args = DrafterArgs(
+        target_dim=32,
+        dim=32,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_hidden=48,
+        vocab_size=32,
+        window=6,
+        max_gamma=6,
+        markov_rank=8,
+        sequential=sequential,
+        init_std=0.3,
+    )
     net = DSparkNet(args).double()
     if sequential:  # training starts it at zero; a trained head is not
         torch.nn.init.normal_(net.markov_out.weight, std=0.5)
@@ -31,11 +42,18 @@ def context(target, histories, gamma=5, temperature=0.0, window=6) -> DraftConte
         states, _ = forward_full(target, torch.tensor([h[:-1]])) if len(h) > 1 else (torch.zeros(1, 0, 32), None)
         n = min(window, states.shape[1])
         if n:
-            hidden[i, window - n:] = states[0, -n:]
+            hidden[i, window - n :] = states[0, -n:]
         lengths.append(n)
     b = len(histories)
-    return DraftContext(histories, torch.tensor([len(h) - 1 for h in histories]), torch.arange(b) + 11,
-                        torch.full((b,), temperature), gamma, hidden, torch.tensor(lengths))
+    return DraftContext(
+        histories,
+        torch.tensor([len(h) - 1 for h in histories]),
+        torch.arange(b) + 11,
+        torch.full((b,), temperature),
+        gamma,
+        hidden,
+        torch.tensor(lengths),
+    )
 
 
 def test_outputs_have_the_interface_shapes_and_ranges(target):
@@ -91,8 +109,9 @@ def test_draft_stats_describe_how_sure_the_drafter_was():
     stats = draft_stats(torch.stack([uniform, peaked, two_way]).requires_grad_())
     assert stats.shape == (3, 3) and not stats.requires_grad
     logit_top, entropy, margin = stats.T
-    torch.testing.assert_close(entropy, torch.tensor([torch.log(torch.tensor(32.0)), 0.0, torch.log(torch.tensor(2.0))]),
-                               atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        entropy, torch.tensor([torch.log(torch.tensor(32.0)), 0.0, torch.log(torch.tensor(2.0))]), atol=1e-4, rtol=0
+    )
     torch.testing.assert_close(margin, torch.tensor([0.0, 1.0, 0.0]), atol=1e-4, rtol=0)
     assert logit_top[1] > 13 and abs(logit_top[2]) < 1e-4 and logit_top[0] < -3  # p_top 1, 1/2, 1/32
 

@@ -13,12 +13,37 @@ def test_help_lists_the_runtime_commands():
 
 
 def test_bench_verify_runs_and_reports_its_fields():
-    out = CliRunner().invoke(main, ["bench", "verify", "--batch", "4", "--gamma", "3", "--steps", "2",
-                                    "--warmup", "1", "--prompt-len", "8", "--json"])
+    out = CliRunner().invoke(
+        main,
+        [
+            "bench",
+            "verify",
+            "--batch",
+            "4",
+            "--gamma",
+            "3",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--prompt-len",
+            "8",
+            "--json",
+        ],
+    )
     assert out.exit_code == 0, out.output
     result = json.loads(out.output.strip().splitlines()[-1])
-    for key in ("batch", "gamma", "rows_static", "rows_compact", "tier_rows_compact", "static_ms",
-                "compact_ms", "time_ratio", "row_ratio"):
+    for key in (
+        "batch",
+        "gamma",
+        "rows_static",
+        "rows_compact",
+        "tier_rows_compact",
+        "static_ms",
+        "compact_ms",
+        "time_ratio",
+        "row_ratio",
+    ):
         assert key in result
     assert result["rows_static"] == 16 and result["batch"] == 4
     assert result["tier_rows_compact"] >= result["rows_compact"]

@@ -2,14 +2,14 @@ import json
 
 import torch
 from click.testing import CliRunner
+
+from sparkgate.cli import main
 from sparkgate.verify_runtime.block_drafter import DrafterArgs, DSparkNet, load_drafter
 from sparkgate.verify_runtime.confidence_tuning import (
     collect_own_blocks,
     fit_confidence_head,
 )
 from sparkgate.verify_runtime.model import BYTE_VOCAB, save_checkpoint
-
-from sparkgate.cli import main
 from tests.conftest import tiny_model
 
 from .test_block_drafter import tiny_net
@@ -37,13 +37,33 @@ def test_train_confidence_refits_the_variant_it_was_given(tmp_path):
     target = tiny_model(vocab=BYTE_VOCAB).float()
     save_checkpoint(target, tmp_path / "target.pt")
     torch.manual_seed(0)
-    net = DSparkNet(DrafterArgs(target_dim=32, dim=32, n_heads=4, n_kv_heads=2, ffn_hidden=48, window=6,
-                                markov_rank=8, sequential=False))
+    net = DSparkNet(
+        DrafterArgs(
+            target_dim=32, dim=32, n_heads=4, n_kv_heads=2, ffn_hidden=48, window=6, markov_rank=8, sequential=False
+        )
+    )
     save_checkpoint(net, tmp_path / "parallel.pt", extra={"steps": 3})
-    out = CliRunner().invoke(main, [
-        "train", "confidence", "--out", str(tmp_path / "run"), "--target", str(tmp_path / "target.pt"),
-        "--drafter", str(tmp_path / "parallel.pt"), "--prompts", "6", "--prompt-len", "12",
-        "--max-new-tokens", "10", "--steps", "20"])
+    out = CliRunner().invoke(
+        main,
+        [
+            "train",
+            "confidence",
+            "--out",
+            str(tmp_path / "run"),
+            "--target",
+            str(tmp_path / "target.pt"),
+            "--drafter",
+            str(tmp_path / "parallel.pt"),
+            "--prompts",
+            "6",
+            "--prompt-len",
+            "12",
+            "--max-new-tokens",
+            "10",
+            "--steps",
+            "20",
+        ],
+    )
     assert out.exit_code == 0, out.output
     report = json.loads(out.output.strip().splitlines()[-1])
     assert report["steps"] == 3 and report["confidence_tuning"]["bce_after"] < report["confidence_tuning"]["bce_before"]

@@ -1,5 +1,6 @@
 import pytest
 import torch
+
 from sparkgate.verify_runtime.corpus import (
     DOMAINS,
     SPLITS,
@@ -37,8 +38,9 @@ def test_split_assignment_and_hash_are_deterministic(corpus):
     docs += [Document("prose", f"t{i}", b"words " * i) for i in range(40)]
     a, b = Corpus(docs), Corpus(list(reversed(docs)))
     assert a.content_hash == b.content_hash  # independent of input order
-    assert {k: [d.name for d in v] for k, v in a.documents.items()} == \
-           {k: [d.name for d in v] for k, v in Corpus(docs).documents.items()}
+    assert {k: [d.name for d in v] for k, v in a.documents.items()} == {
+        k: [d.name for d in v] for k, v in Corpus(docs).documents.items()
+    }
     changed = Corpus(docs[:-1] + [Document("prose", "t39", b"other")])
     assert changed.content_hash != a.content_hash
     assert stdlib_corpus.__wrapped__().content_hash == corpus.content_hash

@@ -2,12 +2,12 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from sparkgate.policies.window import FixedWindow
 from sparkgate.verify_runtime.drafters import ModelDrafter, NGramDrafter
 from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
 from sparkgate.verify_runtime.model import EOS, forward_full
 from sparkgate.verify_runtime.verify import TargetRunner
-
 from tests.conftest import SurvivalWindows, tiny_model
 from tests.verify_runtime.reference import greedy_decode
 
@@ -22,8 +22,11 @@ def drafter(target):
 prompts = st.lists(st.integers(0, 31), min_size=1, max_size=12)
 
 
-@given(st.lists(st.tuples(prompts, st.sampled_from(MODES), st.integers(1, 14)), min_size=1, max_size=6),
-       st.integers(1, 4), st.integers(1, 5))
+@given(
+    st.lists(st.tuples(prompts, st.sampled_from(MODES), st.integers(1, 14)), min_size=1, max_size=6),
+    st.integers(1, 4),
+    st.integers(1, 5),
+)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_every_mode_reproduces_greedy_decoding(target, drafter, reqs, max_batch, gamma):
     """Mixed modes in one batch, varying windows and admission: token-for-token greedy."""
@@ -68,8 +71,9 @@ def run_sampled(target, drafter, mode, seed_base=0):
     records = []
     engine = Engine(target, drafter, EngineConfig(gamma=4, max_batch=3), policy=SurvivalWindows(), sink=records.append)
     for i in range(5):
-        engine.submit(Request(f"r{i}", [i, 2 * i + 1, 7], 16, temperature=0.9, seed=seed_base + i, mode=mode,
-                              stop_at_eos=False))
+        engine.submit(
+            Request(f"r{i}", [i, 2 * i + 1, 7], 16, temperature=0.9, seed=seed_base + i, mode=mode, stop_at_eos=False)
+        )
     return engine.run(), records
 
 
@@ -81,8 +85,9 @@ def test_cap_accept_and_compact_commit_identical_tokens(target, drafter):
     assert [r.verify_rows for r in cap_records] != [r.verify_rows for r in compact_records]
     cap_rows = [row for rec in cap_records for row in rec.requests]
     compact_rows = [row for rec in compact_records for row in rec.requests]
-    assert [(r.window, r.accepted, r.committed_tokens) for r in cap_rows] == \
-           [(r.window, r.accepted, r.committed_tokens) for r in compact_rows]
+    assert [(r.window, r.accepted, r.committed_tokens) for r in cap_rows] == [
+        (r.window, r.accepted, r.committed_tokens) for r in compact_rows
+    ]
     # and the seeds matter: another seed base commits something else
     other, _ = run_sampled(target, drafter, "compact", seed_base=100)
     assert other != compact
@@ -93,16 +98,24 @@ def test_greedy_and_sampled_requests_share_a_batch_without_changing_each_other(t
     Either way greedy requests decode greedily and a sampled request commits what it commits alone.
     (The n-gram drafter drafts each request from its own history; ``ModelDrafter`` reads a window
     as wide as the batch's shortest history, so its drafts depend on the batch.)"""
+
     def run(reqs):
         engine = Engine(target, NGramDrafter(32), EngineConfig(gamma=4, max_batch=3), policy=SurvivalWindows())
         for r in reqs:
             engine.submit(r)
         return engine.run()
 
-    sampled = dict(prompt=[5, 11, 7, 5, 11, 7, 5], max_new_tokens=24, temperature=0.9, seed=3, mode="compact", stop_at_eos=False)
+    sampled = dict(
+        prompt=[5, 11, 7, 5, 11, 7, 5], max_new_tokens=24, temperature=0.9, seed=3, mode="compact", stop_at_eos=False
+    )
     alone = run([Request("s", **sampled)])["s"]
-    mixed = run([Request("g0", [1, 2, 3], 16, mode="static", stop_at_eos=False), Request("s", **sampled),
-                 Request("g1", [4, 4], 16, mode="compact", stop_at_eos=False)])
+    mixed = run(
+        [
+            Request("g0", [1, 2, 3], 16, mode="static", stop_at_eos=False),
+            Request("s", **sampled),
+            Request("g1", [4, 4], 16, mode="compact", stop_at_eos=False),
+        ]
+    )
     assert mixed["s"] == alone != greedy_decode(target, sampled["prompt"], 24)  # it did sample
     assert mixed["g0"] == greedy_decode(target, [1, 2, 3], 16) and mixed["g1"] == greedy_decode(target, [4, 4], 16)
 
@@ -142,8 +155,7 @@ def test_rejected_rows_are_never_read(target, drafter):
 def test_records_carry_the_labels_of_each_mode(target, drafter):
     records = []
     gamma = 4
-    engine = Engine(target, drafter, EngineConfig(gamma=gamma, max_batch=8), policy=FixedWindow(2),
-                    sink=records.append)
+    engine = Engine(target, drafter, EngineConfig(gamma=gamma, max_batch=8), policy=FixedWindow(2), sink=records.append)
     for i, mode in enumerate(MODES * 2):
         engine.submit(Request(f"{mode}{i}", [i, 3, 1], 10, mode=mode, task="code", stop_at_eos=False))
     engine.run()
@@ -169,13 +181,20 @@ def test_records_carry_the_labels_of_each_mode(target, drafter):
 
 def test_tier_misses_are_recorded(target, drafter):
     from sparkgate.verify_runtime.tiers import TierGrid
+
     records = []
     engine = Engine(target, drafter, EngineConfig(gamma=4, max_batch=4), tiers=TierGrid((8,)), sink=records.append)
     for i in range(4):
         engine.submit(Request(str(i), [1, 2], 3, stop_at_eos=False))
     engine.step()
     rec = records[0]
-    assert (rec.verify_rows, rec.tier, rec.tier_rows, rec.graph_hit, rec.miss_reason) == (20, -1, 20, False, "over_max_tier")
+    assert (rec.verify_rows, rec.tier, rec.tier_rows, rec.graph_hit, rec.miss_reason) == (
+        20,
+        -1,
+        20,
+        False,
+        "over_max_tier",
+    )
 
 
 def test_finishes_at_eos_and_frees_the_slot():

@@ -3,6 +3,7 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
+
 from sparkgate.policies.calibration import STS
 from sparkgate.verify_runtime.block_drafter import BlockDrafter, DrafterArgs, DSparkNet
 from sparkgate.verify_runtime.calibrate_cli import calibrate, read_labels
@@ -23,15 +24,16 @@ def one_thread():
 @pytest.fixture(scope="module")
 def evaluated():
     torch.manual_seed(0)
-    target = Transformer(ModelArgs(dim=32, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=64,
-                                   init_std=0.3)).eval()
-    block = BlockDrafter(DSparkNet(DrafterArgs(target_dim=32, dim=32, n_heads=4, n_kv_heads=2, ffn_hidden=48,
-                                               window=4, markov_rank=8)))
+    target = Transformer(
+        ModelArgs(dim=32, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=64, init_std=0.3)
+    ).eval()
+    block = BlockDrafter(
+        DSparkNet(DrafterArgs(target_dim=32, dim=32, n_heads=4, n_kv_heads=2, ffn_hidden=48, window=4, markov_rank=8))
+    )
     # the n-gram drafter accepts often on a random target's repetitive output, so its
     # confidences have both outcomes to be judged against
     drafters = {"ngram": NGramDrafter(BYTE_VOCAB), "block": block}
-    cfg = EvalConfig(prompts_per_domain=4, prompt_len=16, max_new_tokens=24, batch=4, latency_repeats=2,
-                     bootstrap=20)
+    cfg = EvalConfig(prompts_per_domain=4, prompt_len=16, max_new_tokens=24, batch=4, latency_repeats=2, bootstrap=20)
     sts = STS([1.5] * 7)
     report, records = evaluate(target, drafters, stdlib_corpus(), cfg, sts)
     return report, records, sts
@@ -40,7 +42,7 @@ def evaluated():
 def test_report_has_acceptance_by_depth_per_domain_and_drafter(evaluated):
     report, records, _ = evaluated
     assert set(report["domains"]) == {"code", "prose"} and set(records) == {"code", "prose"}
-    for domain, section in report["domains"].items():
+    for section in report["domains"].values():
         for name in ("ngram", "block"):
             acc = section[name]
             assert len(acc["survival"]) == len(acc["conditional_acceptance"]) == 7
@@ -50,8 +52,9 @@ def test_report_has_acceptance_by_depth_per_domain_and_drafter(evaluated):
             assert acc["steps"] > 0 and acc["draft_to_verify"] > 0
         assert {"before", "after"} <= set(section["calibration"])
     assert report["domains"]["code"]["ngram"]["mean_accepted"] > 0
-    assert all(rec.gamma == 7 and all(r.mode == "static" for r in rec.requests)
-               for recs in records.values() for rec in recs)
+    assert all(
+        rec.gamma == 7 and all(r.mode == "static" for r in rec.requests) for recs in records.values() for rec in recs
+    )
     assert set(report["draft_latency_ms"]) == {"ngram", "block"}
     assert {"code_mean_accepted", "sequential_gain_mean_accepted", "sts_mean_ece"} <= set(report["targets"])
 

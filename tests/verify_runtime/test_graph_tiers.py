@@ -1,6 +1,8 @@
 """The fixed-shape path CUDA graphs capture, checked on CPU; the graphs themselves on CUDA."""
+
 import pytest
 import torch
+
 from sparkgate.policies.calibration import STS
 from sparkgate.policies.cost_model import AdditiveCostTable
 from sparkgate.policies.window import CostAwareScheduler, FixedWindow, WindowDecision
@@ -11,7 +13,6 @@ from sparkgate.verify_runtime.kv_cache import KVCache
 from sparkgate.verify_runtime.model import forward_packed
 from sparkgate.verify_runtime.packing import gather_rows
 from sparkgate.verify_runtime.verify import TargetRunner
-
 from tests.conftest import SurvivalWindows, tiny_model
 from tests.verify_runtime.reference import greedy_decode
 
@@ -45,8 +46,14 @@ def test_static_shapes_compute_what_the_ragged_layout_does(target):
 def test_cuda_graph_tiers_reproduce_greedy_decoding():
     model = tiny_model(seed=8).float().cuda()
     records = []
-    engine = Engine(model, ModelDrafter(model, noise=1.5), EngineConfig(gamma=4, max_batch=4),
-                    policy=SurvivalWindows(), graphs=True, sink=records.append)
+    engine = Engine(
+        model,
+        ModelDrafter(model, noise=1.5),
+        EngineConfig(gamma=4, max_batch=4),
+        policy=SurvivalWindows(),
+        graphs=True,
+        sink=records.append,
+    )
     prompts = [[1, 2, 3], [7], [9, 9, 9, 9], [4, 5]]
     for i, p in enumerate(prompts):
         engine.submit(Request(str(i), p, 16, mode=["static", "compact", "cap_accept", "shadow"][i], stop_at_eos=False))
@@ -60,21 +67,31 @@ def test_cuda_graph_tiers_reproduce_greedy_decoding():
 def test_schedule_graphs_decide_as_the_eager_stage_and_follow_a_policy_swap():
     model = tiny_model(seed=8).float().cuda()
     # Rows cost more past 8, so the scheduler cuts windows and they differ by request.
-    table = AdditiveCostTable(bias_seconds=0.01, bs_probes=(1,), alpha_seconds=(0.0,), m_probes=(1, 8, 64),
-                              theta_seconds=(0.0, 0.0005, 0.03))
+    table = AdditiveCostTable(
+        bias_seconds=0.01, bs_probes=(1,), alpha_seconds=(0.0,), m_probes=(1, 8, 64), theta_seconds=(0.0, 0.0005, 0.03)
+    )
     runs = {}
     for graphs in (False, True):
         records = []
-        engine = Engine(model, ModelDrafter(model, noise=1.5), EngineConfig(gamma=4, max_batch=4, default_mode="compact"),
-                        policy=CostAwareScheduler(table, lag=1), calibrate=STS([1.3, 0.8, 1.1, 0.9]), graphs=graphs,
-                        sink=records.append)
+        engine = Engine(
+            model,
+            ModelDrafter(model, noise=1.5),
+            EngineConfig(gamma=4, max_batch=4, default_mode="compact"),
+            policy=CostAwareScheduler(table, lag=1),
+            calibrate=STS([1.3, 0.8, 1.1, 0.9]),
+            graphs=graphs,
+            sink=records.append,
+        )
         for i, p in enumerate([[1, 2, 3], [7], [9, 9, 9, 9], [4, 5]]):  # retiring at different steps: batch 4..1
             engine.submit(Request(str(i), p, 40 - 12 * i, stop_at_eos=False))
         engine.run(max_steps=8)
         engine.policy = FixedWindow(2)  # a rollout swapping the policy: the captured stage must follow
         out = engine.run()
-        runs[graphs] = out, [[q.window_suggested for q in r.requests] for r in records], \
-            torch.tensor([q.survival for r in records for q in r.requests])
+        runs[graphs] = (
+            out,
+            [[q.window_suggested for q in r.requests] for r in records],
+            torch.tensor([q.survival for r in records for q in r.requests]),
+        )
     (eager_out, eager_windows, eager_survival), (out, windows, survival) = runs[False], runs[True]
     assert out == eager_out and windows == eager_windows
     torch.testing.assert_close(survival, eager_survival)
@@ -95,8 +112,13 @@ class HostListWindows:
 def test_a_schedule_stage_that_cannot_be_captured_runs_eagerly_and_says_why():
     model = tiny_model(seed=8).float().cuda()
     with pytest.warns(UserWarning, match="runs eagerly"):
-        engine = Engine(model, ModelDrafter(model, noise=1.5), EngineConfig(gamma=4, max_batch=2, default_mode="compact"),
-                        policy=HostListWindows(), graphs=True)
+        engine = Engine(
+            model,
+            ModelDrafter(model, noise=1.5),
+            EngineConfig(gamma=4, max_batch=2, default_mode="compact"),
+            policy=HostListWindows(),
+            graphs=True,
+        )
     assert "captur" in engine.schedule_graphs.eager_reason.lower()
     for i, p in enumerate([[1, 2, 3], [7]]):
         engine.submit(Request(str(i), p, 12, stop_at_eos=False))

@@ -1,5 +1,8 @@
+import pickle
+
 import pytest
 import torch
+
 from sparkgate.verify_runtime.kv_cache import KVCache
 from sparkgate.verify_runtime.model import (
     ModelArgs,
@@ -10,14 +13,16 @@ from sparkgate.verify_runtime.model import (
     save_checkpoint,
 )
 from sparkgate.verify_runtime.verify import TargetRunner
-
 from tests.conftest import tiny_model
 
 
-@pytest.mark.parametrize("prompt_lens, windows", [
-    ((5, 1, 9), (3, 0, 2)),  # ragged: several attention groups, padded cells
-    ((6, 6, 6), (2, 2, 2)),  # equal lengths: a dense layout, attention in place
-])
+@pytest.mark.parametrize(
+    "prompt_lens, windows",
+    [
+        ((5, 1, 9), (3, 0, 2)),  # ragged: several attention groups, padded cells
+        ((6, 6, 6), (2, 2, 2)),  # equal lengths: a dense layout, attention in place
+    ],
+)
 def test_packed_prefill_and_decode_match_dense_forward(target, prompt_lens, windows):
     """Ragged rows against the cache give the dense causal forward's logits."""
     torch.manual_seed(1)
@@ -53,7 +58,7 @@ def test_prefill_keeps_the_last_hidden_states_and_writes_every_rows_kv(target):
     kept, kept_cache = run(3)
     assert [h.shape[0] for h in full] == [7, 2, 0, 5] and [h.shape[0] for h in kept] == [3, 2, 0, 3]
     for f, k in zip(full, kept):
-        torch.testing.assert_close(k, f[f.shape[0] - k.shape[0]:], rtol=0, atol=1e-12)
+        torch.testing.assert_close(k, f[f.shape[0] - k.shape[0] :], rtol=0, atol=1e-12)
     assert torch.equal(full_cache.k, kept_cache.k) and torch.equal(full_cache.v, kept_cache.v)
     assert kept_cache.lengths == full_cache.lengths == [7, 2, 0, 5]
     assert [h.shape[0] for h in run(0)[0]] == [0, 0, 0, 0]
@@ -77,7 +82,7 @@ def test_checkpoint_round_trip_is_weights_only(tmp_path, target):
     assert model_version(loaded.double()) == model_version(target)
     # a pickle with arbitrary objects is refused by the weights-only loader
     torch.save({"args": object(), "model": {}}, tmp_path / "bad.pt")
-    with pytest.raises(Exception):
+    with pytest.raises(pickle.UnpicklingError):
         load_checkpoint(tmp_path / "bad.pt")
 
 

@@ -1,6 +1,7 @@
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from sparkgate.verify_runtime.packing import build_layout, gather_rows, scatter_rows
 
 batches = st.lists(st.tuples(st.integers(0, 40), st.integers(1, 9)), min_size=1, max_size=12)
@@ -66,6 +67,7 @@ def test_mask_admits_prefix_and_earlier_window_rows_only():
 
 def test_bad_layouts_fail_clearly():
     import pytest
+
     with pytest.raises(ValueError, match="at least one row"):
         build_layout([0], [0], [0], scratch_slot=1)
     with pytest.raises(ValueError, match="smaller than the 5 real rows"):

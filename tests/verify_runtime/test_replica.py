@@ -1,10 +1,12 @@
 """A runtime replica following a real controller service on 127.0.0.1 (tiny models, real DuckDB file)."""
+
 from __future__ import annotations
 
 from collections import Counter
 
 import pytest
 import torch
+
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.ingest_api import serve_in_thread
 from sparkgate.collectors.metrics import Metrics
@@ -24,13 +26,18 @@ from sparkgate.verify_runtime.consistency import (
 from sparkgate.verify_runtime.drafters import ModelDrafter
 from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
 from sparkgate.verify_runtime.replica import ControllerClient, Replica, mode_for
-
 from tests.conftest import tiny_model
 from tests.verify_runtime.reference import greedy_decode
 
 GAMMA = 4
-POLICY = parse_rollout_policy({"gamma": GAMMA, "canary_steps": [0.5], "observe_fraction": 0.2, "gates": [
-    {"metric": "consistency_mismatches", "threshold": 0, "direction": "at_most", "critical": True}]})
+POLICY = parse_rollout_policy(
+    {
+        "gamma": GAMMA,
+        "canary_steps": [0.5],
+        "observe_fraction": 0.2,
+        "gates": [{"metric": "consistency_mismatches", "threshold": 0, "direction": "at_most", "critical": True}],
+    }
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -43,8 +50,16 @@ def one_thread():
 
 
 def payload(phase, fraction=0.0, observe=0.2, fallback_window=GAMMA):
-    return PolicyPayload(revision=1, phase=phase, compact_fraction=fraction, observe_fraction=observe,
-                         fallback_window=fallback_window, gamma=GAMMA, cost_table_version=None, sts_version=None)
+    return PolicyPayload(
+        revision=1,
+        phase=phase,
+        compact_fraction=fraction,
+        observe_fraction=observe,
+        fallback_window=fallback_window,
+        gamma=GAMMA,
+        cost_table_version=None,
+        sts_version=None,
+    )
 
 
 def test_mode_follows_a_stable_hash_against_the_fractions():
@@ -64,7 +79,13 @@ def test_mode_follows_a_stable_hash_against_the_fractions():
 
 def test_compare_reports_the_first_differing_token():
     assert compare("r", [1, 2, 3], [1, 2, 3, 4]).to_dict() == {
-        "request_id": "r", "kind": "greedy_replay", "tokens": 3, "mismatch_at": None, "expected": None, "got": None}
+        "request_id": "r",
+        "kind": "greedy_replay",
+        "tokens": 3,
+        "mismatch_at": None,
+        "expected": None,
+        "got": None,
+    }
     check = compare("r", [1, 2, 3], [1, 5, 6])
     assert (check.mismatch_at, check.expected, check.got) == (1, 2, 5)
 
@@ -81,8 +102,9 @@ def test_static_replay_is_the_greedy_continuation():
 
 def test_state_check_finds_a_corrupted_cache():
     target = tiny_model()
-    engine = Engine(target, ModelDrafter(target, noise=1.5), EngineConfig(gamma=GAMMA, max_batch=2),
-                    policy=FixedWindow(2))
+    engine = Engine(
+        target, ModelDrafter(target, noise=1.5), EngineConfig(gamma=GAMMA, max_batch=2), policy=FixedWindow(2)
+    )
     for i, mode in enumerate(["compact", "static"]):
         engine.submit(Request(f"s{i}", [3, 1, 4, 1 + i], 20, mode=mode, stop_at_eos=False))
     for _ in range(3):
@@ -115,8 +137,16 @@ def make_replica(url: str, replay_model=None, replica_id: str = "rep-a", state_e
     drafter = ModelDrafter(target, noise=1.5)
     engine = Engine(target, drafter, EngineConfig(gamma=GAMMA, max_batch=4, replica_id=replica_id))
     replay = GreedyReplay(replay_model or target, ModelDrafter(replay_model or target, noise=1.5), GAMMA)
-    return Replica(engine, ControllerClient(url), FixedWindow(2), replay=replay, consistency_fraction=1.0,
-                   state_every=state_every, poll_s=0.0, flush_steps=4)
+    return Replica(
+        engine,
+        ControllerClient(url),
+        FixedWindow(2),
+        replay=replay,
+        consistency_fraction=1.0,
+        state_every=state_every,
+        poll_s=0.0,
+        flush_steps=4,
+    )
 
 
 def test_replica_follows_the_policy_and_its_records_are_stored(controller):
@@ -127,17 +157,20 @@ def test_replica_follows_the_policy_and_its_records_are_stored(controller):
     rows = ctl.store.query("SELECT DISTINCT phase, policy_revision FROM steps").to_pylist()
     assert rows == [{"phase": "baseline", "policy_revision": 1}]
     assert set(ctl.store.query("SELECT DISTINCT mode::VARCHAR AS m FROM requests").column("m").to_pylist()) == {
-        "static"}
+        "static"
+    }
     for _ in range(2):
         ctl.act("promote", "ops")
     canary = replica.serve(requests("c", 24))
     assert canary["phase"] == "canary" and canary["revision"] == 3
-    modes = ctl.store.query("SELECT mode::VARCHAR AS m, count(*) AS n FROM requests WHERE step_id >= ? "
-                            "GROUP BY 1", [baseline["steps"]]).to_pylist()
+    modes = ctl.store.query(
+        "SELECT mode::VARCHAR AS m, count(*) AS n FROM requests WHERE step_id >= ? GROUP BY 1", [baseline["steps"]]
+    ).to_pylist()
     assert {r["m"] for r in modes} >= {"compact", "shadow"}
     assert canary["checks"] > 0 and canary["mismatches"] == 0
-    checks = ctl.store.query("SELECT kind, count(*) AS n, count(mismatch_at) AS bad FROM consistency_checks "
-                             "GROUP BY kind ORDER BY kind").to_pylist()
+    checks = ctl.store.query(
+        "SELECT kind, count(*) AS n, count(mismatch_at) AS bad FROM consistency_checks GROUP BY kind ORDER BY kind"
+    ).to_pylist()
     assert [(c["kind"], c["bad"]) for c in checks] == [("greedy_replay", 0), ("state_rollback", 0)]
     assert sum(c["n"] for c in checks) == canary["checks"]
     assert ControllerClient(url).next_step_id("rep-a") == canary["steps"]  # counters span both runs

@@ -1,4 +1,5 @@
 """The runtime driven by the policies package: scheduler wiring, lag, the profiler."""
+
 import dataclasses
 import json
 import math
@@ -7,6 +8,8 @@ import os
 import pytest
 import torch
 from click.testing import CliRunner
+
+from sparkgate.cli import main
 from sparkgate.policies.cost_model import StepsPerSecondTable
 from sparkgate.policies.window import CostAwareScheduler, WindowDecision
 from sparkgate.verify_runtime.drafters import ModelDrafter, NGramDrafter
@@ -18,22 +21,26 @@ from sparkgate.verify_runtime.profiler import (
     profile_model,
     step_version,
 )
-
-from sparkgate.cli import main
 from tests.conftest import tiny_model
 from tests.verify_runtime.reference import greedy_decode
 
 
 def flat_table(max_tokens=4096):
     """Verification is free: the scheduler should verify everything."""
-    return StepsPerSecondTable(sample_batch_tokens=(1, max_tokens), sample_steps_per_sec=(100.0, 100.0),
-                               max_batch_tokens=max_tokens)
+    return StepsPerSecondTable(
+        sample_batch_tokens=(1, max_tokens), sample_steps_per_sec=(100.0, 100.0), max_batch_tokens=max_tokens
+    )
 
 
 def test_cost_aware_compact_reproduces_greedy_and_logs_predictions(target):
     records = []
-    engine = Engine(target, ModelDrafter(target, noise=1.5), EngineConfig(gamma=4, max_batch=3),
-                    policy=CostAwareScheduler(flat_table()), sink=records.append)
+    engine = Engine(
+        target,
+        ModelDrafter(target, noise=1.5),
+        EngineConfig(gamma=4, max_batch=3),
+        policy=CostAwareScheduler(flat_table()),
+        sink=records.append,
+    )
     prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9]]
     for i, p in enumerate(prompts):
         engine.submit(Request(str(i), p, 12, mode="compact", stop_at_eos=False))
@@ -47,6 +54,7 @@ def test_cost_aware_compact_reproduces_greedy_and_logs_predictions(target):
 
 class RecordingLag:
     """A lagged policy that remembers what it was shown."""
+
     lag = 2
 
     def __init__(self):
@@ -63,7 +71,7 @@ def test_lagged_policies_see_the_survivals_of_two_steps_ago(target):
     engine.submit(Request("a", [1, 2], 20, stop_at_eos=False))
     for _ in range(4):
         engine.step()
-    (s0, l0), (s1, l1), (s2, l2), (s3, l3) = policy.seen
+    (s0, l0), (s1, l1), (_, l2), (_, l3) = policy.seen
     assert torch.equal(l0, torch.ones_like(s0)) and torch.equal(l1, torch.ones_like(s1))
     assert torch.equal(l2, s0) and torch.equal(l3, s1)
 
@@ -78,8 +86,9 @@ def test_even_windows_spread_the_budget():
 def test_profile_times_whole_decode_steps_and_fits_a_table():
     model = tiny_model(seed=2).float()
     drafter = NGramDrafter(model.args.vocab_size)
-    result = profile_model(model, drafter, batches=(1, 4), fractions=(0.0, 0.5, 1.0), gamma=3, repeats=2,
-                           context=12, progress=False)
+    result = profile_model(
+        model, drafter, batches=(1, 4), fractions=(0.0, 0.5, 1.0), gamma=3, repeats=2, context=12, progress=False
+    )
     assert len(result.samples) == 6
     # The table is for this target with this drafter: both set the step time.
     assert result.table.meta.model == step_version(model, drafter) == f"{model_version(model)}+{drafter.version}"
@@ -92,8 +101,13 @@ def test_profile_times_whole_decode_steps_and_fits_a_table():
 def test_forced_windows_drive_the_engine_at_the_profiled_budget():
     model = tiny_model(seed=2).float()
     records = []
-    engine = Engine(model, NGramDrafter(model.args.vocab_size), EngineConfig(gamma=3, max_batch=3, default_mode="compact"),
-                    policy=ForcedWindows([0, 2, 3]), sink=records.append)
+    engine = Engine(
+        model,
+        NGramDrafter(model.args.vocab_size),
+        EngineConfig(gamma=3, max_batch=3, default_mode="compact"),
+        policy=ForcedWindows([0, 2, 3]),
+        sink=records.append,
+    )
     for i in range(3):
         engine.submit(Request(f"r{i}", [1, 2, 3, 4], 8, seed=i, stop_at_eos=False))
     engine.step()
@@ -102,8 +116,10 @@ def test_forced_windows_drive_the_engine_at_the_profiled_budget():
 
 def test_profile_command_writes_table_and_plot(tmp_path):
     out = tmp_path / "table.json"
-    res = CliRunner().invoke(main, ["profile", "--out", str(out), "--batch-sizes", "1,2", "--fractions", "0,1",
-                                    "--repeats", "1", "--gamma", "3"])
+    res = CliRunner().invoke(
+        main,
+        ["profile", "--out", str(out), "--batch-sizes", "1,2", "--fractions", "0,1", "--repeats", "1", "--gamma", "3"],
+    )
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout.strip().splitlines()[-1])
     assert report["samples"] == 4 and (tmp_path / "table.png").stat().st_size > 0
@@ -121,8 +137,9 @@ def test_profile_command_rejects_bad_fractions_and_contexts(tmp_path):
 
 def test_bench_e2e_runs_and_reports_ratios(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARKGATE_CACHE", str(tmp_path))
-    res = CliRunner().invoke(main, ["bench", "e2e", "--batches", "1,2", "--waves", "1", "--max-new-tokens", "4",
-                                    "--rounds", "2", "--json"])
+    res = CliRunner().invoke(
+        main, ["bench", "e2e", "--batches", "1,2", "--waves", "1", "--max-new-tokens", "4", "--rounds", "2", "--json"]
+    )
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout.strip().splitlines()[-1])
     assert summary["prefill_threads"] == os.cpu_count() and summary["threads"] == 1
@@ -153,6 +170,7 @@ def test_bench_e2e_runs_and_reports_ratios(tmp_path, monkeypatch):
 
 def test_foresight_wall_ratio_dilutes_the_decode_gain_by_what_no_policy_changes():
     from sparkgate.verify_runtime.bench_e2e import foresight_wall_ratio
+
     assert foresight_wall_ratio(1.3, 1.0) == pytest.approx(1.3)  # all decode: the decode gain
     assert foresight_wall_ratio(1.3, 0.0) == pytest.approx(1.0)  # no decode: nothing to gain
     # 80% decode at 1.25x: 0.2 + 0.8 / 1.25 = 0.84 of static's time.
@@ -166,10 +184,11 @@ def test_replay_prices_windows_on_static_steps_by_hand():
         foresight_decode_ratio,
         replay_decode_ratio,
     )
-
     from tests.collectors.strategies import compact_row, step
-    table = AdditiveCostTable(bias_seconds=0.001, bs_probes=(1, 8), alpha_seconds=(0.0, 0.0),
-                              m_probes=(1, 64), theta_seconds=(0.001, 0.064))
+
+    table = AdditiveCostTable(
+        bias_seconds=0.001, bs_probes=(1, 8), alpha_seconds=(0.0, 0.0), m_probes=(1, 64), theta_seconds=(0.001, 0.064)
+    )
     rows = [dataclasses.replace(compact_row(4, 4, a, f"r{a}"), mode="static", full_accept=a) for a in (3, 0)]
     record = step(1, 4, rows)  # static: 10 rows, 11 ms, 3 + 1 + 0 + 1 = 5 tokens
     # Windows (3, 0): the same 5 tokens from 5 rows (6 ms) -- foresight.
@@ -182,8 +201,24 @@ def test_replay_prices_windows_on_static_steps_by_hand():
 
 def test_profile_command_takes_a_tier_grid(tmp_path):
     out = tmp_path / "table.json"
-    res = CliRunner().invoke(main, ["profile", "--out", str(out), "--batch-sizes", "2", "--fractions", "0,1",
-                                    "--repeats", "1", "--gamma", "3", "--tiers", "4,16"])
+    res = CliRunner().invoke(
+        main,
+        [
+            "profile",
+            "--out",
+            str(out),
+            "--batch-sizes",
+            "2",
+            "--fractions",
+            "0,1",
+            "--repeats",
+            "1",
+            "--gamma",
+            "3",
+            "--tiers",
+            "4,16",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert json.loads(out.read_text())["meta"]["tiers"] == [4, 16]
     bad = CliRunner().invoke(main, ["profile", "--out", str(out), "--tiers", "16,8"])
@@ -192,8 +227,11 @@ def test_profile_command_takes_a_tier_grid(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
 def test_graph_tiers_are_refused_off_cuda_with_a_usage_error(tmp_path):
-    for args in (["bench", "e2e", "--graphs"], ["profile", "--out", str(tmp_path / "t.json"), "--graphs"],
-                 ["bench", "verify", "--graphs"]):
+    for args in (
+        ["bench", "e2e", "--graphs"],
+        ["profile", "--out", str(tmp_path / "t.json"), "--graphs"],
+        ["bench", "verify", "--graphs"],
+    ):
         res = CliRunner().invoke(main, args)
         assert res.exit_code == 2 and "CUDA-graph tiers need a CUDA device" in res.output, (args, res.output)
     res = CliRunner().invoke(main, ["bench", "e2e", "--device", "tpu9"])

@@ -1,4 +1,5 @@
 import pytest
+
 from sparkgate.verify_runtime.tiers import TierGrid, parse_tiers
 
 

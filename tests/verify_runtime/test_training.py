@@ -2,6 +2,7 @@ import dataclasses
 
 import pytest
 import torch
+
 from sparkgate.verify_runtime.block_drafter import DrafterArgs
 from sparkgate.verify_runtime.corpus import Corpus, Document
 from sparkgate.verify_runtime.model import (
@@ -40,8 +41,18 @@ def corpus() -> Corpus:
 
 
 def cfg(**kw) -> TrainConfig:
-    return TrainConfig(**{"steps": 4, "batch_size": 4, "seq_len": 32, "warmup": 1, "lr": 3e-3, "eval_batches": 1,
-                          "checkpoint_every": 2, **kw})
+    return TrainConfig(
+        **{
+            "steps": 4,
+            "batch_size": 4,
+            "seq_len": 32,
+            "warmup": 1,
+            "lr": 3e-3,
+            "eval_batches": 1,
+            "checkpoint_every": 2,
+            **kw,
+        }
+    )
 
 
 def test_target_training_is_resumable_bit_for_bit(tmp_path, corpus, monkeypatch):
@@ -84,18 +95,19 @@ def test_draft_examples_align_context_pending_and_targets():
         row = n // 5
         # recover the anchor from the target logits (depth 1 is the target's distribution at p)
         p = int((logits[row] - ex.target_logits[n, 0]).abs().sum(-1).argmin())
-        assert torch.equal(ex.prev[n], tokens[row, p:p + 3])
+        assert torch.equal(ex.prev[n], tokens[row, p : p + 3])
         assert int(ex.hidden_len[n]) == min(p, 4)
         k = int(ex.hidden_len[n])
-        torch.testing.assert_close(ex.hidden[n, 4 - k:], hidden[row, p - k:p])
-        assert ex.hidden[n, :4 - k].eq(0).all()
+        torch.testing.assert_close(ex.hidden[n, 4 - k :], hidden[row, p - k : p])
+        assert ex.hidden[n, : 4 - k].eq(0).all()
 
 
 def test_tiny_drafter_loss_falls(tmp_path, corpus):
     torch.manual_seed(0)
     target, _ = train_target(corpus, TINY, cfg(steps=30, lr=1e-2), tmp_path / "t")
-    args = DrafterArgs(target_dim=32, dim=32, n_heads=4, n_kv_heads=2, ffn_hidden=64, window=4, max_gamma=4,
-                       markov_rank=8)
+    args = DrafterArgs(
+        target_dim=32, dim=32, n_heads=4, n_kv_heads=2, ffn_hidden=64, window=4, max_gamma=4, markov_rank=8
+    )
     objective = DraftObjective(gamma=4, anchors_per_row=8)
     _, first = train_drafter(corpus, target, args, cfg(steps=1, lr=1e-2), objective, tmp_path / "d1")
     net, last = train_drafter(corpus, target, args, cfg(steps=40, lr=1e-2), objective, tmp_path / "d40")
