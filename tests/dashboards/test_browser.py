@@ -1,7 +1,9 @@
 """A real browser: Debian's chromium, driven by Playwright, against ``streamlit run`` on loopback.
 
 Screenshots of every page go to ``$SPARKGATE_TEST_ARTIFACTS`` (default
-``test-artifacts/dashboards`` in the repository, which git ignores).
+``test-artifacts/dashboards`` in the repository, which git ignores). With
+``SPARKGATE_UPDATE_DOCS=1`` the Rollout page's screenshot also replaces
+``docs/rollout-page.png``, the picture the README shows.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(
     os.environ.get("SPARKGATE_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboards")
 )
+DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "rollout-page.png"
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-background-networking",
@@ -102,6 +105,10 @@ def test_pages_in_chromium(server, fixture_store):
             metric = page.get_by_test_id("stMetric").filter(has_text="Phase")
             assert "fallback" in metric.inner_text()
             page.screenshot(path=str(ARTIFACTS / "rollout.png"), full_page=True)
+            if os.environ.get("SPARKGATE_UPDATE_DOCS") == "1":
+                page.set_viewport_size({"width": 1400, "height": 1100})
+                page.screenshot(path=str(DOCS_SCREENSHOT))
+                page.set_viewport_size({"width": 1400, "height": 2800})
             for title, marker in PAGES.items():
                 page.get_by_test_id("stSidebarNav").get_by_text(title, exact=True).click()
                 finished(page, marker)

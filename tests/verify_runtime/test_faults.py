@@ -1,0 +1,32 @@
+"""The faults ``sparkgate replica --fault`` fires (the cost-table fault runs end to end in test_replica_cli)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkgate.policies.cost_model import FingerprintMismatch, load_cost_table
+from sparkgate.policies.cost_profile import hardware_fingerprint
+from sparkgate.verify_runtime.arrivals import Arrivals
+from sparkgate.verify_runtime.faults import FOREIGN_COST_TABLE, Fault, fire
+from tests.conftest import Clock
+
+
+def test_drift_makes_new_arrivals_sample_at_the_drift_temperature():
+    arrivals = Arrivals(iter(()), lambda t: 1.0, Clock(0.0))
+    assert "temperature 3.0" in fire(Fault.DRIFT, None, arrivals, 3.0, None)
+    assert arrivals.temperature == 3.0
+
+
+def test_drift_without_an_arrival_process_is_refused():
+    with pytest.raises(ValueError, match="needs an arrival process"):
+        fire(Fault.DRIFT, None, None, 3.0, None)
+
+
+def test_the_foreign_table_is_refused_here_unless_forced(tmp_path):
+    import json
+
+    path = tmp_path / "foreign.json"
+    path.write_text(json.dumps(FOREIGN_COST_TABLE))
+    with pytest.raises(FingerprintMismatch):
+        load_cost_table(path, hardware=hardware_fingerprint("cpu"), model="this-model")
+    assert load_cost_table(path, force=True).meta.tiers == (8, 16, 24, 32)

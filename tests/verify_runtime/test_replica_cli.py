@@ -1,0 +1,100 @@
+"""``sparkgate replica`` as a user runs it, against a real controller service on 127.0.0.1, with the
+shipped models: a closed-loop run, an open-loop run with /metrics and a fault fired by SIGUSR1, and
+the usage errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import torch
+from click.testing import CliRunner
+
+from sparkgate.cli import main
+from sparkgate.collectors.ingest import Ingestor
+from sparkgate.collectors.ingest_api import serve_in_thread
+from sparkgate.collectors.metrics import Metrics
+from sparkgate.collectors.store import Store
+from sparkgate.controller.service import create_app
+from sparkgate.controller.supervisor import Controller
+from sparkgate.demo.fleet import answers, free_port
+from sparkgate.policies.rollout import parse_rollout_policy
+
+POLICY = parse_rollout_policy(
+    {"gates": [{"metric": "consistency_mismatches", "threshold": 0, "direction": "at_most", "critical": True}]}
+)
+
+
+@pytest.fixture
+def service(tmp_path):
+    with Store(tmp_path / "replica.duckdb") as store:
+        controller = Controller(store, POLICY, metrics=Metrics(), resamples=20)
+        with serve_in_thread(create_app(controller, Ingestor(store))) as url:
+            yield controller, url
+
+
+@pytest.fixture
+def keep_threads():
+    """The command sets torch's threads and its own signal handlers; the test process gets its own back."""
+    before = torch.get_num_threads()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    yield
+    torch.set_num_threads(before)
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
+def test_a_closed_loop_replica_serves_its_requests_and_posts_every_step(service, keep_threads):
+    controller, url = service
+    args = ["replica", "--controller", url, "--replica-id", "cli-a", "--requests", "6", "--max-new-tokens", "8"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output.strip().splitlines()[-1])
+    assert summary["replica_id"] == "cli-a" and summary["finished"] == 6 and summary["phase"] == "baseline"
+    assert summary["posted"] == summary["steps"] > 0 and "arrived" not in summary
+    stored = controller.store.query("SELECT count(*) AS n FROM steps WHERE replica_id = 'cli-a'").column("n")
+    assert stored[0].as_py() == summary["steps"]
+
+
+def test_an_open_loop_replica_serves_metrics_and_fires_its_fault_on_sigusr1(service, tmp_path):
+    _, url = service
+    port = free_port()
+    argv = [sys.executable, "-m", "sparkgate", "replica", "--controller", url, "--replica-id", "cli-b",
+            "--rate", "20", "--max-new-tokens", "8", "--metrics-port", str(port),
+            "--fault", "cost-table", "--out-dir", str(tmp_path)]  # fmt: skip
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not answers(f"http://127.0.0.1:{port}/metrics"):
+            assert child.poll() is None and time.monotonic() < deadline, child.stderr.read() if child.stderr else ""
+            time.sleep(0.5)
+        child.send_signal(signal.SIGUSR1)
+        table = tmp_path / "foreign_cost_table.json"
+        while not table.exists():
+            assert time.monotonic() < deadline, "the cost-table fault never fired"
+            time.sleep(0.2)
+        time.sleep(1.0)
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        child.send_signal(signal.SIGTERM)
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            os.kill(child.pid, signal.SIGKILL)
+    assert child.returncode == 0, err[-3000:]
+    assert "fault fired: cost-table" in err and "refused" in err  # the foreign fingerprint was refused, then forced
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["arrived"] > 0 and summary["steps"] > 0 and summary["posted"] == summary["steps"]
+    assert "sparkgate_replica_arrival_rate" in metrics and 'sparkgate_rollout_phase{phase="baseline"} 1.0' in metrics
+
+
+def test_usage_errors_name_what_was_wrong(keep_threads):
+    drift = CliRunner().invoke(main, ["replica", "--fault", "drift"])
+    assert drift.exit_code == 2 and "--fault drift" in drift.output and "--rate" in drift.output
+    gone = CliRunner().invoke(main, ["replica", "--controller", f"http://127.0.0.1:{free_port()}"])
+    assert gone.exit_code == 1 and "unreachable" in gone.output
