@@ -44,7 +44,7 @@ class Problem:
     def __str__(self) -> str:
         return f"{self.field}={self.value!r}: {self.message}"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         value = self.value
         if isinstance(value, float) and not math.isfinite(value):
             value = repr(value)  # JSON has no NaN/inf; keep the value readable
@@ -95,12 +95,12 @@ class StepRecord:
     requests: list[RequestRow] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The wire form: one JSON object with ``requests`` as a list of objects."""
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> StepRecord:
+    def from_dict(cls, data: dict[str, Any]) -> StepRecord:
         """Inverse of ``to_dict``; raises ``KeyError``/``TypeError`` on a malformed object.
 
         It does not validate values: ``collectors.validate`` does, returning every

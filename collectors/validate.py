@@ -47,9 +47,10 @@ class _Report:
 
     def steps(self, mask: np.ndarray, name: str, message: str | Callable[[int], str]) -> None:
         column = self.flat.steps.column(name)
-        for i in np.flatnonzero(mask):
+        for index in np.flatnonzero(mask):
+            i = int(index)
             text = message(i) if callable(message) else message
-            self.problems[i].append(Problem(name, column[int(i)].as_py(), text))
+            self.problems[i].append(Problem(name, column[i].as_py(), text))
 
     def requests(
         self,
@@ -59,9 +60,10 @@ class _Report:
         value: Callable[[int], Any] | None = None,
     ) -> None:
         column = self.flat.requests.column(name)
-        for j in np.flatnonzero(mask):
+        for index in np.flatnonzero(mask):
+            j = int(index)
             text = message(j) if callable(message) else message
-            got = value(j) if value else column[int(j)].as_py()
+            got = value(j) if value else column[j].as_py()
             path = f"requests[{self.flat.slot[j]}].{name}"
             self.problems[self.flat.parent[j]].append(Problem(path, got, text))
 
@@ -179,12 +181,14 @@ def _check_lists(report: _Report, g: np.ndarray, accepted: np.ndarray) -> None:
     for name in ("confidence", "survival"):
         column = reqs.column(name).combine_chunks()
         lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy().astype(np.int64)
-        report.requests(
-            ~_nulls(reqs, name) & (lengths != g),
-            name,
-            lambda j, lengths=lengths: f"length {lengths[j]} != gamma={g[j]}",
-            value=lambda j, lengths=lengths: f"<{lengths[j]} values>",
-        )
+
+        def wrong_length(j: int, lengths: np.ndarray = lengths) -> str:
+            return f"length {lengths[j]} != gamma={g[j]}"
+
+        def length_only(j: int, lengths: np.ndarray = lengths) -> str:
+            return f"<{lengths[j]} values>"
+
+        report.requests(~_nulls(reqs, name) & (lengths != g), name, wrong_length, value=length_only)
         owner = pc.list_parent_indices(column).to_numpy()
         values = pc.fill_null(pc.list_flatten(column), math.nan).to_numpy()
         bad = ~np.isfinite(values) | (values < 0) | (values > 1)

@@ -186,6 +186,7 @@ def _call(method: str, url: str, path: str, token: str | None = None, **kwargs) 
 def status(url, decisions):
     """Show the phase, revision, stage counters, last gate verdicts and recent decisions."""
     body = _call("GET", url, "/v1/status")
+    assert isinstance(body, dict), "/v1/status answers a JSON object"
     body["recent_decisions"] = _call("GET", url, "/v1/decisions", params={"limit": decisions}) if decisions else []
     click.echo(json.dumps(body, indent=2))
 

@@ -16,7 +16,7 @@ from .gates import Verdict
 from .metrics import Evaluation
 from .rollout import Decision, RolloutState
 
-VERDICT_CODES = {Outcome.PASS: 1.0, Outcome.FAIL: 0.0, Outcome.INCONCLUSIVE: -1.0}
+VERDICT_CODES: dict[str, float] = {Outcome.PASS: 1.0, Outcome.FAIL: 0.0, Outcome.INCONCLUSIVE: -1.0}
 
 
 class ControllerMetrics:

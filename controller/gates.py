@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from sparkgate.policies.rollout import Gate, RolloutPolicy
 from sparkgate.policies.vocabulary import Outcome
@@ -42,7 +43,7 @@ class Verdict:
     def decides(self) -> bool:
         return not self.dry_run
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

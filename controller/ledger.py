@@ -56,7 +56,8 @@ def decisions(
     store: Store, limit: int | None = None, since: float | None = None, changes_only: bool = False
 ) -> list[Decision]:
     """Persisted decisions, oldest first: the newest ``limit`` of them, from ``since`` on."""
-    clauses, params = ["TRUE"], []
+    clauses: list[str] = ["TRUE"]
+    params: list[object] = []
     if since is not None:
         clauses.append("decided_at >= ?")
         params.append(since)

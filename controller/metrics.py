@@ -244,7 +244,8 @@ def _kinds(cols: queries.LabelColumns, depths: int) -> tuple[KindStats, KindStat
     """(survival over observed labels, conditional over labels at risk, compact censored count per depth),
     a chunk of rows at a time: the temporaries of a chunk are reused from the heap, where those of the
     whole window would be fresh pages every time."""
-    survival = conditional = None
+    survival: KindStats | None = None
+    conditional: KindStats | None = None
     censored = np.zeros(depths + 1)
     for start in range(0, max(len(cols), 1), CHUNK_ROWS):
         chunk = cols.rows(start, start + CHUNK_ROWS)
@@ -253,8 +254,12 @@ def _kinds(cols: queries.LabelColumns, depths: int) -> tuple[KindStats, KindStat
         at_risk = accepted | (chunk.status == REJECTED)
         s = KindStats.from_rows(chunk.mode, chunk.depth, chunk.survival, accepted, chunk.group, depths, observed)
         c = KindStats.from_rows(chunk.mode, chunk.depth, chunk.confidence, accepted, chunk.group, depths, at_risk)
-        survival, conditional = (s, c) if survival is None else (survival + s, conditional + c)
+        if survival is None or conditional is None:
+            survival, conditional = s, c
+        else:
+            survival, conditional = survival + s, conditional + c
         censored += np.bincount(chunk.depth, ~observed, minlength=depths + 1)
+    assert survival is not None and conditional is not None, "the loop runs at least once"
     return survival, conditional, {d: int(censored[d]) for d in range(1, depths + 1) if censored[d]}
 
 

@@ -71,7 +71,8 @@ SLICE_COLUMNS = {"task": "task", "temperature": "temperature", "load": "load_buc
 
 def _where(table: str, window: Window, slice_: Slice, alias: str, ts: str = "ts") -> tuple[str, list]:
     """WHERE clause (with params) for ``table`` under ``alias``, time bounds on column ``ts``."""
-    clauses, params = ["TRUE"], []
+    clauses: list[str] = ["TRUE"]
+    params: list[object] = []
     if window.since is not None:
         clauses.append(f"{alias}.{ts} >= ?")
         params.append(window.since)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from sparkgate.policies.rollout import RolloutPolicy
 from sparkgate.policies.vocabulary import (
@@ -67,11 +68,11 @@ class Decision:
     compact_fraction: float
     action: str
     outcome: str | None
-    reasons: tuple[dict, ...]
+    reasons: tuple[dict[str, Any], ...]
     operator: str | None = None
     stage: int | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "decided_at": self.decided_at,
             "revision": self.revision,
@@ -91,7 +92,7 @@ def _move(
     now: float,
     action: str,
     stage: int | None,
-    reasons: tuple[dict, ...],
+    reasons: tuple[dict[str, Any], ...],
     outcome: str | None = None,
     operator: str | None = None,
     paused: bool = False,
@@ -116,7 +117,7 @@ def _move(
     )
 
 
-def _hold(state: RolloutState, now: float, outcome: str, reasons: tuple[dict, ...]) -> Decision:
+def _hold(state: RolloutState, now: float, outcome: str, reasons: tuple[dict[str, Any], ...]) -> Decision:
     return Decision(
         now,
         state.revision,
@@ -136,7 +137,7 @@ def start(policy: RolloutPolicy, now: float) -> Decision:
     return _move(policy, None, now, Action.START, 0, ({"rule": "start"},))
 
 
-def fall_back(policy: RolloutPolicy, state: RolloutState, now: float, rule: str, **detail) -> Decision:
+def fall_back(policy: RolloutPolicy, state: RolloutState, now: float, rule: str, **detail: object) -> Decision:
     """A rollback decided outside the gates (e.g. the persisted stage left the policy file)."""
     return _move(policy, state, now, Action.ROLLBACK, None, ({"rule": rule, **detail},))
 
@@ -147,7 +148,7 @@ def decide(policy: RolloutPolicy, state: RolloutState, verdicts: Iterable[Verdic
     outcome = interval_outcome(verdicts)
     gates = tuple(v.to_dict() for v in verdicts)
 
-    def because(rule: str, **detail) -> tuple[dict, ...]:
+    def because(rule: str, **detail: object) -> tuple[dict[str, Any], ...]:
         return ({"rule": rule, **detail},) + gates
 
     if state.phase == Phase.FALLBACK:
@@ -191,6 +192,7 @@ def decide(policy: RolloutPolicy, state: RolloutState, verdicts: Iterable[Verdic
     passes = state.passes + 1
     if passes < policy.consecutive_passes:
         return _hold(state, now, outcome, because("passing", passes=passes, needed=policy.consecutive_passes))
+    assert state.stage is not None, "only fallback has no stage, and fallback holds above"
     if state.stage == len(policy.stages()) - 1:
         return _hold(state, now, outcome, because("top of the ladder", passes=passes))
     return _move(
@@ -229,6 +231,7 @@ def command(
         raise TransitionError(f"{action}: not from {state.phase} (resume first)")
     if action == Action.PAUSE:
         return _move(policy, state, now, Action.PAUSE, state.stage, reasons, operator=operator, paused=True)
+    assert state.stage is not None, "only fallback has no stage, and it was refused above"
     if state.stage == last:
         raise TransitionError(f"promote: {state.phase} is the top of the ladder")
     return _move(policy, state, now, Action.PROMOTE, state.stage + 1, reasons, operator=operator)

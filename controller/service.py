@@ -27,6 +27,7 @@ from typing import Any, Literal
 from fastapi import Depends, FastAPI, HTTPException, Path, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
@@ -127,7 +128,7 @@ def create_app(controller: Controller, ingestor: Ingestor, token: str | None = N
     store = controller.store
     ingest = ingest_router(ingestor)
     app.include_router(ingest)
-    endpoint = next(r.endpoint for r in ingest.routes if getattr(r, "path", "") == "/v1/ingest")
+    endpoint = next(r.endpoint for r in ingest.routes if isinstance(r, APIRoute) and r.path == "/v1/ingest")
     app.add_api_route(
         "/v1/records", endpoint, methods=["POST"], summary="Ingest step records", openapi_extra=_ingest_body_spec()
     )
@@ -137,7 +138,7 @@ def create_app(controller: Controller, ingestor: Ingestor, token: str | None = N
         return {"ok": True, "revision": controller.state.revision}
 
     @app.get("/v1/policy", response_model=PolicyPayload)
-    def policy() -> dict:
+    def policy() -> PolicyPayload:
         return controller.policy_payload()
 
     @app.get("/v1/status")

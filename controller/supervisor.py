@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 # Gates look back this many evaluation intervals (bounded by the stage's start).
 LOOKBACK_INTERVALS = 5
 
-Actuator = Callable[[dict], None]
+# Told each policy the fleet is to serve; what it returns is ignored.
+Actuator = Callable[[PolicyPayload], object]
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import math
 
 import altair as alt
 import pandas as pd
+from altair.typing import ChartType
 
 # Ladder order top to bottom on the timeline, then the side states.
 PHASE_ORDER = ["adaptive", "compact", "canary", "shadow", "baseline", "paused", "fallback"]
@@ -33,7 +34,7 @@ def reliability_frame(bins: list[dict]) -> pd.DataFrame:
     return frame
 
 
-def reliability(frame: pd.DataFrame, title: str) -> alt.Chart:
+def reliability(frame: pd.DataFrame, title: str) -> ChartType:
     """Observed rate against mean prediction per bin, with intervals and the diagonal; bar widths
     below show bin counts."""
     diagonal = (
@@ -67,7 +68,7 @@ def reliability(frame: pd.DataFrame, title: str) -> alt.Chart:
 
 def lines(
     frame: pd.DataFrame, y: str, color: str, title: str, threshold: float | None = None, y_title: str | None = None
-) -> alt.Chart:
+) -> ChartType:
     """A time series per ``color`` value (x = bucket ``start``), with an optional gate threshold rule."""
     chart = (
         alt.Chart(frame)
@@ -85,7 +86,7 @@ def lines(
     return chart.properties(height=260, title=title)
 
 
-def timeline(segments: pd.DataFrame, changes: pd.DataFrame) -> alt.Chart:
+def timeline(segments: pd.DataFrame, changes: pd.DataFrame) -> ChartType:
     """Phase bands over time and a point per policy change (tooltip: action, rule, operator)."""
     y = alt.Y("phase:N", sort=PHASE_ORDER, title=None)
     color = alt.Color("phase:N", scale=alt.Scale(domain=PHASE_ORDER, range=PHASE_COLORS), legend=None)
@@ -108,7 +109,7 @@ def timeline(segments: pd.DataFrame, changes: pd.DataFrame) -> alt.Chart:
     return alt.layer(bands, points).properties(height=220)
 
 
-def bars(frame: pd.DataFrame, x: str, y: str, title: str, color: str | None = None) -> alt.Chart:
+def bars(frame: pd.DataFrame, x: str, y: str, title: str, color: str | None = None) -> ChartType:
     """Bars of ``y`` per ``x`` (ordinal); with ``color``, one bar per colour side by side."""
     encoding = {"x": alt.X(f"{x}:O"), "y": alt.Y(f"{y}:Q"), "tooltip": list(frame.columns)}
     if color:
@@ -116,7 +117,7 @@ def bars(frame: pd.DataFrame, x: str, y: str, title: str, color: str | None = No
     return alt.Chart(frame).mark_bar().encode(**encoding).properties(height=260, title=title)
 
 
-def curves(frame: pd.DataFrame, title: str) -> alt.Chart:
+def curves(frame: pd.DataFrame, title: str) -> ChartType:
     """Predicted vs observed per depth (``task``, ``source`` predicted / observed) for one kind."""
     return (
         alt.Chart(frame)
@@ -134,7 +135,7 @@ def curves(frame: pd.DataFrame, title: str) -> alt.Chart:
     )
 
 
-def step_cost(frame: pd.DataFrame) -> alt.Chart:
+def step_cost(frame: pd.DataFrame) -> ChartType:
     """Measured step time (median, p10-p90) against verify rows, with the cost table's prediction."""
     base = alt.Chart(frame)
     x = alt.X("verify_rows:Q", title="verify rows")

@@ -89,8 +89,10 @@ class Context:
 
     def buckets(self) -> tuple[float, float]:
         """(origin, width) of the time buckets over the window (store sources)."""
-        lo = self.since if self.since is not None else self.overview.oldest
-        hi = self.until if self.until is not None else self.overview.newest
+        overview = self.overview
+        lo = self.since if self.since is not None else overview.oldest if overview is not None else None
+        hi = self.until if self.until is not None else overview.newest if overview is not None else None
+        assert lo is not None and hi is not None, "only pages over stored steps (require_steps) ask for buckets"
         return lo, series.bucket_seconds(lo, hi)
 
     def require_store(self, what: str) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -104,7 +105,7 @@ def latest_verdicts(decisions: list[dict]) -> tuple[dict | None, list[dict]]:
 
 def rule_of(decision: dict) -> str:
     """The rule a decision applied (its first reason), with its details."""
-    reason = next((r for r in decision["reasons"] if "rule" in r), {})
+    reason: dict[str, Any] = next((r for r in decision["reasons"] if "rule" in r), {})
     details = {k: v for k, v in reason.items() if k != "rule" and v not in ("", None)}
     return reason.get("rule", "") + (f" {json.dumps(details)}" if details else "")
 

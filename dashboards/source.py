@@ -23,6 +23,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import duckdb
 import httpx
@@ -53,7 +54,7 @@ def _literal(value: str) -> str:
 class StoreReader:
     """Read-only queries over a DuckDB connection that no writer shares."""
 
-    kind = "store"
+    kind: Literal["store"] = "store"
 
     def __init__(
         self,
@@ -167,7 +168,7 @@ def open_db_copy(path: str | os.PathLike) -> StoreReader:
 class ControllerClient:
     """The controller's HTTP API: ``/v1/status``, ``/v1/decisions`` and ``/v1/report``."""
 
-    kind = "controller"
+    kind: Literal["controller"] = "controller"
     token = "api"  # API answers change without a version to key on; they are cached briefly instead
 
     def __init__(self, url: str, timeout: float = 30.0):
@@ -209,4 +210,5 @@ class SourceSpec:
             return open_snapshot_reader(self.snapshot_dir)
         if self.db is not None:
             return open_db_copy(self.db)
+        assert self.controller is not None, "__post_init__ requires exactly one source"
         return ControllerClient(self.controller)

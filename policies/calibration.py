@@ -19,8 +19,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -48,14 +50,18 @@ def batched_ece(pred: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None
     may then be ``[1, N]``.
     """
     w = torch.ones_like(pred, dtype=torch.float64) if weight is None else weight.double()
-    pred, y, w = torch.broadcast_tensors(pred.double(), y.double(), w)
+    pred = pred.double()
+    weighted = (pred - y.double()) * w  # has the broadcast shape of pred, y and w
+    pred, w = pred.expand_as(weighted), w.expand_as(weighted)
     index = bin_index(pred)
     gap = torch.zeros(pred.shape[0], N_BINS, dtype=torch.float64, device=pred.device)
-    gap.scatter_add_(1, index, (pred - y) * w)
+    gap.scatter_add_(1, index, weighted)
     return gap.abs().sum(1) / w.sum(1)
 
 
-def _observed_columns(values: torch.Tensor, labels: torch.Tensor, observed: torch.Tensor | None):
+def _observed_columns(
+    values: torch.Tensor, labels: torch.Tensor, observed: torch.Tensor | None
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Per depth, the (values, labels) of rows whose label is observed."""
     for k in range(values.shape[1]):
         keep = slice(None) if observed is None else observed[:, k].bool()
@@ -89,10 +95,10 @@ def auroc_per_depth(
     return [auroc(s.cpu().numpy(), y.cpu().numpy()) for s, y in _observed_columns(survival, labels, observed)]
 
 
-def reliability(pred: torch.Tensor, y: torch.Tensor) -> list[dict]:
+def reliability(pred: torch.Tensor, y: torch.Tensor) -> list[dict[str, float]]:
     """Per non-empty bin: edges, count, mean prediction and observed frequency."""
     index = bin_index(pred)
-    rows = []
+    rows: list[dict[str, float]] = []
     for b in range(N_BINS):
         inside = index == b
         n = int(inside.sum())
@@ -128,7 +134,7 @@ class STS:
         self.temperatures = [float(t) for t in self.temperatures]
         # Not a field (asdict and equality skip it): the temperatures already on each device,
         # so a step copies nothing from the host and the stage stays graph-capturable.
-        self._on_device: dict[tuple, torch.Tensor] = {}
+        self._on_device: dict[tuple[torch.device, torch.dtype, tuple[float, ...]], torch.Tensor] = {}
 
     @property
     def gamma(self) -> int:
@@ -153,15 +159,14 @@ class STS:
         """Calibrated survival ``S [..., γ]``: the engine's ``calibrate`` hook."""
         return self.calibrated(confidence).cumprod(-1)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: object, source: str = "STS") -> STS:
-        _validate(data, source)
-        return cls(
-            **{k: data[k] for k in ("temperatures", "dataset", "num_samples", "ece_before", "ece_after") if k in data}
-        )
+        known = _validate(data, source)
+        names = ("temperatures", "dataset", "num_samples", "ece_before", "ece_after")
+        return cls(**{k: known[k] for k in names if k in known})
 
     def save(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -176,8 +181,10 @@ class STS:
         return cls.from_dict(data, str(path))
 
 
-def _validate(data: object, source: str) -> None:
-    def fail(name: str, value: object, why: str) -> None:
+def _validate(data: object, source: str) -> dict[str, Any]:
+    """``data`` itself once it is a well-formed STS object; raises ``STSFormatError`` otherwise."""
+
+    def fail(name: str, value: object, why: str) -> NoReturn:
         raise STSFormatError(f"{source}: {name}={value!r}: {why}")
 
     if not isinstance(data, dict):
@@ -200,6 +207,7 @@ def _validate(data: object, source: str) -> None:
         for i, v in enumerate(values):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
                 fail(f"{name}[{i}]", v, "must be a number in [0, 1]")
+    return data
 
 
 def fit_sts(

@@ -256,7 +256,7 @@ def _require(obj: Mapping[str, Any], key: str, where: str = "") -> Any:
     return obj[key]
 
 
-def _as_list(name: str, value: Any) -> tuple:
+def _as_list(name: str, value: Any) -> tuple[Any, ...]:
     if not isinstance(value, list):
         raise CostTableError(f"{name}: expected a list, got {value!r}")
     return tuple(value)

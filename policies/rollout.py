@@ -33,7 +33,9 @@ Direction = Literal["at_most", "at_least"]
 LadderPhase = Literal["baseline", "shadow", "canary", "compact", "adaptive"]
 ServingPhase = Literal["shadow", "canary", "compact", "adaptive"]
 # The Literals spell the vocabulary out for the JSON Schema; they must be the vocabulary.
-assert get_args(LadderPhase) == tuple(LADDER) and get_args(ServingPhase) == tuple(SERVING_PHASES)
+LADDER_PHASES: tuple[LadderPhase, ...] = get_args(LadderPhase)
+SERVING_PHASE_NAMES: tuple[ServingPhase, ...] = get_args(ServingPhase)
+assert tuple(LADDER) == LADDER_PHASES and tuple(SERVING_PHASES) == SERVING_PHASE_NAMES
 # Booleans are never numbers here (YAML's `yes` must not pass for 1).
 Int = Annotated[int, Strict()]
 Float = Annotated[float, Strict()]
@@ -91,7 +93,7 @@ class Gate(BaseModel):
     min_samples: Int = Field(0, description="Below this many samples the gate is inconclusive.")
     critical: Bool = Field(False, description="A failure rolls back at once.")
     dry_run: Bool = Field(False, description="Evaluated and recorded, never acts.")
-    phases: tuple[ServingPhase, ...] = Field(SERVING_PHASES, description="Serving phases the gate judges.")
+    phases: tuple[ServingPhase, ...] = Field(SERVING_PHASE_NAMES, description="Serving phases the gate judges.")
     promql: str | None = Field(None, description="Read the value from this Prometheus query instead of the store.")
 
     @model_validator(mode="before")
@@ -156,7 +158,7 @@ class RolloutPolicy(BaseModel):
     model_config = _FROZEN
 
     gamma: Int = Field(7, description="Draft tokens per request per step.")
-    phases: tuple[LadderPhase, ...] = Field(LADDER, description="The ladder, in order; baseline first.")
+    phases: tuple[LadderPhase, ...] = Field(LADDER_PHASES, description="The ladder, in order; baseline first.")
     canary_steps: tuple[Float, ...] = Field((0.05, 0.25, 0.5), description="Compact fractions of the canary rungs.")
     observe_fraction: Float = Field(0.05, description="Fraction of compact traffic verified in full (cap_accept).")
     consecutive_passes: Int = Field(3, description="All-pass intervals in a row that advance a stage.")
@@ -211,7 +213,7 @@ class RolloutPolicy(BaseModel):
         return self
 
     def _phase_problems(self) -> list[str]:
-        if not self.phases or self.phases[0] != Phase.BASELINE:
+        if not self.phases or Phase(self.phases[0]) != Phase.BASELINE:
             return [_want("phases", list(self.phases), "a list starting with baseline")]
         return [
             _want(f"phases[{i}]", phase, f"a phase after {self.phases[i - 1]} in {' -> '.join(LADDER)}")

@@ -35,6 +35,7 @@ import os
 import statistics
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import click
 import torch
@@ -66,7 +67,7 @@ def run_arm(
     calibrate=None,
     graphs: bool = False,
     prefill_threads: int | None = None,
-) -> tuple[list[StepRecord], dict]:
+) -> tuple[list[StepRecord], dict[str, Any]]:
     """(step records, summary) of one timed run."""
     config = EngineConfig(gamma=gamma, max_batch=batch, prefill_threads=prefill_threads)
     engine = Engine(target, drafter, config, policy=policy, calibrate=calibrate, graphs=graphs)
@@ -147,7 +148,7 @@ def run_e2e(
 ) -> dict:
     """Per batch size, each arm runs ``rounds`` times, interleaved; the median run is reported, and each
     ratio to static is the median of the per-round ratios."""
-    arms = {
+    arms: dict[str, tuple[str, WindowPolicy]] = {
         "static": ("static", FixedWindow(gamma)),
         "fixed_short": ("compact", FixedWindow(short_window)),
         "cost_aware": ("compact", CostAwareScheduler(table)),
@@ -156,7 +157,7 @@ def run_e2e(
     for batch in batches:
         # Small batches get a few extra requests so one run is long enough to time.
         prompts = mixed_workload(max(batch * waves, min_requests), seed=batch)
-        runs = {name: [] for name in arms}
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
         for r in range(rounds):
             for name, (mode, policy) in list(arms.items()) if r % 2 == 0 else list(arms.items())[::-1]:
                 if progress:
@@ -178,7 +179,8 @@ def run_e2e(
                 if name == "static" and r == 0:  # greedy: every static run commits the same tokens
                     foresight = foresight_decode_ratio(records, table)
                     replayed = replay_decode_ratio(records, table, policy_windows(arms["cost_aware"][1]))
-        row = {
+        # Per arm its figures, then the figures of the batch as a whole.
+        row: dict[str, Any] = {
             name: dict(
                 sorted(arm, key=lambda x: x["tokens_per_s"])[(len(arm) - 1) // 2],
                 tokens_per_s_runs=[x["tokens_per_s"] for x in arm],

@@ -137,6 +137,9 @@ class DraftLayer(nn.Module):
 
 
 class DSparkNet(nn.Module):
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
     def __init__(self, args: DrafterArgs):
         super().__init__()
         self.args = args

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from sparkgate.collectors.schema import StepRecord
+
 from .block_drafter import BlockDrafter, DSparkNet
 from .drafters import DraftContext, DraftOutput
 from .engine import Engine, EngineConfig, Request
@@ -39,11 +41,13 @@ class _Recording:
     (the order of the step record's request rows)."""
 
     def __init__(self, drafter: BlockDrafter):
-        self.drafter, self.calls = drafter, []
+        self.drafter = drafter
+        self.calls: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self.version, self.hidden_window = drafter.version, drafter.hidden_window
 
     def propose(self, ctx: DraftContext) -> DraftOutput:
         out = self.drafter.propose(ctx)
+        assert ctx.hidden is not None and ctx.hidden_len is not None, "BlockDrafter.propose requires both"
         pending = torch.tensor([h[-1] for h in ctx.history])
         self.calls.append(
             (ctx.hidden.cpu(), ctx.hidden_len.cpu(), torch.cat([pending[:, None], out.tokens.cpu()[:, :-1]], 1))
@@ -56,7 +60,7 @@ def collect_own_blocks(
 ) -> OwnBlocks:
     """Greedy static decoding of ``prompts`` with ``net`` drafting; every block it drafted."""
     recording = _Recording(BlockDrafter(net))
-    records = []
+    records: list[StepRecord] = []
     engine = Engine(
         target, recording, EngineConfig(gamma=gamma, max_batch=batch, default_mode="static"), sink=records.append
     )

@@ -65,7 +65,7 @@ class Corpus:
         unknown = {d.domain for d in documents} - set(DOMAINS)
         if unknown:
             raise ValueError(f"document domain must be one of {DOMAINS}, got {sorted(unknown)}")
-        self.documents = {(s, d): [] for s in SPLITS for d in DOMAINS}
+        self.documents: dict[tuple[str, str], list[Document]] = {(s, d): [] for s in SPLITS for d in DOMAINS}
         for doc in documents:
             self.documents[(split_of(doc.domain, doc.name), doc.domain)].append(doc)
         self.streams = {key: _stream(docs) for key, docs in self.documents.items()}

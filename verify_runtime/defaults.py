@@ -66,19 +66,24 @@ def default_cost_table(
     from .profiler import profile_model, step_version
 
     device = target.output.weight.device
-    fingerprint = {"hardware": hardware_fingerprint(device), "model": step_version(target, drafter)}
+    hardware, model = hardware_fingerprint(device), step_version(target, drafter)
     if path is not None:
-        return load_cost_table(path, **fingerprint), str(path)
+        return load_cost_table(path, hardware=hardware, model=model), str(path)
     # step_version is TARGET+DRAFTER: reuse it rather than hash the target's weights again.
-    cached = CACHE_DIR / f"cost_table-{fingerprint['model'].replace('+', '-')}{'-graphs' * graphs}.json"
+    cached = CACHE_DIR / f"cost_table-{model.replace('+', '-')}{'-graphs' * graphs}.json"
     for candidate in (*SHIPPED_COST_TABLES, cached):
         if candidate.exists():
             try:
-                return load_cost_table(candidate, **fingerprint), str(candidate)
+                return load_cost_table(candidate, hardware=hardware, model=model), str(candidate)
             except CostTableError:
                 continue  # measured elsewhere or for another model: profile here instead
-    grid = dict(batches=(1, 8, 32, 64), fractions=(0.0, 0.3, 0.6, 1.0), repeats=3) if quick else {}
-    table = profile_model(target, drafter, graphs=graphs, **grid).table
+    if quick:
+        profile = profile_model(
+            target, drafter, graphs=graphs, batches=(1, 8, 32, 64), fractions=(0.0, 0.3, 0.6, 1.0), repeats=3
+        )
+    else:
+        profile = profile_model(target, drafter, graphs=graphs)
+    table = profile.table
     cached.parent.mkdir(parents=True, exist_ok=True)
     save_cost_table(table, cached)
     return table, f"profiled here ({cached})"

@@ -182,14 +182,17 @@ class Engine:
         ctx = DraftContext([r.history for r in reqs], positions, seeds, temps, self.config.gamma, sampled=sampled)
         window = self.drafter.hidden_window
         if window:
-            ctx.hidden = torch.zeros(
+            hidden = ctx.hidden = torch.zeros(
                 len(reqs), window, self.model.args.dim, device=self.device, dtype=self.model.output.weight.dtype
             )
+            lengths = []
             for i, r in enumerate(reqs):
+                assert r.hidden is not None, "admission keeps every request's hidden states when the drafter reads them"
                 n = r.hidden.shape[0]
                 if n:
-                    ctx.hidden[i, window - n :] = r.hidden
-            ctx.hidden_len = torch.tensor([r.hidden.shape[0] for r in reqs], device=self.device)
+                    hidden[i, window - n :] = r.hidden
+                lengths.append(n)
+            ctx.hidden_len = torch.tensor(lengths, device=self.device)
         return ctx
 
     # -- one step ------------------------------------------------------------

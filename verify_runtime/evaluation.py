@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -163,7 +164,7 @@ def draft_verify_ratio(records: list[StepRecord], batch: int) -> dict:
 
 @torch.inference_mode()
 def draft_latency(
-    target: Transformer, drafters: dict[str, Drafter], prompts: list[list[int]], cfg: EvalConfig
+    target: Transformer, drafters: Mapping[str, Drafter], prompts: list[list[int]], cfg: EvalConfig
 ) -> dict[str, float]:
     """Median ``propose`` time (ms) per drafter on the same batch of real contexts,
     timed in interleaved rounds so that load from other processes hits all alike."""
@@ -191,7 +192,7 @@ def draft_latency(
 
 def evaluate(
     target: Transformer,
-    drafters: dict[str, Drafter],
+    drafters: Mapping[str, Drafter],
     corpus: Corpus,
     cfg: EvalConfig,
     sts: STS | None,

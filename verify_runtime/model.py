@@ -16,12 +16,16 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .packing import PackedLayout
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 # Byte-level vocabulary: ids 0..255 are bytes, then a few specials.
 BOS, EOS, PAD = 256, 257, 258
@@ -125,6 +129,9 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
@@ -241,7 +248,16 @@ def forward_packed(
     return h, model.output(h)
 
 
-def model_version(model: Transformer) -> str:
+class Checkpointable(Protocol):
+    """A model whose shape is a dataclass ``args``: the target ``Transformer`` and the drafter's ``DSparkNet``."""
+
+    @property
+    def args(self) -> DataclassInstance: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+
+def model_version(model: Checkpointable) -> str:
     """A short content hash of the weights and args: the ``model_version`` of records."""
     digest = hashlib.sha256(repr(dataclasses.asdict(model.args)).encode())
     for name, tensor in sorted(model.state_dict().items()):
@@ -250,7 +266,7 @@ def model_version(model: Transformer) -> str:
     return digest.hexdigest()[:12]
 
 
-def save_checkpoint(model: Transformer, path: str | Path, extra: dict | None = None) -> None:
+def save_checkpoint(model: Checkpointable, path: str | Path, extra: dict | None = None) -> None:
     """Weights plus the ``ModelArgs`` as plain data, loadable with ``weights_only=True``."""
     payload = {"args": dataclasses.asdict(model.args), "model": model.state_dict(), "extra": extra or {}}
     Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from sparkgate.collectors.schema import StepRecord
 from sparkgate.policies.cost_model import AdditiveCostTable, CostMeta
 from sparkgate.policies.cost_profile import (
     StepSample,
@@ -107,7 +108,12 @@ def _step_sample(
     prompts = torch.randint(0, model.args.vocab_size, (batch, context), generator=gen).tolist()
     for i, prompt in enumerate(prompts):  # long enough that nobody finishes while being timed
         engine.submit(Request(f"profile-{i}", prompt, (repeats + 1) * (gamma + 1), seed=i, stop_at_eos=False))
-    records = [engine.step() for _ in range(repeats + 1)][1:]  # the first step also admits and prefills
+    engine.step()  # the first step also admits and prefills
+    records: list[StepRecord] = []
+    for _ in range(repeats):
+        record = engine.step()
+        assert record is not None, "no request finishes while being timed"
+        records.append(record)
     return StepSample(batch, records[0].verify_rows, statistics.median(r.step_ms for r in records) / 1e3)
 
 

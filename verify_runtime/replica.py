@@ -178,10 +178,12 @@ class Replica:
     def _check(self) -> None:
         replica_id = self.engine.config.replica_id
         checks, self.checked = self.checked, []
-        for request in self.to_check if self.replay is not None else []:
-            committed = self.client.committed(request.request_id, replica_id)
-            if committed:
-                checks.append(self.replay.check(request.request_id, request.prompt, committed).to_dict())
+        replay = self.replay
+        if replay is not None:
+            for request in self.to_check:
+                committed = self.client.committed(request.request_id, replica_id)
+                if committed:
+                    checks.append(replay.check(request.request_id, request.prompt, committed).to_dict())
         self.to_check = []
         if checks:
             self.client.post_checks(replica_id, checks)

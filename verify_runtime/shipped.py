@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from torch import nn
 
 from sparkgate.policies.calibration import STS
 
-from .block_drafter import BlockDrafter, load_drafter
+from .block_drafter import BlockDrafter, DSparkNet, load_drafter
 from .model import Transformer, load_checkpoint, model_version, save_checkpoint
 
 ASSETS = Path(__file__).parent / "assets"
@@ -58,7 +57,7 @@ def record_asset(key: str, info: dict, assets: Path = ASSETS) -> None:
     tmp.replace(path)
 
 
-def ship_model(module: nn.Module, key: str, info: dict, assets: Path = ASSETS) -> dict:
+def ship_model(module: Transformer | DSparkNet, key: str, info: dict, assets: Path = ASSETS) -> dict:
     """Write ``module`` in half precision as asset ``key`` and record it; returns the manifest entry."""
     if key not in ("target", *DRAFTER_VARIANTS):
         raise ValueError(f"asset {key!r} is not a model; expected target or one of {DRAFTER_VARIANTS}")

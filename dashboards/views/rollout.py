@@ -91,7 +91,7 @@ def allowed_actions(ctx, change: dict) -> list[str]:
     state = RolloutState(
         change["revision"], change["phase_to"], status.get("stage"), change["compact_fraction"], change["decided_at"]
     )
-    allowed = []
+    allowed: list[str] = []
     for action in OPERATOR_ACTIONS:
         try:
             command(ctx.policy, state, action, "operator", change["decided_at"])

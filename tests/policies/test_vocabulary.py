@@ -30,6 +30,6 @@ def test_the_record_schema_orders_are_the_vocabulary():
 
 def test_derived_sets():
     assert set(FULL_BLOCK_MODES) == set(Mode) - {Mode.COMPACT}
-    assert LADDER[0] is Phase.BASELINE and SERVING_PHASES == LADDER[1:]
+    assert LADDER[0] is Phase.BASELINE and LADDER[1:] == SERVING_PHASES
     assert set(Phase) - set(LADDER) == {Phase.FALLBACK, Phase.PAUSED}
     assert Action.HOLD not in CHANGES_POLICY and set(OPERATOR_ACTIONS) < CHANGES_POLICY
