@@ -5,7 +5,7 @@ survival (S_k against y_k over observed rows) and conditional calibration (c_k
 against 1[a* >= k] over rows at risk), plus window/accept histograms. Counts and
 Σy are integers, so merging is exact; Σp and Σ(p−y)² are float sums, so a merged
 figure equals the single-pass one up to float rounding. ECE, Brier and the
-reliability diagram derive from these sums alone (DESIGN §2): 15 equal-width
+reliability diagram derive from these sums alone (docs/design.md §2): 15 equal-width
 bins ``[k/15, (k+1)/15)``, the last one closed so that p = 1 lands in it.
 """
 

@@ -1,4 +1,4 @@
-"""HTTP ingestion: ``POST /v1/ingest`` with an NDJSON or Arrow IPC body (DESIGN §4, §7).
+"""HTTP ingestion: ``POST /v1/ingest`` with an NDJSON or Arrow IPC body (docs/design.md §4, §7).
 
 Mount ``ingest_router(ingestor)`` in any FastAPI app. Responses:
 

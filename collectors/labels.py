@@ -1,4 +1,4 @@
-"""Explode validated request rows into per-depth labels (DESIGN §2).
+"""Explode validated request rows into per-depth labels (docs/design.md §2).
 
 For a request in a step with block size γ, let ``v = γ, r = a*`` when the full
 block was verified (static, shadow, cap_accept), else ``v = w, r = a`` (compact).

@@ -1,4 +1,4 @@
-"""Event schema v1 (DESIGN §4): the typed records shared by producer and consumer.
+"""Event schema v1 (docs/design.md §4): the typed records shared by producer and consumer.
 
 One ``StepRecord`` per verify step per replica, holding one ``RequestRow`` per
 request in the batch. Field names are the wire names (JSON / Arrow).
@@ -116,7 +116,7 @@ class StepRecord:
 _STEP_NAMES = frozenset(f.name for f in dataclasses.fields(StepRecord))
 _REQUEST_NAMES = frozenset(f.name for f in dataclasses.fields(RequestRow))
 
-# Depth-label statuses (DESIGN §2), in the order of their integer codes.
+# Depth-label statuses (docs/design.md §2), in the order of their integer codes.
 STATUSES: tuple[Status, ...] = tuple(Status)
 
 REQUEST_TYPE = pa.struct(

@@ -1,4 +1,4 @@
-"""Poll an SGLang server's DSpark records (``GET /server_info``, DESIGN §8) into the store.
+"""Poll an SGLang server's DSpark records (``GET /server_info``, docs/design.md §8) into the store.
 
 Each ``internal_states[rank].dspark_info_record.records[]`` entry is one verify
 step of one DP rank; it becomes a step record of replica ``NAME/dpRANK``.
@@ -53,7 +53,7 @@ def _probabilities(req: dict) -> tuple[list[float] | None, list[float] | None]:
 
 
 def convert_request(req: dict, gamma: int | None, sglang_mode: str | None) -> dict:
-    """One SGLang req of a record in ``sglang_mode`` as a wire-form request row (DESIGN §8 mapping)."""
+    """One SGLang req of a record in ``sglang_mode`` as a wire-form request row (docs/design.md §8 mapping)."""
     mode = _MODES.get(sglang_mode or "", sglang_mode)
     verify_len, accepted = _present(req.get("verify_len")), _present(req.get("correct_drafts"))
     window = None if verify_len is None else verify_len - 1

@@ -1,4 +1,4 @@
-"""The DuckDB store: one file, one writer process (DESIGN §4).
+"""The DuckDB store: one file, one writer process (docs/design.md §4).
 
 Invariants:
 - ``ingest`` is one transaction: a batch's valid steps (with all their request

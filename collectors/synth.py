@@ -3,7 +3,7 @@
 Acceptance follows the drafter's own confidences: depth k survives with
 probability c_k, so a* is the length of the first run of successes. Each
 request's mode is drawn uniformly from ``MODES``, and its window, accepted count,
-full_accept and cap_trim follow DESIGN §2-§3 for that mode, so every record
+full_accept and cap_trim follow docs/design.md §2-§3 for that mode, so every record
 passes validation.
 """
 

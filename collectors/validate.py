@@ -1,4 +1,4 @@
-"""Validation of step records (DESIGN §4), vectorised over a whole batch.
+"""Validation of step records (docs/design.md §4), vectorised over a whole batch.
 
 ``validate_steps`` checks a batch in columnar form and returns, for every step,
 the list of every problem found (never only the first), each naming the field

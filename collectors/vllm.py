@@ -1,4 +1,4 @@
-"""vLLM adapter: the unconditional survival curve from ``/metrics`` spec-decode counters (DESIGN §8).
+"""vLLM adapter: the unconditional survival curve from ``/metrics`` spec-decode counters (docs/design.md §8).
 
 vLLM exports, per engine, how many drafts it proposed and how many tokens were
 accepted at each draft position. Over an interval, ``S_k = accepted at position

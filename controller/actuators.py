@@ -1,6 +1,6 @@
 """Push actuators: make fleets that do not poll ``/v1/policy`` follow the rollout.
 
-SGLang (DESIGN §8): ``POST /set_internal_state`` with
+SGLang (docs/design.md §8): ``POST /set_internal_state`` with
 ``{"server_args": {"dspark_force_budget_frac": x}}``; ``x = 1.0`` verifies the
 full window, ``null`` hands the budget back to the scheduler. A server cannot
 split its own traffic by request, so the compact fraction is applied across

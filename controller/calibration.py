@@ -1,5 +1,5 @@
 """Calibration figures from depth labels: ECE (equal-width and equal-mass), Brier, AUROC,
-reliability curves, and bootstrap intervals that resample requests (DESIGN §2).
+reliability curves, and bootstrap intervals that resample requests (docs/design.md §2).
 
 One pass over the label rows fills two histograms per kind of prediction
 (survival ``S_k`` against ``y_k`` over observed rows; conditional ``c_k`` against

@@ -1,6 +1,6 @@
 """Controller commands: ``sparkgate serve | status | promote | abort | pause | resume | report``.
 
-``serve`` owns the DuckDB file (the one writer, DESIGN §4) and evaluates on a
+``serve`` owns the DuckDB file (the one writer, docs/design.md §4) and evaluates on a
 background thread every ``evaluation_interval_s``. The operator commands talk to
 a running service over HTTP; the token comes from ``--token`` or
 ``SPARKGATE_TOKEN``. ``report`` opens a DuckDB file nobody else has open (or asks

@@ -1,4 +1,4 @@
-"""Metrics from the collectors' mergeable aggregates (DESIGN §7: a fleet beyond one machine).
+"""Metrics from the collectors' mergeable aggregates (docs/design.md §7: a fleet beyond one machine).
 
 Replicas that ship per-(mode, depth, bin) aggregates instead of raw rows are
 merged here in one vectorised sum (``Aggregate.merge`` pairwise would copy

@@ -1,4 +1,4 @@
-"""Gate verdicts (DESIGN §6): each gate of the rollout policy judges one measurement.
+"""Gate verdicts (docs/design.md §6): each gate of the rollout policy judges one measurement.
 
 A verdict is ``pass``, ``fail`` or ``inconclusive``: inconclusive when the value
 is missing, when it rests on fewer than ``min_samples`` samples, or when the data

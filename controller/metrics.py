@@ -1,4 +1,4 @@
-"""Online metrics over an evaluation window (DESIGN §2, §6): what gates judge and ``report`` prints.
+"""Online metrics over an evaluation window (docs/design.md §2, §6): what gates judge and ``report`` prints.
 
 ``evaluate`` reads one window and slice from the store and returns an
 ``Evaluation``; ``Evaluation.report()`` is the JSON form and

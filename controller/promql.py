@@ -1,4 +1,4 @@
-"""Gate values from Prometheus (DESIGN §7): an instant PromQL query per gate that sets ``promql``.
+"""Gate values from Prometheus (docs/design.md §7): an instant PromQL query per gate that sets ``promql``.
 
 The value is the query's scalar, or the largest sample of an instant vector
 (gates compare a worst case); ``samples`` is the number of series it came from.

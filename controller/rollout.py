@@ -1,4 +1,4 @@
-"""The staged-rollout state machine (DESIGN §6), as pure functions over immutable state.
+"""The staged-rollout state machine (docs/design.md §6), as pure functions over immutable state.
 
 The ladder is ``policy.stages()`` (baseline, shadow, one rung per canary step,
 compact, adaptive); ``fallback`` and ``paused`` sit beside it. Every transition

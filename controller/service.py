@@ -1,4 +1,4 @@
-"""The controller's HTTP API (DESIGN §6, §7); FastAPI publishes its OpenAPI spec at ``/openapi.json``.
+"""The controller's HTTP API (docs/design.md §6, §7); FastAPI publishes its OpenAPI spec at ``/openapi.json``.
 
 | route | what |
 |---|---|

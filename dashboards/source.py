@@ -1,4 +1,4 @@
-"""Where the dashboard reads from, without ever holding the writer's DuckDB lock (DESIGN §4).
+"""Where the dashboard reads from, without ever holding the writer's DuckDB lock (docs/design.md §4).
 
 Three sources:
 

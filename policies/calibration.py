@@ -2,15 +2,15 @@
 
 STS gives depth k a temperature ``T_k`` applied to the raw conditional confidence
 in logit space, ``c'_k = σ(logit(c_k) / T_k)``, and reports the calibrated prefix
-survival ``S_k = Π_{i≤k} c'_i``. Temperatures are fitted left to right (DESIGN
-§5): depth k's is the point of a log-spaced grid that minimises the survival ECE
+survival ``S_k = Π_{i≤k} c'_i``. Temperatures are fitted left to right
+(docs/design.md §5): depth k's is the point of a log-spaced grid that minimises the survival ECE
 of ``S_k`` with the earlier depths' temperatures frozen. A positive temperature
 is a monotone map, so the order of confidences at a depth is preserved.
 
 The file layout is SGLang's: ``{"temperatures": [γ], "dataset", "num_samples",
 "ece_before": [γ], "ece_after": [γ]}``.
 
-Metrics follow DESIGN §2: 15 equal-width bins ``[k/15, (k+1)/15)``, the last one
+Metrics follow docs/design.md §2: 15 equal-width bins ``[k/15, (k+1)/15)``, the last one
 closed, over the rows where the label is observed.
 """
 

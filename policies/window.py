@@ -1,6 +1,6 @@
 """Window policies: how many of the γ drafted tokens each request verifies.
 
-Every policy has one signature (DESIGN §5): calibrated prefix survivals
+Every policy has one signature (docs/design.md §5): calibrated prefix survivals
 ``S [B, γ]`` (non-increasing along depth, in [0, 1]) and a ``WindowContext`` in,
 a ``WindowDecision`` out whose ``windows`` are int64 in ``[0, γ]``, shape ``[B]``,
 on the same device as ``S``.

@@ -1,4 +1,4 @@
-"""``sparkgate calibrate``: fit STS temperatures from step records (NDJSON, DESIGN §4).
+"""``sparkgate calibrate``: fit STS temperatures from step records (NDJSON, docs/design.md §4).
 
 Only full-block rows (``static``, ``shadow``, ``cap_accept``) are used: their
 ``full_accept`` a* gives every depth's label ``y_k = 1[a* >= k]``. Compact rows

@@ -1,4 +1,4 @@
-"""Consistency checks behind the controller's critical gates (DESIGN §3 invariants 1 and 4, §6).
+"""Consistency checks behind the controller's critical gates (docs/design.md §3 invariants 1 and 4, §6).
 
 - Greedy replay: a sampled greedy request that ran ``compact`` is replayed from
   its prompt in ``static`` with the same model and drafter, and the replay is

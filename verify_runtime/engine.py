@@ -1,7 +1,7 @@
 """The continuous-batching decode loop: admit, prefill, draft, schedule, verify, accept, commit.
 
 Each ``step`` advances every active request by ``accepted + 1`` tokens and emits
-one ``StepRecord`` (DESIGN §4) to the sink. Request state lives in the KV cache
+one ``StepRecord`` (docs/design.md §4) to the sink. Request state lives in the KV cache
 (committed rows) and in ``Request.history`` (committed tokens, the last one
 pending: its K/V is written by the next verify step).
 """

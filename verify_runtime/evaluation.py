@@ -6,7 +6,7 @@ greedy), so every depth label is observed: ``a*`` is the accepted length and
 acceptance ``c_k = P(a* >= k | a* >= k−1)``, the survival ``S_k = P(a* >= k)``, the
 mean accepted length, and survival ECE / Brier / AUROC of the confidence head
 before and after STS, with a bootstrap upper bound on the ECE that resamples
-requests, not positions (DESIGN §2).
+requests, not positions (docs/design.md §2).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The four verify modes of DESIGN §3 and the labels each one yields.
+"""The four verify modes of docs/design.md §3 and the labels each one yields.
 
 | mode | verified | commit limit | full_accept |
 |---|---|---|---|

@@ -3,7 +3,7 @@
 A uniform drawn for a request at a position never depends on the batch it ran
 in, the window it verified or how many steps it took to get there. That is what
 makes ``cap_accept`` and ``compact`` with the same windows commit identical
-tokens (DESIGN §3, invariant 3). Pure tensor ops: no host sync on CUDA.
+tokens (docs/design.md §3, invariant 3). Pure tensor ops: no host sync on CUDA.
 """
 
 from __future__ import annotations
