@@ -25,6 +25,7 @@ from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import ACCEPTED, CENSORED, REJECTED
 from sparkgate.collectors.schema import MODES
 from sparkgate.collectors.store import Store
+from sparkgate.policies.vocabulary import CheckKind
 
 from . import queries
 from .calibration import KindStats, bootstrap_ece
@@ -33,7 +34,6 @@ from .queries import Slice, Window
 BOOTSTRAP_RESAMPLES = 200
 CHUNK_ROWS = 1 << 20
 INTERVAL_LEVEL = 0.95
-CHECK_KINDS = ("greedy_replay", "state_rollback")
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class Evaluation:
         upper = {d: hi for d, (_, hi) in self.intervals["survival"].items()}
         least = min(samples.values(), default=0)
         p99, tokens = self._ratios()
-        checks = {kind: self.consistency.get(kind, {"checks": 0, "mismatches": 0}) for kind in CHECK_KINDS}
+        checks = {kind: self.consistency.get(kind, {"checks": 0, "mismatches": 0}) for kind in CheckKind}
         steps = self._total("steps")
         return {
             "survival_ece": Measurement(max(ece.values(), default=None), least),
@@ -83,10 +83,10 @@ class Evaluation:
             "tokens_per_s_ratio": tokens,
             # A count with no checks is 0 of 0: min_samples decides whether that suffices.
             "consistency_mismatches": Measurement(
-                float(checks["greedy_replay"]["mismatches"]), checks["greedy_replay"]["checks"]
+                float(checks[CheckKind.GREEDY_REPLAY]["mismatches"]), checks[CheckKind.GREEDY_REPLAY]["checks"]
             ),
             "state_rollback_failures": Measurement(
-                float(checks["state_rollback"]["mismatches"]), checks["state_rollback"]["checks"]
+                float(checks[CheckKind.STATE_ROLLBACK]["mismatches"]), checks[CheckKind.STATE_ROLLBACK]["checks"]
             ),
         }
 
@@ -136,7 +136,7 @@ class Evaluation:
                 "upper_bound": self._utilization("cap_accept").to_dict(),
                 "shadow": self._utilization("shadow").to_dict(),
             },
-            "consistency": {kind: self.consistency.get(kind, {"checks": 0, "mismatches": 0}) for kind in CHECK_KINDS},
+            "consistency": {kind: self.consistency.get(kind, {"checks": 0, "mismatches": 0}) for kind in CheckKind},
         }
         if self.steps is not None:
             out.update(step_report(self.steps, self.misses))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query
 from fastapi.concurrency import run_in_threadpool
@@ -37,11 +37,11 @@ from sparkgate.collectors.ingest_api import ARROW_TYPES, NDJSON_TYPES, ingest_ro
 from sparkgate.collectors.schema import Problem
 from sparkgate.collectors.store import IntervalOverlap, TooManyReports
 from sparkgate.policies.payload import PolicyPayload
-from sparkgate.policies.vocabulary import OPERATOR_ACTIONS
+from sparkgate.policies.vocabulary import CheckKind, OperatorAction
 
 from . import ledger
 from .fleet import fleet_report, merge_aggregates
-from .metrics import CHECK_KINDS, evaluate
+from .metrics import evaluate
 from .queries import Slice, Window
 from .rollout import TransitionError
 from .supervisor import Controller
@@ -54,7 +54,7 @@ MAX_FLEET_REPORTS = 20_000
 
 class Check(BaseModel):
     request_id: str = Field(min_length=1, max_length=512)
-    kind: Literal[CHECK_KINDS] = "greedy_replay"  # type: ignore[valid-type]
+    kind: CheckKind = CheckKind.GREEDY_REPLAY
     tokens: int = Field(ge=0, le=TOKEN_LIMIT, description="Tokens compared.")
     mismatch_at: int | None = Field(
         None, ge=0, le=TOKEN_LIMIT, description="First differing position; null when identical."
@@ -234,7 +234,7 @@ def create_app(controller: Controller, ingestor: Ingestor, token: str | None = N
         return {"replica_id": replica_id, "next_step_id": 0 if last[0].as_py() is None else last[0].as_py() + 1}
 
     @app.post("/v1/rollout/{action}", dependencies=[Depends(authorize)])
-    def act(body: Action, action: Literal[OPERATOR_ACTIONS]) -> dict:  # type: ignore[valid-type]
+    def act(body: Action, action: OperatorAction) -> dict:
         try:
             return controller.act(action, body.operator, body.note).to_dict()
         except TransitionError as exc:

@@ -8,6 +8,7 @@ and dispatches on the members.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal, get_args
 
 
 class Mode(StrEnum):
@@ -71,8 +72,18 @@ class Action(StrEnum):
 
 
 OPERATOR_ACTIONS: tuple[Action, ...] = (Action.PROMOTE, Action.ABORT, Action.PAUSE, Action.RESUME)
+# The same four as a type, for the API's path parameter; it must stay the tuple above.
+OperatorAction = Literal["promote", "abort", "pause", "resume"]
+assert get_args(OperatorAction) == OPERATOR_ACTIONS
 # Every action but a hold serves a new policy revision.
 CHANGES_POLICY: frozenset[Action] = frozenset(Action) - {Action.HOLD}
+
+
+class CheckKind(StrEnum):
+    """What a replica's consistency check compared (§3 invariants 1 and 4)."""
+
+    GREEDY_REPLAY = "greedy_replay"  # a greedy compact request replayed in static
+    STATE_ROLLBACK = "state_rollback"  # a request's cache state against a dense replay
 
 
 class Outcome(StrEnum):

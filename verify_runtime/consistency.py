@@ -21,13 +21,13 @@ from dataclasses import dataclass
 
 import torch
 
+from sparkgate.policies.vocabulary import CheckKind
 from sparkgate.policies.window import FixedWindow
 
 from .drafters import Drafter
 from .engine import Engine, EngineConfig, Request
 from .model import Transformer, forward_full
 
-KIND, STATE_KIND = "greedy_replay", "state_rollback"
 # Logit gap under which the dense top two tokens are a numerical tie: the cached path may pick either.
 TIE_MARGIN = 1e-3
 
@@ -47,7 +47,7 @@ class Check:
     mismatch_at: int | None = None
     expected: int | None = None
     got: int | None = None
-    kind: str = KIND
+    kind: CheckKind = CheckKind.GREEDY_REPLAY
 
     def to_dict(self) -> dict:
         return {
@@ -116,5 +116,5 @@ def state_check(engine: Engine, request: Request) -> Check:
     clear = float(top.values[0] - top.values[1]) > TIE_MARGIN
     position = len(request.history)
     if expected != got and clear:
-        return Check(request.request_id, position, position, expected, got, STATE_KIND)
-    return Check(request.request_id, position, kind=STATE_KIND)
+        return Check(request.request_id, position, position, expected, got, CheckKind.STATE_ROLLBACK)
+    return Check(request.request_id, position, kind=CheckKind.STATE_ROLLBACK)
