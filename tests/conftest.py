@@ -1,4 +1,10 @@
-"""Fixtures and helpers every layer's tests share (one place, so there is one ``store`` and one clock)."""
+"""Fixtures and helpers shared by more than one test file (one place, so there is one ``store`` and one clock).
+
+Beside the store, clock and tiny models every layer uses: the SGLang ``/server_info`` payloads the
+collectors' poller and ``sparkgate collect`` read, the survivals strategy of the window-policy
+properties, a tiny block drafter, ``one_thread`` for modules of tiny torch models, and the runtime's
+``evaluated`` drafter evaluation.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import torch
+from hypothesis import strategies as st
 
 import sparkgate.dashboards
 from sparkgate.collectors.ingest import Ingestor
@@ -14,8 +21,13 @@ from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import from_wire
+from sparkgate.policies.calibration import STS
 from sparkgate.policies.window import WindowDecision
-from sparkgate.verify_runtime.model import ModelArgs, Transformer
+from sparkgate.verify_runtime.block_drafter import BlockDrafter, DrafterArgs, DSparkNet
+from sparkgate.verify_runtime.corpus import stdlib_corpus
+from sparkgate.verify_runtime.drafters import NGramDrafter
+from sparkgate.verify_runtime.evaluation import EvalConfig, evaluate
+from sparkgate.verify_runtime.model import BYTE_VOCAB, ModelArgs, Transformer
 
 T0 = 1.75e9
 # The Streamlit script, where the installed package has it.
@@ -107,3 +119,135 @@ class SurvivalWindows:
     def __call__(self, survival, ctx):
         digits = (survival[:, 0].double() * 1e6).long()
         return WindowDecision(digits % (ctx.gamma + 1))
+
+
+# SGLang /server_info payloads: the collectors' poller and ``sparkgate collect`` read them.
+SGLANG_GAMMA = 4
+
+
+def req(rid, verify_len, correct, cap_trim=0, **extra):
+    base = {
+        "rid": rid,
+        "req_pool_index": 0,
+        "prefix_len": 10,
+        "verify_len": verify_len,
+        "acc_len": correct + 1,
+        "correct_drafts": correct,
+        "cap_trim": cap_trim,
+        "bonus_token": 7,
+        "draft_tokens": [1, 2, 3, 4],
+        "confidence": [0.9, 0.8, 0.7, 0.6],
+        "survival": [0.9, 0.72, 0.504, 0.3024],
+    }
+    base.update(extra)
+    return base
+
+
+def record(ct, mode, reqs, **extra):
+    base = {
+        "forward_ct": ct,
+        "bs": len(reqs),
+        "mode": mode,
+        "budget": 8,
+        "lag_steps": 0,
+        "num_running_reqs": len(reqs),
+        "num_verify_tokens": sum(r["verify_len"] for r in reqs),
+        "verify_tokens_local": 0,
+        "verify_tokens_dp_synced": 0,
+        "verify_tokens_graph_key": 32,
+        "predicted_step_ms": 5.0,
+        "predicted_theta": 0.1,
+        "step_cpu_ms": 6.0,
+        "step_gpu_ms": 5.5,
+        "draft_gpu_ms": 1.0,
+        "target_verify_gpu_ms": 3.0,
+        "reqs": reqs,
+    }
+    base.update(extra)
+    return base
+
+
+def server_info(*ranks):
+    return {
+        "internal_states": [
+            {
+                "dspark_info_record": {
+                    "mode": "mixed",
+                    "gamma": SGLANG_GAMMA,
+                    "verify_num_draft_tokens": SGLANG_GAMMA,
+                    "components": [],
+                    "records": records,
+                    "simulate_acc_len": 2.0,
+                }
+            }
+            for records in ranks
+        ]
+    }
+
+
+R1 = record(1, "compact", [req("a", 5, 2), req("b", 3, 2)])
+R2 = record(2, "cap-accept", [req("a", 3, 1, cap_trim=0), req("c", 2, 1, cap_trim=2)])
+
+
+# Window-policy inputs: survivals as a cumulative product of confidences.
+# Few distinct values so ties are common: the tie-break is what is under test.
+CONFIDENCES = st.sampled_from([0.0, 0.25, 0.5, 0.75, 0.9, 1.0])
+
+
+@st.composite
+def survivals(draw, max_batch=6, max_gamma=5):
+    batch = draw(st.integers(1, max_batch))
+    gamma = draw(st.integers(1, max_gamma))
+    conf = draw(st.lists(st.lists(CONFIDENCES, min_size=gamma, max_size=gamma), min_size=batch, max_size=batch))
+    return torch.cumprod(torch.tensor(conf, dtype=torch.float32), dim=1)
+
+
+# A tiny block drafter (a random DSpark net) for the runtime's drafter tests, beside ``tiny_model``.
+def tiny_net(sequential: bool = True, seed: int = 0) -> DSparkNet:
+    torch.manual_seed(seed)
+    args = DrafterArgs(
+        target_dim=32,
+        dim=32,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_hidden=48,
+        vocab_size=32,
+        window=6,
+        max_gamma=6,
+        markov_rank=8,
+        sequential=sequential,
+        init_std=0.3,
+    )
+    net = DSparkNet(args).double()
+    if sequential:  # training starts it at zero; a trained head is not
+        torch.nn.init.normal_(net.markov_out.weight, std=0.5)
+    return net
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch on one intra-op thread for a module (``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    # Tiny models gain nothing from threads, and on a busy machine a second
+    # spinning thread makes each step many times slower.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def evaluated():
+    torch.manual_seed(0)
+    target = Transformer(
+        ModelArgs(dim=32, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=64, init_std=0.3)
+    ).eval()
+    block = BlockDrafter(
+        DSparkNet(DrafterArgs(target_dim=32, dim=32, n_heads=4, n_kv_heads=2, ffn_hidden=48, window=4, markov_rank=8))
+    )
+    # the n-gram drafter accepts often on a random target's repetitive output, so its
+    # confidences have both outcomes to be judged against
+    drafters = {"ngram": NGramDrafter(BYTE_VOCAB), "block": block}
+    cfg = EvalConfig(prompts_per_domain=4, prompt_len=16, max_new_tokens=24, batch=4, latency_repeats=2, bootstrap=20)
+    sts = STS([1.5] * 7)
+    report, records = evaluate(target, drafters, stdlib_corpus(), cfg, sts)
+    return report, records, sts

@@ -43,3 +43,10 @@ def test_help_and_the_controller_commands_do_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_help_lists_the_runtime_commands():
+    out = CliRunner().invoke(main, ["--help"])
+    assert out.exit_code == 0
+    for name in ("demo", "generate", "bench"):
+        assert name in out.output

@@ -1,4 +1,5 @@
-"""Loopback HTTP servers for tests: ``serving`` runs any handler; ``scripted_server`` answers GETs in turn.
+"""Loopback HTTP servers for tests: ``serving`` runs any handler; ``scripted_server`` answers GETs in turn;
+``stand_in`` answers GETs and JSON POSTs with a function and records them.
 
 Handlers subclass ``QuietHandler``: it answers with ``reply`` and keeps request logs off the test output."""
 
@@ -51,3 +52,24 @@ def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextlib.contextmanager
+def stand_in(answer):
+    """A server on 127.0.0.1 recording JSON POST bodies and GET queries; ``answer(path, body)`` -> (status, obj)."""
+    seen = []
+
+    class Handler(QuietHandler):
+        def _answer(self, body):
+            seen.append((self.path, body))
+            status, obj = answer(self.path, body)
+            self.reply(json.dumps(obj).encode(), "application/json", status)
+
+        def do_POST(self):
+            self._answer(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+
+        def do_GET(self):
+            self._answer(None)
+
+    with serving(Handler) as url:
+        yield url, seen

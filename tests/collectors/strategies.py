@@ -1,8 +1,9 @@
-"""Hypothesis strategies and builders for valid v1 step records."""
+"""Hypothesis strategies and builders for valid v1 step records, and their NDJSON encoding."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from hypothesis import strategies as st
 
@@ -13,7 +14,7 @@ probability = st.floats(0.0, 1.0, allow_nan=False)
 
 @st.composite
 def request_rows(draw, gamma: int, request_id: str) -> RequestRow:
-    """A request row consistent with DESIGN §2-§3 for a random mode."""
+    """A request row consistent with docs/design.md §2-§3 for a random mode."""
     mode = draw(st.sampled_from(MODES))
     full = draw(st.integers(0, gamma))  # a*, what the full block would accept
     window = gamma if mode in ("static", "shadow") else draw(st.integers(0, gamma))
@@ -94,5 +95,26 @@ def compact_row(gamma: int = 4, window: int = 2, accepted: int = 2, request_id: 
         0,
         [0.9] * gamma,
         [0.9 ** (k + 1) for k in range(gamma)],
+        list(range(accepted + 1)),
+    )
+
+
+def ndjson(*records) -> bytes:
+    return b"".join(json.dumps(r.to_dict() if hasattr(r, "to_dict") else r).encode() + b"\n" for r in records)
+
+
+def static_row(gamma: int = 4, accepted: int = 1, request_id: str = "r1") -> RequestRow:
+    return RequestRow(
+        request_id,
+        "static",
+        "chat",
+        0.0,
+        None,
+        gamma,
+        accepted,
+        accepted,
+        0,
+        [0.8] * gamma,
+        [0.8 ** (k + 1) for k in range(gamma)],
         list(range(accepted + 1)),
     )

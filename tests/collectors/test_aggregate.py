@@ -13,7 +13,7 @@ from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.batch import prepare
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import from_records, from_wire
-from sparkgate.policies.binning import N_BINS, bin_index
+from sparkgate.policies.binning import N_BINS
 from tests.collectors.strategies import step_records
 
 
@@ -38,10 +38,6 @@ def survival_pairs(labels, depth, modes):
         for r in labels.to_pylist()
         if r["depth"] == depth and r["mode"] in modes and r["status"] != "censored"
     ]
-
-
-def test_bin_edges():
-    assert list(bin_index(np.array([0.0, 1 / 15, 0.5, 14 / 15, 0.9999999, 1.0]))) == [0, 1, 7, 14, 14, 14]
 
 
 @settings(max_examples=40, deadline=None)

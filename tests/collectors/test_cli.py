@@ -1,4 +1,4 @@
-"""The sparkgate ingest / export / prune / collect commands and the ingest benchmark smoke test."""
+"""The sparkgate ingest / export / prune / collect commands."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from sparkgate.cli import main
 from sparkgate.collectors.store import Store
 from tests.collectors.loopback import scripted_server
 from tests.collectors.strategies import compact_row, step
-from tests.collectors.test_pollers import R1, R2, server_info
+from tests.conftest import R1, R2, server_info
 
 
 def write_ndjson(path, records, extra_lines=()):
@@ -73,29 +73,3 @@ def test_collect_sglang_once(tmp_path):
 def test_collect_needs_a_source():
     result = CliRunner().invoke(main, ["collect"])
     assert result.exit_code == 2 and "--sglang or --vllm" in result.output
-
-
-def test_bench_ingest_smoke():
-    result = CliRunner().invoke(
-        main,
-        [
-            "bench",
-            "ingest",
-            "--rows",
-            "5000",
-            "--rowwise-rows",
-            "500",
-            "--http-rows",
-            "2000",
-            "--batch-steps",
-            "8",
-            "--body-steps",
-            "4",
-            "--json",
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    figures = json.loads(result.stdout)
-    for field in ("rows", "batch_rows_per_s", "rowwise_rows_per_s", "speedup", "http_rows_per_s", "http_lost_rows"):
-        assert field in figures
-    assert figures["rows"] > 0 and figures["http_lost_rows"] == 0

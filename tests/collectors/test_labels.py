@@ -1,4 +1,4 @@
-"""Depth labels follow DESIGN §2 exactly."""
+"""Depth labels follow docs/design.md §2 exactly."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tests.collectors.strategies import compact_row, step, step_records
 
 
 def oracle(mode: str, gamma: int, window: int, accepted: int, full_accept: int | None, k: int) -> str:
-    """DESIGN §2 word for word, one depth at a time."""
+    """docs/design.md §2 word for word, one depth at a time."""
     if mode in ("static", "shadow", "cap_accept"):
         v, r = gamma, full_accept
     else:

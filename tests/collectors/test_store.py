@@ -1,7 +1,9 @@
-"""The DuckDB store: transactions, quarantine, duplicates, retention, export, snapshots."""
+"""The DuckDB store: transactions, quarantine, duplicates, retention, export, snapshots; malformed input
+never crashes or half-writes."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -9,34 +11,15 @@ import sys
 import duckdb
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import explode
-from sparkgate.collectors.migrations import MIGRATIONS
 from sparkgate.collectors.store import IntervalOverlap, Store, open_snapshot, stage
 from sparkgate.collectors.synth import synthetic_wire
-from sparkgate.collectors.wire import flatten, from_dicts, from_records
-from tests.collectors.strategies import compact_row, step
-
-
-def test_migrations_recorded_once_and_reopen_is_idempotent(tmp_path):
-    path = tmp_path / "m.duckdb"
-    Store(path).close()
-    with Store(path) as s:
-        versions = s.query("SELECT version FROM schema_migrations").column(0).to_pylist()
-    assert versions == [m[0] for m in MIGRATIONS]
-
-
-def test_refuses_a_store_from_a_newer_version(tmp_path):
-    path = tmp_path / "new.duckdb"
-    Store(path).close()
-    con = duckdb.connect(str(path))
-    con.execute("INSERT INTO schema_migrations VALUES (999, 'future', 0)")
-    con.close()
-    with pytest.raises(RuntimeError, match="999"):
-        Store(path)
+from sparkgate.collectors.wire import flatten, from_dicts, from_ndjson, from_records
+from tests.collectors.strategies import compact_row, step, step_records
 
 
 def test_batch_rows_land_in_every_table(store):
@@ -257,3 +240,59 @@ def test_decisions_and_max_step_ids(store):
     store.record_decision(1, "shadow", "fallback", "rollback", [{"gate": "ece", "value": 0.09}])
     row = store.query("SELECT phase_to, reasons FROM decisions").to_pylist()[0]
     assert row["phase_to"] == "fallback" and json.loads(row["reasons"])[0]["gate"] == "ece"
+
+
+JUNK = st.one_of(
+    st.none(),
+    st.text(max_size=5),
+    st.integers(-(10**20), 10**20),
+    st.floats(allow_nan=True),
+    st.booleans(),
+    st.lists(st.integers(-3, 3), max_size=3),
+    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+)
+
+
+_ids = itertools.count()
+
+
+@st.composite
+def maybe_malformed(draw) -> bytes:
+    """One NDJSON line: a valid record, a record with a field or request field replaced or removed, or junk."""
+    record = draw(step_records(step_id=next(_ids))).to_dict()
+    kind = draw(st.sampled_from(["valid", "step_field", "request_field", "drop", "junk_line", "junk_json"]))
+    if kind == "step_field":
+        record[draw(st.sampled_from(sorted(record)))] = draw(JUNK)
+    elif kind == "request_field" and record["requests"]:
+        row = draw(st.sampled_from(record["requests"]))
+        row[draw(st.sampled_from(sorted(row)))] = draw(JUNK)
+    elif kind == "drop":
+        del record[draw(st.sampled_from(sorted(record)))]
+    elif kind == "junk_line":
+        return draw(st.binary(min_size=1, max_size=20)).replace(b"\n", b" ") or b"?"
+    elif kind == "junk_json":
+        return json.dumps(draw(JUNK)).encode()
+    return json.dumps(record).encode()  # NaN/inf become the non-standard tokens Python emits
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+@given(st.lists(maybe_malformed(), min_size=1, max_size=6))
+def test_malformed_events_are_quarantined_and_never_half_written(store, lines):
+    lines = [line for line in lines if line.strip()]
+    before = store.counts()
+    result = store.ingest(from_ndjson(b"\n".join(lines)), "fuzz")
+    after = store.counts()
+    assert result.steps + result.quarantined == len(lines)
+    assert after["steps"] - before["steps"] == result.steps
+    assert after["quarantine"] - before["quarantine"] == result.quarantined
+    assert all(q.problems and all(p.message for p in q.problems) for q in result.prepared.quarantined)
+    # Every stored step is whole: its request rows and gamma labels for each of them.
+    incomplete = store.query("""
+        SELECT s.replica_id, s.step_id FROM steps s
+        LEFT JOIN (SELECT replica_id, step_id, count(*) n FROM requests GROUP BY ALL) r USING (replica_id, step_id)
+        LEFT JOIN (SELECT replica_id, step_id, count(*) n FROM depth_labels GROUP BY ALL) d
+            USING (replica_id, step_id)
+        WHERE coalesce(d.n, 0) != coalesce(r.n, 0) * s.gamma""")
+    assert incomplete.num_rows == 0

@@ -1,9 +1,6 @@
-"""The SGLang push actuator and PromQL gates against loopback stand-in servers."""
+"""The SGLang push actuator against loopback stand-in servers."""
 
 from __future__ import annotations
-
-import contextlib
-import json
 
 import pytest
 
@@ -13,30 +10,8 @@ from sparkgate.controller.actuators import (
     SGLangActuator,
     budget_fractions,
 )
-from sparkgate.controller.promql import PromQLError, query
 from sparkgate.policies.payload import PolicyPayload
-from tests.collectors.loopback import QuietHandler, serving
-
-
-@contextlib.contextmanager
-def stand_in(answer):
-    """A server on 127.0.0.1 recording JSON POST bodies and GET queries; ``answer(path, body)`` -> (status, obj)."""
-    seen = []
-
-    class Handler(QuietHandler):
-        def _answer(self, body):
-            seen.append((self.path, body))
-            status, obj = answer(self.path, body)
-            self.reply(json.dumps(obj).encode(), "application/json", status)
-
-        def do_POST(self):
-            self._answer(json.loads(self.rfile.read(int(self.headers["content-length"]))))
-
-        def do_GET(self):
-            self._answer(None)
-
-    with serving(Handler) as url:
-        yield url, seen
+from tests.collectors.loopback import stand_in
 
 
 def sglang_ok(path, body):
@@ -98,29 +73,3 @@ def test_a_refusing_or_missing_server_is_reported_after_the_others_were_pushed()
         assert seen[-1][1] == {"server_args": {FORCE_KEY: 1.0}}
     with pytest.raises(ValueError, match="urls"):
         SGLangActuator([])
-
-
-def test_promql_takes_the_worst_sample_of_a_vector():
-    def prometheus(path, body):
-        if "up" in path:
-            return 200, {
-                "status": "success",
-                "data": {
-                    "resultType": "vector",
-                    "result": [
-                        {"metric": {"i": "a"}, "value": [0, "0.5"]},
-                        {"metric": {"i": "b"}, "value": [0, "1.5"]},
-                    ],
-                },
-            }
-        if "scalar" in path:
-            return 200, {"status": "success", "data": {"resultType": "scalar", "result": [0, "3"]}}
-        return 400, {"status": "error", "errorType": "bad_data", "error": "parse error"}
-
-    with stand_in(prometheus) as (url, seen):
-        m = query(url, "up")
-        assert (m.value, m.samples) == (1.5, 2)
-        assert query(url, "scalar(1)").value == 3.0
-        with pytest.raises(PromQLError, match="bad_data: parse error"):
-            query(url, "rate(")
-        assert seen[0][0].startswith("/api/v1/query?query=up")

@@ -1,8 +1,9 @@
-"""The controller's commands through click, against a DuckDB file and a live loopback service."""
+"""The controller's commands through click, against a DuckDB file and a live loopback service; the evaluation loop."""
 
 from __future__ import annotations
 
 import json
+import threading
 
 import httpx
 import pytest
@@ -13,10 +14,12 @@ from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.ingest_api import serve_in_thread
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store
+from sparkgate.controller import ledger
+from sparkgate.controller.commands import evaluate_forever
 from sparkgate.controller.service import create_app
 from sparkgate.controller.supervisor import Controller
 from sparkgate.demo.fleet import Fleet, free_port
-from sparkgate.policies.rollout import DEFAULT_PATH, load_rollout_policy
+from sparkgate.policies.rollout import DEFAULT_PATH, load_rollout_policy, parse_rollout_policy
 from tests.collectors.otlp_receiver import attributes, otlp_receiver
 from tests.collectors.strategies import compact_row, step
 from tests.conftest import T0, ingest_synthetic
@@ -105,3 +108,20 @@ def test_status_and_operator_commands_talk_to_a_running_controller(tmp_path):
             assert json.loads(run("resume", "--operator", "ops", env=env).output)["phase_to"] == "shadow"
             remote = json.loads(run("report", "--controller", url, "--json").output)
             assert "calibration" in remote
+
+
+def test_the_evaluation_loop_ticks_until_stopped(store):
+    fast = parse_rollout_policy({"evaluation_interval_s": 0.01, "progress_deadline_s": 60})
+    ctl = Controller(store, fast, resamples=10)
+    stop = threading.Event()
+    loop = threading.Thread(target=evaluate_forever, args=(ctl, stop))
+    loop.start()
+    try:
+        for _ in range(10_000):
+            if len(ledger.decisions(store)) >= 3:
+                break
+            stop.wait(0.01)
+    finally:
+        stop.set()
+        loop.join()
+    assert [d.action for d in ledger.decisions(store)][:3] == ["start", "hold", "hold"]

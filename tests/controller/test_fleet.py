@@ -1,4 +1,4 @@
-"""Fleet aggregates: the vectorised merge equals the pairwise fold; the benchmark runs end to end."""
+"""Fleet aggregates: the vectorised merge equals the pairwise fold."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import explode
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import flatten
-from sparkgate.controller.bench import run
 from sparkgate.controller.fleet import fleet_report, merge_aggregates
 
 
@@ -35,9 +34,3 @@ def test_merge_equals_folding_pairwise_merges_across_depths():
     assert report["utilization"]["upper_bound"] == pytest.approx(folded.upper_bound_utilization())
     with pytest.raises(ValueError, match="aggregates"):
         merge_aggregates([])
-
-
-def test_benchmark_smoke():
-    result = run(labels=20_000, replicas=5, repeats=1)
-    assert result["labels"] == 89 * 7 * 32 and result["merge_replicas"] == 5
-    assert {"eval_ms", "merge_ms", "merge_fold_ms", "load_avg_1m"} <= result.keys()

@@ -1,4 +1,5 @@
-"""Store metrics over real DuckDB files: agreement with the collectors' aggregate, slices, baseline ratios."""
+"""Store metrics over real DuckDB files: agreement with the collectors' aggregate, the censored view, tier misses,
+baseline ratios and consistency checks."""
 
 from __future__ import annotations
 
@@ -10,10 +11,9 @@ import pytest
 
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import explode
-from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import flatten, from_dicts
 from sparkgate.controller.metrics import evaluate
-from sparkgate.controller.queries import Slice, Window, slice_values
+from sparkgate.controller.queries import Slice, Window
 from tests.conftest import T0, ingest_synthetic, with_columns
 
 
@@ -51,39 +51,6 @@ def test_report_keeps_the_censored_compact_view_apart(store):
     compact = report["acceptance"]["compact"]
     assert compact["mean_committed"] == pytest.approx(compact["mean_accepted"] + 1)
     assert report["gates"]["survival_ece"]["samples"] == uncensored
-
-
-def _retask(wire: pa.Table, task: str, temperature: float) -> list[dict]:
-    objs = wire.to_pylist()
-    for obj in objs:
-        for row in obj["requests"]:
-            row.update(task=task, temperature=temperature)
-    return objs
-
-
-def test_slices_by_task_temperature_load_and_replica(store):
-    store.ingest(from_dicts(_retask(synthetic_wire(1, 32, 7, "a", ts=T0), "code", 0.7)), "t")
-    ingest_synthetic(store, 5, T0, replica="b", first_step=10, batch=8)
-    by_task = {v: evaluate(store, slice_=Slice(task=v)) for v in slice_values(store, "task", Window())}
-    assert set(by_task) == {"code", "synthetic"}
-    assert by_task["code"].aggregate.accept_hist.sum() == 32
-    assert by_task["code"].steps is None  # steps mix tasks: no step figures under a task slice
-    assert evaluate(store, slice_=Slice(temperature=0.7)).aggregate.accept_hist.sum() == 32
-    assert slice_values(store, "load", Window()) == [3, 5]  # batches of 8 and 32
-    small = evaluate(store, slice_=Slice(load_bucket=3))
-    assert small.aggregate.accept_hist.sum() == 40 and small.report()["latency"].keys() == {"8-15"}
-    assert evaluate(store, slice_=Slice(replica_id="a")).report()["tiers"]["steps"] == 1
-
-
-def test_window_bounds_select_rows_by_time(store):
-    ingest_synthetic(store, 10, T0)
-    ingest_synthetic(store, 10, T0 + 100, first_step=10)
-    assert evaluate(store, Window(since=T0 + 50)).report()["tiers"]["steps"] == 10
-    assert evaluate(store, Window(until=T0 + 50)).report()["tiers"]["steps"] == 10
-    with pytest.raises(ValueError, match="window.since"):
-        Window(since=T0 + 1, until=T0)
-    with pytest.raises(ValueError, match="window.until"):
-        Window(until=float("nan"))
 
 
 def test_tier_misses_padding_latency_and_baseline_ratios(store):

@@ -1,14 +1,11 @@
-"""The controller over a real DuckDB file: restarts, policy-file changes, staleness, failing actuators, the loop."""
+"""The controller over a real DuckDB file: restarts, policy-file changes, staleness, failing actuators."""
 
 from __future__ import annotations
-
-import threading
 
 import pytest
 
 from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
-from sparkgate.controller.commands import evaluate_forever
 from sparkgate.controller.supervisor import Controller
 from sparkgate.policies.rollout import parse_rollout_policy
 from tests.conftest import T0, ingest_synthetic
@@ -91,23 +88,6 @@ def test_a_failing_actuator_does_not_stop_the_controller(store):
     decision = ctl.act("abort", "ops")
     assert decision.phase_to == "fallback" and calls == [2, ("ok", "fallback")]
     assert ledger.load_state(store, POLICY).phase == "fallback"
-
-
-def test_the_evaluation_loop_ticks_until_stopped(store):
-    fast = parse_rollout_policy({"evaluation_interval_s": 0.01, "progress_deadline_s": 60})
-    ctl = Controller(store, fast, resamples=10)
-    stop = threading.Event()
-    loop = threading.Thread(target=evaluate_forever, args=(ctl, stop))
-    loop.start()
-    try:
-        for _ in range(10_000):
-            if len(ledger.decisions(store)) >= 3:
-                break
-            stop.wait(0.01)
-    finally:
-        stop.set()
-        loop.join()
-    assert [d.action for d in ledger.decisions(store)][:3] == ["start", "hold", "hold"]
 
 
 @pytest.mark.parametrize("action", ["resume", "jump"])

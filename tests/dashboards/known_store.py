@@ -1,4 +1,5 @@
-"""A store with known contents, written by the real controller, for the dashboard tests.
+"""A store with known contents, written by the real controller, for the dashboard tests, and the helpers
+that run the app on it and read what a page shows.
 
 Timeline (T0 = 1.75e9):
 - T0: the controller starts (baseline, revision 1); 100 baseline steps on r0 follow.
@@ -11,18 +12,23 @@ Timeline (T0 = 1.75e9):
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from streamlit.testing.v1 import AppTest
 
+from sparkgate.collectors.aggregate import Aggregate
+from sparkgate.collectors.labels import explode
 from sparkgate.collectors.store import Store
 from sparkgate.collectors.synth import synthetic_wire
-from sparkgate.collectors.wire import from_wire
+from sparkgate.collectors.wire import flatten, from_wire
+from sparkgate.controller import ledger
 from sparkgate.controller.supervisor import Controller
 from sparkgate.policies.rollout import parse_rollout_policy
-from tests.conftest import T0, Clock
+from tests.conftest import APP, T0, Clock
 
 POLICY = {
     "consecutive_passes": 1,
@@ -99,3 +105,38 @@ def build(root: Path) -> Fixture:
         assert decision.phase_to == "fallback", decision
         store.snapshot(root / "snapshots")
     return Fixture(root / "events.duckdb", root / "snapshots", policy_path, wires)
+
+
+def run_app(monkeypatch, *args: str, page: str | None = None, window: str | None = None) -> AppTest:
+    monkeypatch.setattr(sys, "argv", ["app.py", *args])
+    app = AppTest.from_file(str(APP), default_timeout=60)
+    if window is not None:
+        app.session_state["sparkgate.window"] = window  # the choice the sidebar radio keeps across pages
+    app.run()
+    if page is not None:
+        app.switch_page(f"views/{page}.py").run()
+    assert not app.exception, app.exception[0].message
+    return app
+
+
+def widget(widgets, label: str):
+    return next(w for w in widgets if w.label == label)
+
+
+def snapshot_args(fixture) -> tuple[str, ...]:
+    return "--snapshot-dir", str(fixture.snapshot_dir), "--policy", str(fixture.policy_path)
+
+
+def metrics(app: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in app.metric}
+
+
+def rollback(fixture) -> dict:
+    with Store(fixture.db) as store:
+        return ledger.decisions(store)[-1].to_dict()
+
+
+def shadow_aggregate(fixture) -> Aggregate:
+    """What the rollback judged, rebuilt from the ingested records (the shadow steps)."""
+    flat = flatten(pa.concat_tables(fixture.wires[1:]))
+    return Aggregate.from_tables(flat.requests, explode(flat), 7)

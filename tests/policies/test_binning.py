@@ -23,3 +23,7 @@ def test_every_value_lands_in_the_bin_whose_edges_hold_it(values):
     assert ((index >= 0) & (index < N_BINS)).all()
     for p, k in zip(values, index):
         assert EDGES[k] <= p and (p < EDGES[k + 1] or (p == 1.0 and k == N_BINS - 1))
+
+
+def test_bin_edges():
+    assert list(bin_index(np.array([0.0, 1 / 15, 0.5, 14 / 15, 0.9999999, 1.0]))) == [0, 1, 7, 14, 14, 14]

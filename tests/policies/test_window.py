@@ -1,16 +1,19 @@
-"""Window policies: the behaviours issue 4 asks for, on hand-computed cases."""
+"""Window policies: the behaviours issue 4 asks for, on hand-computed cases, and the threshold policy's
+range and monotonicity as properties."""
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sparkgate.policies.cost_model import AdditiveCostTable, StepsPerSecondTable
-from sparkgate.policies.scheduler import admission_order, assign_windows, clean_survival
 from sparkgate.policies.window import (
     ConfidenceThreshold,
     CostAwareScheduler,
     FixedWindow,
     WindowContext,
 )
+from tests.conftest import survivals
 
 FREE = StepsPerSecondTable(sample_batch_tokens=(1,), sample_steps_per_sec=(100.0,), max_batch_tokens=100_000)
 # T(bs, M) = 2 + M seconds: a fixed overhead plus a cost proportional to rows.
@@ -75,31 +78,12 @@ def test_max_batch_tokens_caps_the_planned_rows():
     assert int(decision.windows.sum()) == 6
 
 
-def test_tie_break_is_survival_then_depth_then_request():
-    survival = torch.tensor([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]])
-    requests, _ = admission_order(clean_survival(survival))
-    assert requests.tolist() == [0, 1, 2, 0, 1, 2]
-    assert assign_windows(requests, 4, 3).tolist() == [2, 1, 1]
-    # Survival first; among equal survivals the shallower depth beats the lower request.
-    survival = torch.tensor([[0.5, 0.5], [0.7, 0.5]])
-    requests, _ = admission_order(clean_survival(survival))
-    assert requests.tolist() == [1, 0, 0, 1]
-
-
 def test_decisions_are_deterministic():
     survival = torch.tensor([[0.8, 0.8, 0.4], [0.8, 0.4, 0.4], [0.8, 0.8, 0.8]])
     policy = CostAwareScheduler(PROPORTIONAL, min_window=0)
     first = decide(policy, survival).windows
     for _ in range(5):
         assert torch.equal(decide(policy, survival).windows, first)
-
-
-def test_wobbly_survivals_still_give_prefixes():
-    # Calibration round-off: depth 2 a hair above depth 1 must not be admitted before it.
-    survival = torch.tensor([[0.5, 0.5000001, float("nan")], [0.6, 0.1, 0.0]])
-    requests, admitted = admission_order(clean_survival(survival))
-    assert requests.tolist()[:3] == [1, 0, 0]
-    assert admitted.tolist()[-1] == 0.0
 
 
 def test_lagged_mode_decides_the_budget_from_the_older_survivals():
@@ -159,3 +143,12 @@ def test_scheduler_never_syncs_on_cuda():
         finally:
             torch.cuda.set_sync_debug_mode("default")
         assert decision.windows.is_cuda
+
+
+@settings(max_examples=100, deadline=None)
+@given(survivals(), st.floats(0.0, 1.0))
+def test_threshold_windows_are_in_range_and_shrink_as_p_grows(survival, p):
+    ctx = WindowContext(*survival.shape)
+    windows = ConfidenceThreshold(p)(survival, ctx).windows
+    assert bool(((windows >= 0) & (windows <= survival.shape[1])).all())
+    assert bool((ConfidenceThreshold(min(1.0, p + 0.1))(survival, ctx).windows <= windows).all())

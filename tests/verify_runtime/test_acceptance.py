@@ -135,14 +135,3 @@ def test_greedy_batches_skip_the_sampler_and_commit_the_same(seed, batch, gamma)
     fast = accept(AcceptInput(**common))
     for name in ("accepted", "full", "next_token"):
         assert torch.equal(getattr(full, name), getattr(fast, name)), name
-
-
-def test_greedy_drafts_skip_the_sampler_and_pick_the_same():
-    from sparkgate.verify_runtime.drafters import DraftContext, pick
-
-    probs = torch.softmax(torch.randn(4, VOCAB), -1)
-    ctx = DraftContext([[1]] * 4, torch.arange(4), torch.arange(4), torch.zeros(4), 3)
-    assert torch.equal(pick(probs, ctx, 1), probs.argmax(-1))
-    ctx.temperatures = torch.tensor([0.0, 1.0, 0.0, 1.0])  # sampled rows draw, greedy rows still take the argmax
-    mixed = pick(probs, ctx, 1)
-    assert torch.equal(mixed[[0, 2]], probs.argmax(-1)[[0, 2]])

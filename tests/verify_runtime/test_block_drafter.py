@@ -4,35 +4,14 @@ import torch
 from sparkgate.verify_runtime.block_drafter import (
     BlockDrafter,
     DrafterArgs,
-    DSparkNet,
     draft_stats,
     load_drafter,
 )
 from sparkgate.verify_runtime.drafters import DraftContext
 from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
 from sparkgate.verify_runtime.model import forward_full, model_version, save_checkpoint
+from tests.conftest import tiny_net
 from tests.verify_runtime.reference import greedy_decode
-
-
-def tiny_net(sequential: bool = True, seed: int = 0) -> DSparkNet:
-    torch.manual_seed(seed)
-    args = DrafterArgs(
-        target_dim=32,
-        dim=32,
-        n_heads=4,
-        n_kv_heads=2,
-        ffn_hidden=48,
-        vocab_size=32,
-        window=6,
-        max_gamma=6,
-        markov_rank=8,
-        sequential=sequential,
-        init_std=0.3,
-    )
-    net = DSparkNet(args).double()
-    if sequential:  # training starts it at zero; a trained head is not
-        torch.nn.init.normal_(net.markov_out.weight, std=0.5)
-    return net
 
 
 def context(target, histories, gamma=5, temperature=0.0, window=6) -> DraftContext:

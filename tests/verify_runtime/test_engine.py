@@ -3,7 +3,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkgate.policies.window import FixedWindow
+from sparkgate.policies.cost_model import StepsPerSecondTable
+from sparkgate.policies.window import CostAwareScheduler, FixedWindow, WindowDecision
 from sparkgate.verify_runtime.drafters import ModelDrafter, NGramDrafter
 from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
 from sparkgate.verify_runtime.model import EOS, forward_full
@@ -224,3 +225,54 @@ def test_bad_requests_fail_clearly(target, drafter):
     engine.submit(Request("odd", [1], 3, mode="sideways"))
     with pytest.raises(ValueError, match=r"unknown verify mode\(s\) \['sideways'\]"):
         engine.step()
+
+
+def flat_table(max_tokens=4096):
+    """Verification is free: the scheduler should verify everything."""
+    return StepsPerSecondTable(
+        sample_batch_tokens=(1, max_tokens), sample_steps_per_sec=(100.0, 100.0), max_batch_tokens=max_tokens
+    )
+
+
+def test_cost_aware_compact_reproduces_greedy_and_logs_predictions(target):
+    records = []
+    engine = Engine(
+        target,
+        ModelDrafter(target, noise=1.5),
+        EngineConfig(gamma=4, max_batch=3),
+        policy=CostAwareScheduler(flat_table()),
+        sink=records.append,
+    )
+    prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9]]
+    for i, p in enumerate(prompts):
+        engine.submit(Request(str(i), p, 12, mode="compact", stop_at_eos=False))
+    out = engine.run()
+    for i, p in enumerate(prompts):
+        assert out[str(i)] == greedy_decode(target, p, 12)
+    assert all(isinstance(r.predicted_step_ms, float) and r.predicted_step_ms > 0 for r in records)
+    # free verification: every request verifies the whole block
+    assert all(row.window == 4 for r in records for row in r.requests)
+
+
+class RecordingLag:
+    """A lagged policy that remembers what it was shown."""
+
+    lag = 2
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, survival, ctx):
+        self.seen.append((survival.clone(), ctx.lagged_survival.clone()))
+        return WindowDecision(torch.full((survival.shape[0],), ctx.gamma))
+
+
+def test_lagged_policies_see_the_survivals_of_two_steps_ago(target):
+    policy = RecordingLag()
+    engine = Engine(target, ModelDrafter(target, noise=1.5), EngineConfig(gamma=3, max_batch=1), policy=policy)
+    engine.submit(Request("a", [1, 2], 20, stop_at_eos=False))
+    for _ in range(4):
+        engine.step()
+    (s0, l0), (s1, l1), (_, l2), (_, l3) = policy.seen
+    assert torch.equal(l0, torch.ones_like(s0)) and torch.equal(l1, torch.ones_like(s1))
+    assert torch.equal(l2, s0) and torch.equal(l3, s1)

@@ -1,27 +1,20 @@
-"""Properties of the prefix scheduler, checked against a plain-Python reference."""
+"""Properties of the prefix scheduler, checked against a plain-Python reference, and its tie-break and
+prefix repair on hand-made cases."""
 
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkgate.policies.cost_model import AdditiveCostTable
-from sparkgate.policies.scheduler import admission_order, assign_windows, clean_survival
-from sparkgate.policies.window import (
-    ConfidenceThreshold,
-    CostAwareScheduler,
-    WindowContext,
+from sparkgate.policies.scheduler import (
+    admission_order,
+    assign_windows,
+    best_budget,
+    clean_survival,
+    expected_committed,
 )
-
-# Few distinct values so ties are common: the tie-break is what is under test.
-CONFIDENCES = st.sampled_from([0.0, 0.25, 0.5, 0.75, 0.9, 1.0])
-
-
-@st.composite
-def survivals(draw, max_batch=6, max_gamma=5):
-    batch = draw(st.integers(1, max_batch))
-    gamma = draw(st.integers(1, max_gamma))
-    conf = draw(st.lists(st.lists(CONFIDENCES, min_size=gamma, max_size=gamma), min_size=batch, max_size=batch))
-    return torch.cumprod(torch.tensor(conf, dtype=torch.float32), dim=1)
+from sparkgate.policies.window import CostAwareScheduler, WindowContext
+from tests.conftest import survivals
 
 
 @st.composite
@@ -90,10 +83,45 @@ def test_scheduler_windows_are_in_range_and_its_budget_is_optimal(survival, tabl
     assert float(decision.predicted_tokens_per_s) >= best * (1 - 1e-5)
 
 
+def test_tie_break_is_survival_then_depth_then_request():
+    survival = torch.tensor([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]])
+    requests, _ = admission_order(clean_survival(survival))
+    assert requests.tolist() == [0, 1, 2, 0, 1, 2]
+    assert assign_windows(requests, 4, 3).tolist() == [2, 1, 1]
+    # Survival first; among equal survivals the shallower depth beats the lower request.
+    survival = torch.tensor([[0.5, 0.5], [0.7, 0.5]])
+    requests, _ = admission_order(clean_survival(survival))
+    assert requests.tolist() == [1, 0, 0, 1]
+
+
+def test_wobbly_survivals_still_give_prefixes():
+    # Calibration round-off: depth 2 a hair above depth 1 must not be admitted before it.
+    survival = torch.tensor([[0.5, 0.5000001, float("nan")], [0.6, 0.1, 0.0]])
+    requests, admitted = admission_order(clean_survival(survival))
+    assert requests.tolist()[:3] == [1, 0, 0]
+    assert admitted.tolist()[-1] == 0.0
+
+
+raw_survivals = st.integers(1, 5).flatmap(
+    lambda gamma: st.lists(
+        st.lists(st.floats(-2.0, 2.0) | st.just(float("nan")), min_size=gamma, max_size=gamma), min_size=1, max_size=4
+    )
+)
+
+
 @settings(max_examples=100, deadline=None)
-@given(survivals(), st.floats(0.0, 1.0))
-def test_threshold_windows_are_in_range_and_shrink_as_p_grows(survival, p):
-    ctx = WindowContext(*survival.shape)
-    windows = ConfidenceThreshold(p)(survival, ctx).windows
-    assert bool(((windows >= 0) & (windows <= survival.shape[1])).all())
-    assert bool((ConfidenceThreshold(min(1.0, p + 0.1))(survival, ctx).windows <= windows).all())
+@given(raw_survivals)
+def test_clean_survival_is_a_non_increasing_probability_and_leaves_clean_input_alone(rows):
+    cleaned = clean_survival(torch.tensor(rows, dtype=torch.float64))
+    assert cleaned.dtype == torch.float32 and cleaned.shape == (len(rows), len(rows[0]))
+    assert bool(((cleaned >= 0) & (cleaned <= 1)).all())
+    assert bool((cleaned[:, 1:] <= cleaned[:, :-1]).all())
+    assert torch.equal(clean_survival(cleaned), cleaned)
+
+
+def test_expected_tokens_count_one_per_request_and_ties_go_to_the_smaller_budget():
+    tau = expected_committed(torch.tensor([0.9, 0.5, 0.0]), batch_size=2)
+    assert torch.allclose(tau, torch.tensor([2.0, 2.9, 3.4, 3.4]))
+    assert int(best_budget(tau, torch.ones(4))) == 2  # the zero-survival cell adds nothing: not taken
+    assert int(best_budget(tau, torch.tensor([1.0, 1.0, float("inf"), float("inf")]))) == 1  # infeasible
+    assert int(best_budget(tau, torch.tensor([1.0, 2.0, 4.0, 8.0]))) == 0

@@ -1,0 +1,45 @@
+"""Prometheus metrics of ingestion: depth counters, tiers, step times, published calibration and phase."""
+
+from __future__ import annotations
+
+from sparkgate.collectors.aggregate import Aggregate
+from sparkgate.collectors.ingest import Ingestor
+from sparkgate.collectors.metrics import Metrics
+from sparkgate.collectors.schema import RequestRow
+from sparkgate.collectors.wire import from_ndjson, from_records
+from tests.collectors.strategies import compact_row, ndjson, step
+
+
+def test_metrics_count_depths_tiers_and_times(store):
+    metrics = Metrics()
+    ingestor = Ingestor(store, metrics)
+    rows = [compact_row(gamma=4, window=2, accepted=2), compact_row(gamma=4, window=3, accepted=1, request_id="r2")]
+    ingestor.ingest(
+        from_ndjson(ndjson(step(1, requests=rows), step(2, graph_hit=False, miss_reason="over_max_tier"))), "t"
+    )
+    value = metrics.registry.get_sample_value
+    # depth 2: accepted in row 1, rejected in row 2; depth 3: censored in row 1, not at risk in row 2.
+    assert value("sparkgate_depth_verified_total", {"mode": "compact", "depth": "2"}) == 2
+    assert value("sparkgate_depth_accepted_total", {"mode": "compact", "depth": "2"}) == 1
+    assert value("sparkgate_depth_censored_total", {"mode": "compact", "depth": "3"}) == 1
+    assert value("sparkgate_depth_verified_total", {"mode": "compact", "depth": "3"}) == 0
+    assert value("sparkgate_tier_hits_total", {"tier": "64"}) == 1
+    assert value("sparkgate_tier_misses_total", {"reason": "over_max_tier"}) == 1
+    assert value("sparkgate_step_seconds_bucket", {"le": "0.008"}) == 2
+    assert value("sparkgate_step_seconds_bucket", {"le": "0.004"}) == 0
+    agg = Aggregate.from_tables(*tables_of(ingestor, step(3, requests=[cap_row()])), depths=4)
+    metrics.publish(agg)
+    assert value("sparkgate_survival_ece", {"depth": "1"}) == agg.survival.ece()[1]
+    assert value("sparkgate_upper_bound_utilization") == 0.5  # accepted 2 of the 4 the full block had
+    metrics.set_phase("canary")
+    assert value("sparkgate_rollout_phase", {"phase": "canary"}) == 1
+    assert value("sparkgate_rollout_phase", {"phase": "shadow"}) == 0
+
+
+def cap_row():
+    return RequestRow("c", "cap_accept", "chat", 0.0, None, 2, 2, 4, 2, [0.9] * 4, [0.9, 0.8, 0.7, 0.6], [1, 2, 3])
+
+
+def tables_of(ingestor, record):
+    prepared = ingestor.ingest(from_records([record]), "t").prepared
+    return prepared.requests, prepared.labels

@@ -1,0 +1,61 @@
+"""The controller's Prometheus series: state, decisions and each gate's value, samples and verdict."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkgate.collectors.metrics import Metrics
+from sparkgate.controller.exporter import ControllerMetrics
+from sparkgate.controller.gates import judge, judge_all
+from sparkgate.controller.metrics import evaluate
+from sparkgate.controller.rollout import apply, command, start
+from sparkgate.policies.rollout import Gate, parse_rollout_policy
+from tests.conftest import T0, ingest_synthetic
+
+POLICY = parse_rollout_policy({"canary_steps": [0.25]})
+
+
+def test_state_and_decisions_are_exported():
+    metrics = Metrics()
+    exporter = ControllerMetrics(metrics)
+    value = metrics.registry.get_sample_value
+    state = apply(None, start(POLICY, T0))
+    exporter.state(state)
+    assert value("sparkgate_rollout_revision") == 1 and value("sparkgate_rollout_compact_fraction") == 0.0
+    assert value("sparkgate_rollout_phase", {"phase": "baseline"}) == 1
+    for _ in range(2):
+        decision = command(POLICY, state, "promote", "ops", T0 + 1)
+        exporter.decision(decision)
+        state = apply(state, decision)
+    exporter.state(state)
+    assert value("sparkgate_rollout_decisions_total", {"action": "promote"}) == 2
+    assert value("sparkgate_rollout_revision") == 3 and value("sparkgate_rollout_compact_fraction") == 0.25
+    assert value("sparkgate_rollout_phase", {"phase": "canary"}) == 1
+    assert value("sparkgate_rollout_phase", {"phase": "baseline"}) == 0
+
+
+def test_each_gate_exports_its_value_samples_and_verdict_code(store):
+    ingest_synthetic(store, 20, T0)
+    evaluation = evaluate(store)
+    measured = evaluation.measurements("shadow")
+    gates = [
+        Gate(metric="survival_ece", threshold=1.0, direction="at_most"),
+        Gate(metric="upper_bound_utilization", threshold=2.0, direction="at_least"),
+        Gate(metric="tier_miss_rate", threshold=0.5, direction="at_most", min_samples=10**9),
+    ]
+    unmeasured = Gate(metric="p99_step_ratio", threshold=1.0, direction="at_most")
+    verdicts = [*judge_all(gates, measured), judge(unmeasured, None)]
+    assert [v.outcome for v in verdicts] == ["pass", "fail", "inconclusive", "inconclusive"]
+    metrics = Metrics()
+    ControllerMetrics(metrics).evaluation(evaluation, verdicts)
+    value = metrics.registry.get_sample_value
+    for gate, code in [("survival_ece", 1.0), ("upper_bound_utilization", 0.0), ("tier_miss_rate", -1.0)]:
+        assert value("sparkgate_gate_verdict", {"gate": gate}) == code
+        assert value("sparkgate_gate_value", {"gate": gate}) == pytest.approx(measured[gate].value)
+        assert value("sparkgate_gate_samples", {"gate": gate}) == measured[gate].samples
+    # No value: the gauge is left unset rather than reading 0; samples and verdict are still exported.
+    assert value("sparkgate_gate_value", {"gate": "p99_step_ratio"}) is None
+    assert value("sparkgate_gate_samples", {"gate": "p99_step_ratio"}) == 0
+    assert value("sparkgate_gate_verdict", {"gate": "p99_step_ratio"}) == -1.0
+    # The window's aggregate is published through the collectors' gauges.
+    assert value("sparkgate_survival_ece", {"depth": "1"}) == evaluation.aggregate.survival.ece()[1]

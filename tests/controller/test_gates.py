@@ -1,0 +1,91 @@
+"""Gate verdicts: pass on the right side (equality passes), inconclusive without enough fresh data,
+critical failures standing on stale data, and one outcome per interval."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sparkgate.controller.gates import interval_outcome, judge, judge_all, judge_baseline
+from sparkgate.controller.metrics import Measurement
+from sparkgate.policies.rollout import Gate, parse_rollout_policy
+
+values = st.floats(-1e6, 1e6, allow_nan=False)
+
+
+@given(values, values, st.sampled_from(["at_most", "at_least"]), st.booleans(), st.booleans())
+def test_fresh_data_passes_exactly_on_the_right_side_of_the_threshold(value, threshold, direction, critical, stale):
+    gate = Gate(metric="survival_ece", threshold=threshold, direction=direction, critical=critical)
+    right_side = value <= threshold if direction == "at_most" else value >= threshold
+    verdict = judge(gate, Measurement(value, 10), "old steps" if stale else None)
+    if not stale:
+        assert verdict.outcome == ("pass" if right_side else "fail")
+    else:  # stale data never passes; only a critical failure still counts
+        assert verdict.outcome == ("fail" if critical and not right_side else "inconclusive")
+    assert (verdict.value, verdict.threshold, verdict.samples) == (value, threshold, 10)
+
+
+def test_equality_passes_and_the_notes_say_why():
+    at_most = Gate(metric="tier_miss_rate", threshold=0.02, direction="at_most", min_samples=100)
+    assert judge(at_most, Measurement(0.02, 100)).outcome == "pass"
+    assert (
+        judge(Gate(metric="upper_bound_utilization", threshold=0.9, direction="at_least"), Measurement(0.9, 1)).outcome
+        == "pass"
+    )
+    few = judge(at_most, Measurement(0.0, 99))
+    assert (few.outcome, few.note) == ("inconclusive", "99 samples < min_samples 100")
+    assert judge(at_most, None).note == "no data" and judge(at_most, None, "no steps").note == "no steps"
+    failed = judge(at_most, Measurement(0.5, 1000))
+    assert (failed.outcome, failed.note) == ("fail", "0.5 not <= 0.02")
+    assert failed.to_dict()["gate"] == "tier_miss_rate" and failed.decides
+
+
+def test_a_promql_gate_reads_its_name_and_a_store_gate_its_metric():
+    gates = [
+        Gate(metric="survival_ece", threshold=0.05, direction="at_most"),
+        Gate(metric="p99", threshold=1.0, direction="at_most", name="prom_p99", promql="max(up)"),
+    ]
+    measured = {"survival_ece": Measurement(0.01, 50), "prom_p99": Measurement(2.0, 3), "p99": Measurement(0.0, 3)}
+    assert [(v.gate, v.outcome) for v in judge_all(gates, measured)] == [("survival_ece", "pass"), ("prom_p99", "fail")]
+
+
+def test_baseline_waits_for_the_reference_the_latency_gates_need_and_never_fails():
+    policy = parse_rollout_policy(
+        {
+            "gates": [
+                {"metric": "p99_step_ratio", "threshold": 1.2, "direction": "at_most", "min_samples": 40},
+                {"metric": "tokens_per_s_ratio", "threshold": 0.9, "direction": "at_least", "min_samples": 25},
+                {"metric": "survival_ece", "threshold": 0.05, "direction": "at_most", "min_samples": 5000},
+            ]
+        }
+    )
+    assert [judge_baseline(policy, steps).outcome for steps in (0, 39, 40, 10**6)] == [
+        "inconclusive",
+        "inconclusive",
+        "pass",
+        "pass",
+    ]
+    assert judge_baseline(policy, 10**6, "no steps for 900 s").outcome == "inconclusive"
+    assert judge_baseline(parse_rollout_policy({"gates": []}), 1).outcome == "pass"
+
+
+def _verdict(value: float | None, critical: bool = False, dry_run: bool = False, samples: int = 10):
+    gate = Gate(metric="tier_miss_rate", threshold=0.5, direction="at_most", critical=critical, dry_run=dry_run)
+    return judge(gate, Measurement(value, samples), None)
+
+
+@pytest.mark.parametrize(
+    "verdicts, outcome",
+    [
+        ([], "pass"),
+        ([_verdict(0.1), _verdict(0.1)], "pass"),
+        ([_verdict(0.1), _verdict(None)], "inconclusive"),
+        ([_verdict(None), _verdict(0.9)], "fail"),
+        ([_verdict(0.9), _verdict(0.9, critical=True)], "critical"),
+        ([_verdict(0.1), _verdict(0.9, critical=True, dry_run=True)], "pass"),  # a dry run never decides
+        ([_verdict(0.1), _verdict(None, dry_run=True)], "pass"),
+    ],
+)
+def test_interval_outcome_is_the_worst_deciding_verdict(verdicts, outcome):
+    assert interval_outcome(verdicts) == outcome

@@ -1,0 +1,67 @@
+"""Chart helpers: the Wilson interval behind every reliability bin, and charts that build valid specs."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sparkgate.dashboards import charts
+
+
+@given(st.integers(1, 10_000), st.data())
+def test_the_wilson_interval_holds_the_observed_rate_within_zero_and_one(n, data):
+    k = data.draw(st.integers(0, n))
+    lo, hi = charts.wilson(k, n)
+    assert 0.0 <= lo <= k / n + 1e-12 and k / n - 1e-12 <= hi <= 1.0  # up to round-off at k = 0 or n
+    mirrored = charts.wilson(n - k, n)  # failures are successes of the complement
+    assert mirrored == pytest.approx((1 - hi, 1 - lo), abs=1e-12)
+    wider = charts.wilson(k, n, z=3.0)
+    assert wider[0] <= lo + 1e-12 and hi <= wider[1] + 1e-12
+
+
+def test_the_interval_narrows_with_more_labels_and_is_undefined_without_any():
+    widths = [hi - lo for lo, hi in (charts.wilson(0.3 * n, n) for n in (10, 100, 1000, 10_000))]
+    assert widths == sorted(widths, reverse=True) and widths[-1] < 0.02
+    assert charts.wilson(3, 10) == pytest.approx((0.1078, 0.6032), abs=1e-4)  # the textbook 95% case
+    assert all(math.isnan(v) for v in charts.wilson(0, 0))
+
+
+def test_reliability_frames_carry_intervals_and_every_chart_builds():
+    bins = [
+        {"lo": 0.0, "hi": 0.5, "count": 40, "mean_p": 0.3, "freq_y": 0.25},
+        {"lo": 0.5, "hi": 1.0, "count": 0, "mean_p": 0.0, "freq_y": 0.0},
+    ]
+    frame = charts.reliability_frame(bins)
+    assert list(frame.columns) == ["lo", "hi", "count", "mean_p", "freq_y", "freq_lo", "freq_hi"]
+    assert (frame.loc[0, "freq_lo"], frame.loc[0, "freq_hi"]) == charts.wilson(10, 40)
+    assert math.isnan(frame.loc[1, "freq_lo"])
+    start = pd.to_datetime([0, 60], unit="s")
+    series = pd.DataFrame({"start": start, "ece": [0.01, 0.02], "depth": [1, 1], "samples": [5, 6]})
+    segments = pd.DataFrame(
+        {"phase": ["baseline", "shadow"], "stage": [0, 1], "revision": [1, 2], "start": start, "end": start}
+    )
+    changes = pd.DataFrame(
+        {"time": start, "revision": [1, 2], "action": ["start", "advance"], "outcome": [None, "pass"]}
+        | {"rule": ["start", "consecutive passes"], "operator": [None, None]}
+    )
+    steps = pd.DataFrame(
+        {"verify_rows": [8, 16], "cost_table_version": ["ct"] * 2, "steps": [3, 4]}
+        | {"p10_ms": [1.0, 2.0], "p50_ms": [1.5, 2.5], "p90_ms": [2.0, 3.0], "predicted_ms": [1.4, 2.6]}
+    )
+    built = [
+        charts.reliability(frame, "depth 1"),
+        charts.lines(series, "ece", "depth", "ECE", threshold=0.05),
+        charts.timeline(segments, changes),
+        charts.bars(pd.DataFrame({"tier": ["8", "16"], "steps": [3, 4]}), "tier", "steps", "tiers"),
+        charts.curves(
+            pd.DataFrame({"depth": [1], "value": [0.5], "task": ["code"], "source": ["observed"], "samples": [9]}), "c"
+        ),
+        charts.step_cost(steps),
+    ]
+    for chart in built:
+        spec = chart.to_dict()
+        assert spec["$schema"].startswith("https://vega.github.io/schema/vega-lite/")

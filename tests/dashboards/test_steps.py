@@ -1,0 +1,56 @@
+"""Step-table aggregates against the fixture store (see tests/dashboards/known_store.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from sparkgate.dashboards import steps
+from sparkgate.dashboards.source import open_snapshot_reader
+from tests.conftest import T0
+from tests.dashboards.known_store import MISSES, SHADOW_STEPS
+
+ROWS = 16 * 8  # the fixture's steps: 16 requests at gamma 7, run in their exact tier
+
+
+@pytest.fixture(scope="module")
+def reader(fixture_store):
+    return open_snapshot_reader(fixture_store.snapshot_dir)
+
+
+def test_tier_histogram_splits_hits_by_tier_and_misses_by_reason(reader):
+    everything = steps.tier_histogram(reader, reader.token, None, None).to_dict("records")
+    assert [(r["tier"], r["graph_hit"], r["steps"]) for r in everything] == [
+        (str(ROWS), True, 300 - MISSES),
+        ("eager: over_max_tier", False, MISSES),
+    ]
+    assert everything[0]["mean_verify_rows"] == ROWS and everything[0]["mean_padding_rows"] == 0
+    shadow = steps.tier_histogram(reader, reader.token, T0 + 4, None)
+    assert shadow["steps"].sum() == SHADOW_STEPS
+
+
+def test_step_cost_and_prediction_error(reader):
+    cost = steps.step_cost(reader, reader.token, None, None).to_dict("records")
+    assert len(cost) == 1 and (cost[0]["verify_rows"], cost[0]["cost_table_version"], cost[0]["steps"]) == (
+        ROWS,
+        "ct-1",
+        300,
+    )
+    assert cost[0]["p10_ms"] <= cost[0]["p50_ms"] <= cost[0]["p90_ms"]
+    hist, summary = steps.prediction_error(reader, reader.token, None, None)
+    # Synthetic steps predict their own time: every error is zero.
+    assert hist.to_dict("records") == [{"error": 0.0, "steps": 300}]
+    assert summary["steps"] == 300 and summary["median_abs"] == 0.0 and summary["bias"] == 0.0
+
+
+def test_fleet_reports_each_replicas_newest_versions_and_rates(reader):
+    fleet = steps.fleet(reader, reader.token).set_index("replica_id")
+    assert list(fleet.index) == ["r0", "r1"]
+    assert fleet.loc["r0", "sts_version"] == "sts-a" and pd.isna(fleet.loc["r1", "sts_version"])  # r1 runs without
+    assert list(fleet["steps"]) == [200, 100] and list(fleet["phase"]) == ["shadow", "shadow"]
+    assert list(fleet["quarantined"]) == [0, 0]
+    # All of a replica's steps fall within its last minute of data.
+    assert math.isclose(fleet.loc["r0", "steps_per_s"], 200 / steps.RATE_WINDOW_S)
+    assert math.isclose(fleet.loc["r1", "request_rows_per_s"], 100 * 16 / steps.RATE_WINDOW_S)

@@ -1,0 +1,31 @@
+"""The Rollout page against the fixture store (see conftest): the phase and the verdicts that rolled back.
+
+Reference figures come from a second path: the ledger read from the writer's
+store, or the collectors' ``Aggregate`` built straight from the ingested
+records, never from the dashboard's own queries.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.dashboards.known_store import MISSES, SHADOW_STEPS, metrics, rollback, run_app, snapshot_args
+
+
+def test_rollout_shows_the_phase_and_the_verdicts_that_rolled_back(monkeypatch, fixture_store):
+    app = run_app(monkeypatch, *snapshot_args(fixture_store))
+    shown = metrics(app)
+    assert shown["Phase"] == "fallback" and shown["Revision"] == "3" and shown["Compact fraction"] == "0%"
+    assert "failure limit" in app.error[0].value and "resume" in app.error[0].value
+    gates = app.dataframe[0].value.set_index("gate")
+    decided = {r["gate"]: r for r in rollback(fixture_store)["reasons"] if "gate" in r}
+    assert gates.loc["tier_miss_rate", "value"] == pytest.approx(MISSES / SHADOW_STEPS)
+    assert gates.loc["tier_miss_rate", "verdict"] == "fail" and gates.loc["tier_miss_rate", "samples"] == SHADOW_STEPS
+    assert gates.loc["survival_ece", "value"] == decided["survival_ece"]["value"]
+    assert gates.loc["survival_ece", "threshold"] == "≤ 0.5" and gates.loc["survival_ece", "verdict"] == "pass"
+    assert gates.loc["upper_bound_utilization", "dry run"] == "dry run"
+    decisions = app.dataframe[1].value
+    assert list(decisions["action"]) == ["rollback", "advance", "start"]
+    assert decisions.loc[0, "gates failed"] == "upper_bound_utilization, tier_miss_rate"
+    commands = app.code[0].value
+    assert "sparkgate resume" in commands and "sparkgate abort" not in commands and "promote" not in commands

@@ -1,0 +1,74 @@
+"""``sparkgate bench e2e``: the end-to-end benchmark's report, and the foresight and replay ratios by hand."""
+
+import dataclasses
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from sparkgate.cli import main
+
+
+def test_bench_e2e_runs_and_reports_ratios(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARKGATE_CACHE", str(tmp_path))
+    res = CliRunner().invoke(
+        main, ["bench", "e2e", "--batches", "1,2", "--waves", "1", "--max-new-tokens", "4", "--rounds", "2", "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["prefill_threads"] == os.cpu_count() and summary["threads"] == 1
+    for batch in ("1", "2"):
+        row = summary["batches"][batch]
+        assert set(row) == {"static", "fixed_short", "cost_aware", "foresight_decode_ratio", "foresight_wall_ratio"}
+        assert row["foresight_decode_ratio"] >= 1.0  # foresight never verifies more rows than static
+        # Prefill does not shrink, so the wall-clock bound lies between 1 and the decode-step bound.
+        assert 1.0 <= row["foresight_wall_ratio"] <= row["foresight_decode_ratio"]
+        assert row["cost_aware"]["replay_decode_ratio"] > 0
+        assert row["static"]["mean_window"] == 7.0 and row["fixed_short"]["mean_window"] <= 2.0
+        assert row["cost_aware"]["ratio_to_static"] > 0 and row["cost_aware"]["decode_ratio_to_static"] > 0
+        paired = row["cost_aware"]["ratio_to_static_runs"]  # one per round; the reported ratio is their median
+        assert len(paired) == 2 and min(paired) <= row["cost_aware"]["ratio_to_static"] <= max(paired)
+        # The fastest-run ratio pits each arm's fastest run against static's fastest.
+        for arm in ("static", "cost_aware"):
+            assert row[arm]["best_tokens_per_s"] == max(row[arm]["tokens_per_s_runs"])
+        expected = row["cost_aware"]["best_tokens_per_s"] / row["static"]["best_tokens_per_s"]
+        assert row["cost_aware"]["best_ratio_to_static"] == pytest.approx(expected, abs=5e-4)
+        stages = row["static"]["stage_ms"]
+        assert set(stages) == {"draft", "schedule", "verify", "accept"} and min(stages.values()) > 0
+        # Decode steps are part of the wall time, so their rate is the higher one.
+        assert all(row[arm]["decode_tokens_per_s"] >= row[arm]["tokens_per_s"] for arm in ("static", "cost_aware"))
+    # Every other round runs the arms in reverse, so a drift in machine speed does not favour one arm.
+    order = [line.split()[4] for line in res.stderr.splitlines() if line.startswith("bench e2e: batch   1")]
+    assert order == ["static", "fixed_short", "cost_aware", "cost_aware", "fixed_short", "static"]
+
+
+def test_foresight_wall_ratio_dilutes_the_decode_gain_by_what_no_policy_changes():
+    from sparkgate.verify_runtime.bench_e2e import foresight_wall_ratio
+
+    assert foresight_wall_ratio(1.3, 1.0) == pytest.approx(1.3)  # all decode: the decode gain
+    assert foresight_wall_ratio(1.3, 0.0) == pytest.approx(1.0)  # no decode: nothing to gain
+    # 80% decode at 1.25x: 0.2 + 0.8 / 1.25 = 0.84 of static's time.
+    assert foresight_wall_ratio(1.25, 0.8) == pytest.approx(1 / 0.84)
+
+
+def test_replay_prices_windows_on_static_steps_by_hand():
+    """Two requests with a* = 3 and 0 at γ = 4, priced 1 ms per step plus 1 ms per row."""
+    from sparkgate.policies.cost_model import AdditiveCostTable
+    from sparkgate.verify_runtime.bench_e2e import (
+        foresight_decode_ratio,
+        replay_decode_ratio,
+    )
+    from tests.collectors.strategies import compact_row, step
+
+    table = AdditiveCostTable(
+        bias_seconds=0.001, bs_probes=(1, 8), alpha_seconds=(0.0, 0.0), m_probes=(1, 64), theta_seconds=(0.001, 0.064)
+    )
+    rows = [dataclasses.replace(compact_row(4, 4, a, f"r{a}"), mode="static", full_accept=a) for a in (3, 0)]
+    record = step(1, 4, rows)  # static: 10 rows, 11 ms, 3 + 1 + 0 + 1 = 5 tokens
+    # Windows (3, 0): the same 5 tokens from 5 rows (6 ms) -- foresight.
+    assert foresight_decode_ratio([record], table) == pytest.approx(11 / 6)
+    # Windows (1, 1): 1 + 1 + 0 + 1 = 3 tokens from 4 rows (5 ms): (3 / 5) / (5 / 11).
+    assert replay_decode_ratio([record], table, lambda r: [1, 1]) == pytest.approx((3 / 5) / (5 / 11))
+    # Verifying everything is static itself.
+    assert replay_decode_ratio([record], table, lambda r: [4, 4]) == pytest.approx(1.0)

@@ -1,0 +1,33 @@
+"""``sparkgate calibrate``: STS fitted from full-block records only; a malformed record is named."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from sparkgate.policies.calibration import STS
+from sparkgate.verify_runtime.calibrate_cli import calibrate, read_labels
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_calibrate_fits_from_full_block_records_only(tmp_path, evaluated):
+    _, records, _ = evaluated
+    lines = [rec.to_dict() for recs in records.values() for rec in recs]
+    lines[0]["requests"][0]["mode"] = "compact"  # censored traffic is left out
+    path = tmp_path / "records.ndjson"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    confidence, labels = read_labels([path])
+    rows = sum(len(line["requests"]) for line in lines)
+    assert confidence.shape == labels.shape == (rows - 1, 7)
+    assert (labels.diff(dim=1) <= 0).all()
+
+    result = CliRunner().invoke(calibrate, ["--records", str(path), "--out", str(tmp_path / "sts.json")])
+    assert result.exit_code == 0, result.output
+    sts = STS.load(tmp_path / "sts.json")
+    assert sts.gamma == 7 and sts.num_samples == rows - 1 and json.loads(result.output)["version"] == sts.version
+
+    lines[1]["requests"][0]["confidence"] = [0.5] * 3
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    result = CliRunner().invoke(calibrate, ["--records", str(path), "--out", str(tmp_path / "x.json")])
+    assert result.exit_code != 0 and "records.ndjson:2: requests[0].confidence has 3 values, gamma=7" in result.output
