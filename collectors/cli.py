@@ -118,6 +118,12 @@ def prune(db: str, older_than_days: float) -> None:
 @click.option("--interval", default=1.0, show_default=True, help="Seconds between polls.")
 @click.option("--polls", default=0, show_default=True, help="Stop after this many polls (0: run until interrupted).")
 @click.option("--snapshot-dir", type=click.Path(file_okay=False), help="Publish a Parquet snapshot after each poll.")
+@click.option(
+    "--clear-buffer/--keep-buffer",
+    default=True,
+    show_default=True,
+    help="Clear each SGLang server's record buffer after a committed ingest (skipped where it is refused).",
+)
 def collect(
     db: str | None,
     sglang_urls: tuple[str, ...],
@@ -125,6 +131,7 @@ def collect(
     interval: float,
     polls: int,
     snapshot_dir: str | None,
+    clear_buffer: bool,
 ) -> None:
     """Poll SGLang DSpark records into the store and print vLLM survival curves, one JSON line per poll."""
     if not sglang_urls and not vllm_urls:
@@ -133,7 +140,9 @@ def collect(
         raise click.UsageError("--sglang needs --db")
     store = Store(db) if db else None
     try:
-        pollers = [SGLangPoller(url, Ingestor(store)) for url in sglang_urls] if store else []
+        pollers = (
+            [SGLangPoller(url, Ingestor(store), clear_buffer=clear_buffer) for url in sglang_urls] if store else []
+        )
         scrapers = [VLLMScraper(url) for url in vllm_urls]
         for n in itertools.count(1):
             _poll_all(pollers, scrapers)
@@ -155,7 +164,11 @@ def _poll_all(pollers: list[SGLangPoller], scrapers: list[VLLMScraper]) -> None:
         try:
             result = poller.poll_once()
             summary = result.summary() if result else {"steps": 0, "quarantined": 0}
-            click.echo(json.dumps({"sglang": poller.url, **summary, "restarts": poller.restarts}))
+            click.echo(
+                json.dumps(
+                    {"sglang": poller.url, **summary, "restarts": poller.restarts, "synthetic": poller.synthetic}
+                )
+            )
         except Exception as exc:
             click.echo(json.dumps({"sglang": poller.url, "error": str(exc)}), err=True)
     for scraper in scrapers:

@@ -28,6 +28,9 @@ import pyarrow as pa
 from sparkgate.policies.vocabulary import MissReason, Mode, Status
 
 SCHEMA_VERSION = 1
+# ``sts_version`` of records whose ``confidence`` was already calibrated where it was produced (an SGLang
+# server applies its STS temperatures before it dumps them): refitting STS on them would calibrate twice.
+CALIBRATED_AT_SOURCE = "calibrated-at-source"
 # Wire and storage order of the vocabulary: a mode's or status's code is its index here.
 MODES: tuple[Mode, ...] = tuple(Mode)
 MISS_REASONS: tuple[MissReason, ...] = tuple(MissReason)

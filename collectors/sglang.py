@@ -1,7 +1,29 @@
 """Poll an SGLang server's DSpark records (``GET /server_info``, docs/design.md §8) into the store.
 
 Each ``internal_states[rank].dspark_info_record.records[]`` entry is one verify
-step of one DP rank; it becomes a step record of replica ``NAME/dpRANK``.
+step of one DP rank; it becomes a step record of replica ``NAME/dpRANK``. What
+SGLang sends was read from its own code (``speculative/dspark_components/
+dspark_observability.py``): records are msgspec structs dumped with
+``omit_defaults``, so a field at its default is an absent key, not -1 or null.
+
+- Time: records carry no timestamp; each is stamped with the time of the poll
+  that read it (``ts``), so figures are as fine as the poll interval.
+- Rows: ``num_verify_tokens`` and ``verify_tokens_graph_key`` are both the padded
+  graph tier; the verified rows are ``sum(reqs[].verify_len)``.
+- Calibration: the server applies its STS temperatures before it dumps
+  ``confidence``; records say so (``sts_version`` ``calibrated-at-source``), and
+  ``sparkgate calibrate`` refuses to fit on them.
+- Synthetic acceptance (``simulate_acc_len`` set: the server fakes how many drafts
+  are accepted, for load tests) is quarantined with that reason, never stored as
+  real acceptance.
+- Requests without ``rid`` (optional in SGLang's ``ReqDetail``) get an identity
+  from their KV pool slot: ``~pool<index>.<n>``, where n counts the requests that
+  slot has held in this server epoch (a new one when ``prefix_len`` is not the
+  previous step's ``prefix_len + acc_len``).
+- The buffer (up to 200,000 records, returned whole on every poll) is cleared
+  after each committed ingest (``dspark_clear_info_records``), where the server
+  accepts it; records the server writes between the read and the clear are lost,
+  one round trip's worth, which is the price of not re-reading the buffer.
 
 - De-duplication: per (server, rank) the highest ``forward_ct`` taken is kept;
   a poll takes only records above it, so an unchanged buffer adds nothing and a
@@ -21,15 +43,20 @@ step of one DP rank; it becomes a step record of replica ``NAME/dpRANK``.
 
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
 from sparkgate.collectors.ingest import Ingestor
-from sparkgate.collectors.schema import SCHEMA_VERSION
+from sparkgate.collectors.schema import CALIBRATED_AT_SOURCE, SCHEMA_VERSION, Problem
 from sparkgate.collectors.store import IngestResult
-from sparkgate.collectors.wire import from_dicts
+from sparkgate.collectors.wire import from_dicts, reject
+
+log = logging.getLogger(__name__)
+CLEAR_KEY = "dspark_clear_info_records"
 
 EPOCH_SHIFT = 40
 _MODES = {"static": "static", "compact": "compact", "cap-accept": "cap_accept", "cap_accept": "cap_accept"}
@@ -52,7 +79,7 @@ def _probabilities(req: dict) -> tuple[list[float] | None, list[float] | None]:
     return confidence, survival
 
 
-def convert_request(req: dict, gamma: int | None, sglang_mode: str | None) -> dict:
+def convert_request(req: dict, gamma: int | None, sglang_mode: str | None, request_id: str) -> dict:
     """One SGLang req of a record in ``sglang_mode`` as a wire-form request row (docs/design.md §8 mapping)."""
     mode = _MODES.get(sglang_mode or "", sglang_mode)
     verify_len, accepted = _present(req.get("verify_len")), _present(req.get("correct_drafts"))
@@ -73,7 +100,7 @@ def convert_request(req: dict, gamma: int | None, sglang_mode: str | None) -> di
     )
     confidence, survival = _probabilities(req)
     return {
-        "request_id": str(req.get("rid")),
+        "request_id": request_id,
         "mode": mode,
         "task": "sglang",
         "temperature": 0.0,
@@ -89,14 +116,25 @@ def convert_request(req: dict, gamma: int | None, sglang_mode: str | None) -> di
 
 
 def convert_record(
-    record: dict, gamma: int | None, replica_id: str, step_id: int, ts: float, default_mode: str | None = None
+    record: dict,
+    gamma: int | None,
+    replica_id: str,
+    step_id: int,
+    ts: float,
+    default_mode: str | None = None,
+    request_ids: list[str] | None = None,
 ) -> dict:
-    """One SGLang verify record as a wire-form step record; its mode, else ``default_mode``, is every row's."""
+    """One SGLang verify record as a wire-form step record; its mode, else ``default_mode``, is every row's.
+
+    ``request_ids`` names the rows (the poller's identities for requests without ``rid``); by default each
+    row's ``rid``."""
     reqs = record.get("reqs") or []
-    rows = sum((_present(r.get("verify_len")) or 0) for r in reqs)
-    verify_rows = _present(record.get("num_verify_tokens")) or rows
-    graph_key = _present(record.get("verify_tokens_graph_key"))
-    tier_rows = graph_key if isinstance(graph_key, int) and graph_key >= verify_rows else verify_rows
+    ids = request_ids if request_ids is not None else [str(r.get("rid")) for r in reqs]
+    lengths = [_present(r.get("verify_len")) for r in reqs]
+    # num_verify_tokens is the padded tier (it equals verify_tokens_graph_key); rows are the requests' own.
+    padded = _present(record.get("verify_tokens_graph_key")) or _present(record.get("num_verify_tokens"))
+    verify_rows = sum(lengths) if reqs and None not in lengths else padded or 0
+    tier_rows = padded if isinstance(padded, int) and padded >= verify_rows else verify_rows
 
     def ms(name: str) -> float:
         return float(_present(record.get(name)) or 0.0)
@@ -124,9 +162,11 @@ def convert_record(
         "policy_revision": 0,
         "model_version": "sglang",
         "drafter_version": "sglang",
-        "sts_version": None,
+        "sts_version": CALIBRATED_AT_SOURCE,
         "cost_table_version": None,
-        "requests": [convert_request(r, gamma, record.get("mode") or default_mode) for r in reqs],
+        "requests": [
+            convert_request(r, gamma, record.get("mode") or default_mode, i) for r, i in zip(reqs, ids, strict=True)
+        ],
     }
 
 
@@ -134,17 +174,41 @@ def convert_record(
 class _Cursor:
     epoch: int = 0
     last: int = -1  # highest forward_ct taken in this epoch
+    # KV pool slot -> (requests it has held, the prefix_len its request continues at): identities for reqs
+    # without rid. Copied on change, so an uncommitted poll leaves the committed cursor as it was.
+    slots: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+
+def _anonymous_ids(reqs: list[dict], slots: dict[int, tuple[int, int]]) -> list[str]:
+    """Each req's rid, or ``~pool<index>.<n>`` for one without; updates ``slots`` in place."""
+    ids = []
+    for r in reqs:
+        index, prefix, committed = r.get("req_pool_index", -1), r.get("prefix_len", -1), r.get("acc_len", 0)
+        held, expected = slots.get(index, (0, None))
+        if prefix != expected:
+            held += 1  # a new request in this slot: it does not continue where the last one stood
+        slots[index] = (held, prefix + committed)
+        ids.append(str(r["rid"]) if r.get("rid") is not None else f"~pool{index}.{held}")
+    return ids
 
 
 class SGLangPoller:
     """Polls one server; ``poll_once`` commits the new records of every DP rank as one batch."""
 
-    def __init__(self, url: str, ingestor: Ingestor, name: str | None = None, client: httpx.Client | None = None):
+    def __init__(
+        self,
+        url: str,
+        ingestor: Ingestor,
+        name: str | None = None,
+        client: httpx.Client | None = None,
+        clear_buffer: bool = True,
+    ):
         self.url = url.rstrip("/")
         self.name = name or self.url.split("://", 1)[-1]
         self.ingestor = ingestor
         self.client = client or httpx.Client(timeout=10.0)
-        self.restarts = 0
+        self.clear_buffer = clear_buffer  # turned off for good when the server refuses the clear
+        self.restarts = self.synthetic = 0
         self._cursors: dict[int, _Cursor] = {}
         self._stored = ingestor.store.max_step_ids()
 
@@ -168,31 +232,61 @@ class SGLangPoller:
         if max(r["forward_ct"] for r in records) < cursor.last:
             cursor = _Cursor(cursor.epoch + 1, -1)  # the server restarted: its counter went backwards
         fresh = sorted((r for r in records if r["forward_ct"] > cursor.last), key=lambda r: r["forward_ct"])
-        gamma = _present(info.get("gamma"))
-        out = [
-            convert_record(
-                r, gamma, self.replica_id(rank), cursor.epoch << EPOCH_SHIFT | r["forward_ct"], now, info.get("mode")
-            )
-            for r in fresh
-        ]
-        return out, _Cursor(cursor.epoch, fresh[-1]["forward_ct"]) if fresh else cursor
+        gamma, slots = _present(info.get("gamma")), dict(cursor.slots)
+        out = []
+        for r in fresh:
+            step_id = cursor.epoch << EPOCH_SHIFT | r["forward_ct"]
+            ids = _anonymous_ids(r.get("reqs") or [], slots)
+            out.append(convert_record(r, gamma, self.replica_id(rank), step_id, now, info.get("mode"), ids))
+        return out, _Cursor(cursor.epoch, fresh[-1]["forward_ct"], slots) if fresh else cursor
+
+    def _server_info(self) -> dict[str, Any]:
+        response = self.client.get(f"{self.url}/server_info")
+        if response.status_code == 404:  # releases before /server_info serve it at /get_server_info
+            response = self.client.get(f"{self.url}/get_server_info")
+        response.raise_for_status()
+        body = response.json()
+        return body if isinstance(body, dict) else {}
 
     def poll_once(self) -> IngestResult | None:
-        """Fetch ``/server_info`` and commit what is new; None when nothing was new.
+        """Fetch the server's records and commit what is new; None when nothing was new.
 
-        Cursors move only after the commit, so a failed commit is retried by the next poll.
+        Cursors move only after the commit, so a failed commit is retried by the next poll; the server's
+        buffer is cleared only after a commit.
         """
-        response = self.client.get(f"{self.url}/server_info")
-        response.raise_for_status()
         now = time.time()
-        steps, cursors = [], {}
-        for rank, state in enumerate(response.json().get("internal_states") or []):
+        steps: list[dict] = []
+        cursors: dict[int, _Cursor] = {}
+        synthetic: dict[int, list[Problem]] = {}
+        for rank, state in enumerate(self._server_info().get("internal_states") or []):
             info = (state or {}).get("dspark_info_record")
             if info:
                 new, cursors[rank] = self._new_records(rank, info, now)
+                fake = info.get("simulate_acc_len")
+                if fake is not None and new:
+                    problem = Problem("simulate_acc_len", fake, "synthetic acceptance, not the drafter's own")
+                    synthetic.update({len(steps) + i: [problem] for i in range(len(new))})
                 steps.extend(new)
-        result = self.ingestor.ingest(from_dicts(steps), f"sglang:{self.name}") if steps else None
+        result = None
+        if steps:
+            result = self.ingestor.ingest(reject(from_dicts(steps), synthetic), f"sglang:{self.name}")
+            self.synthetic += len(synthetic)
         for rank, cursor in cursors.items():
             self.restarts += cursor.epoch - self._cursor(rank).epoch
             self._cursors[rank] = cursor
+        if result is not None and self.clear_buffer:
+            self._clear()
         return result
+
+    def _clear(self) -> None:
+        """Empty the server's record buffer (every DP rank); stop asking if the server refuses."""
+        try:
+            response = self.client.post(f"{self.url}/set_internal_state", json={"server_args": {CLEAR_KEY: True}})
+        except httpx.HTTPError as exc:
+            log.warning("%s: clearing the record buffer failed (%s); will retry after the next ingest", self.url, exc)
+            return
+        answers = response.json() if response.status_code == 200 else None
+        if not (isinstance(answers, list) and answers and all(a is True for a in answers)):
+            log.warning("%s refused %s (HTTP %s: %s); its buffer is re-read on every poll from now on",
+                        self.url, CLEAR_KEY, response.status_code, response.text[:200])  # fmt: skip
+            self.clear_buffer = False

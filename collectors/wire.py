@@ -121,6 +121,18 @@ def _objects(objs: Sequence[Any], payload: Callable[[int], bytes], positions: Se
     return Parsed(wire, np.asarray(kept, dtype=np.int64), rejected, payload)
 
 
+def reject(parsed: Parsed, problems: dict[int, list[Problem]]) -> Parsed:
+    """``parsed`` with the typed records at the given input positions moved to ``rejected``, for a reason
+    only their source knows (e.g. synthetic acceptance): they are quarantined whole, like any other."""
+    if not problems:
+        return parsed
+    drop = np.isin(parsed.positions, np.fromiter(problems, dtype=np.int64))
+    moved = [Rejected(int(p), parsed.payload(int(p)), problems[int(p)]) for p in parsed.positions[drop]]
+    keep = np.flatnonzero(~drop)
+    rejected = sorted([*parsed.rejected, *moved], key=lambda r: r.position)
+    return Parsed(parsed.wire.take(keep), parsed.positions[keep], rejected, parsed.payload)
+
+
 def from_dicts(objs: Sequence[Any]) -> Parsed:
     """Type step records given as wire-form objects (``StepRecord.to_dict()`` or parsed JSON)."""
     return _objects(objs, lambda i: _json_bytes(objs[i]))

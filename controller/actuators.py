@@ -2,11 +2,21 @@
 
 SGLang (docs/design.md §8): ``POST /set_internal_state`` with
 ``{"server_args": {"dspark_force_budget_frac": x}}``; ``x = 1.0`` verifies the
-full window, ``null`` hands the budget back to the scheduler. A server cannot
-split its own traffic by request, so the compact fraction is applied across
-servers: the first ``ceil(fraction × n)`` servers (in sorted URL order, so a
-server keeps its arm) run the scheduler and the rest verify in full. In
-fallback every server verifies ``fallback_window / gamma`` of the window.
+full window, ``null`` hands the budget back to the scheduler. SGLang answers one
+boolean per DP rank (``[true, true]``) and accepts x only in (0, 1] or null.
+
+A server cannot split its own traffic by request (its verify mode is fixed at
+launch), so the rollout's fractions are applied across servers, in sorted URL
+order so a server keeps its arm:
+
+- the first ``ceil(compact_fraction × n)`` servers run the scheduler;
+- the last ``max(1, ceil(observe_fraction × n))`` stay at 1.0 whenever some server
+  runs the scheduler, so uncensored labels keep flowing for the calibration gates
+  even at compact fraction 1 (a one-server fleet has no second server to spare:
+  it runs the scheduler, and its calibration gates stay inconclusive);
+- in fallback every server verifies ``fallback_window / gamma`` of the window; a
+  fallback window of 0 is sent as the smallest positive fraction, which SGLang's
+  planner floors to a zero draft budget.
 
 Every call pushes to every server, so a restarted server converges at the next
 evaluation; a server that refuses or cannot be reached is reported in the raised
@@ -23,6 +33,8 @@ from sparkgate.policies.payload import PolicyPayload
 from sparkgate.policies.vocabulary import Phase
 
 FORCE_KEY = "dspark_force_budget_frac"
+# Below 1 / (batch × γ) for any batch a server runs: the planner's int(frac × bs × γ) is 0.
+MIN_FRACTION = 1e-6
 
 
 class ActuatorError(RuntimeError):
@@ -33,9 +45,13 @@ def budget_fractions(urls: list[str], payload: PolicyPayload) -> dict[str, float
     """The forced budget fraction per server for a policy payload (None: the scheduler decides)."""
     ordered = sorted(urls)
     if payload.phase is Phase.FALLBACK:
-        forced = payload.fallback_window / payload.gamma
+        forced = max(payload.fallback_window / payload.gamma, MIN_FRACTION)
         return {url: forced for url in ordered}
-    compact = math.ceil(payload.compact_fraction * len(ordered) - 1e-9)
+    n = len(ordered)
+    compact = math.ceil(payload.compact_fraction * n - 1e-9)
+    if compact and n > 1:
+        observers = max(1, math.ceil(payload.observe_fraction * n - 1e-9))
+        compact = min(compact, n - observers)
     return {url: (None if i < compact else 1.0) for i, url in enumerate(ordered)}
 
 
@@ -74,8 +90,7 @@ class SGLangActuator:
             body = response.json()
         except ValueError:
             return "response is not JSON"
-        # One answer per data-parallel rank (a list), or a single object.
-        answers = body if isinstance(body, list) else [body]
-        if not answers or not all(isinstance(a, dict) and a.get("updated") for a in answers):
+        # One boolean per data-parallel rank: TokenizerManager returns [res.updated for res in responses].
+        if not (isinstance(body, list) and body and all(answer is True for answer in body)):
             return f"not updated: {body!r}"[:300]
         return None

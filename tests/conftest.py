@@ -121,11 +121,14 @@ class SurvivalWindows:
         return WindowDecision(digits % (ctx.gamma + 1))
 
 
-# SGLang /server_info payloads: the collectors' poller and ``sparkgate collect`` read them.
+# SGLang /server_info payloads, shaped as SGLang writes them (tests/collectors/sglang_stand_in.py cites the
+# upstream code): fields at their default are absent keys, and num_verify_tokens is the padded graph tier.
 SGLANG_GAMMA = 4
 
 
 def req(rid, verify_len, correct, cap_trim=0, **extra):
+    from tests.collectors.sglang_stand_in import REQ_DEFAULTS, omit_defaults
+
     base = {
         "rid": rid,
         "req_pool_index": 0,
@@ -140,10 +143,12 @@ def req(rid, verify_len, correct, cap_trim=0, **extra):
         "survival": [0.9, 0.72, 0.504, 0.3024],
     }
     base.update(extra)
-    return base
+    return omit_defaults(base, REQ_DEFAULTS)
 
 
-def record(ct, mode, reqs, **extra):
+def record(ct, mode, reqs, graph_key=32, **extra):
+    from tests.collectors.sglang_stand_in import RECORD_DEFAULTS, omit_defaults
+
     base = {
         "forward_ct": ct,
         "bs": len(reqs),
@@ -151,10 +156,9 @@ def record(ct, mode, reqs, **extra):
         "budget": 8,
         "lag_steps": 0,
         "num_running_reqs": len(reqs),
-        "num_verify_tokens": sum(r["verify_len"] for r in reqs),
-        "verify_tokens_local": 0,
-        "verify_tokens_dp_synced": 0,
-        "verify_tokens_graph_key": 32,
+        "num_verify_tokens": graph_key,
+        "verify_tokens_local": 8,
+        "verify_tokens_graph_key": graph_key,
         "predicted_step_ms": 5.0,
         "predicted_theta": 0.1,
         "step_cpu_ms": 6.0,
@@ -164,20 +168,20 @@ def record(ct, mode, reqs, **extra):
         "reqs": reqs,
     }
     base.update(extra)
-    return base
+    return omit_defaults(base, RECORD_DEFAULTS)
 
 
-def server_info(*ranks):
+def server_info(*ranks, mode="compact", simulate_acc_len=None):
     return {
         "internal_states": [
             {
                 "dspark_info_record": {
-                    "mode": "mixed",
+                    "mode": mode,
                     "gamma": SGLANG_GAMMA,
-                    "verify_num_draft_tokens": SGLANG_GAMMA,
-                    "components": [],
+                    "verify_num_draft_tokens": SGLANG_GAMMA + 1,
+                    "components": ["core", "reqs"],
                     "records": records,
-                    "simulate_acc_len": 2.0,
+                    "simulate_acc_len": simulate_acc_len,
                 }
             }
             for records in ranks
@@ -185,8 +189,8 @@ def server_info(*ranks):
     }
 
 
-R1 = record(1, "compact", [req("a", 5, 2), req("b", 3, 2)])
-R2 = record(2, "cap-accept", [req("a", 3, 1, cap_trim=0), req("c", 2, 1, cap_trim=2)])
+R1 = record(1, "compact", [req("a", 5, 2), req("b", 3, 2, req_pool_index=1)])
+R2 = record(2, "cap-accept", [req("a", 3, 1, cap_trim=0), req("c", 2, 1, cap_trim=2, req_pool_index=2)])
 
 
 # Window-policy inputs: survivals as a cumulative product of confidences.

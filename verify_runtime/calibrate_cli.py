@@ -3,7 +3,9 @@
 Only full-block rows (``static``, ``shadow``, ``cap_accept``) are used: their
 ``full_accept`` a* gives every depth's label ``y_k = 1[a* >= k]``. Compact rows
 are left out because their labels are censored exactly where confidence was low,
-which would bias the fit.
+which would bias the fit. Records whose confidences were calibrated where they
+were produced (``sts_version`` ``calibrated-at-source``: an SGLang server's) are
+refused: fitting on them would stack a second calibration on the server's.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 import click
 import torch
 
-from sparkgate.collectors.schema import StepRecord
+from sparkgate.collectors.schema import CALIBRATED_AT_SOURCE, StepRecord
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
 
@@ -30,6 +32,11 @@ def read_labels(paths: list[str | Path]) -> tuple[torch.Tensor, torch.Tensor]:
                 record = StepRecord.from_dict(json.loads(line))
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
                 raise ValueError(f"{where}: not a step record ({exc})") from exc
+            if record.sts_version == CALIBRATED_AT_SOURCE:
+                raise ValueError(
+                    f"{where}: sts_version={CALIBRATED_AT_SOURCE}: these confidences were already calibrated by "
+                    "the server that produced them; fit STS where raw confidences are recorded"
+                )
             if gamma is None:
                 gamma = record.gamma
             if record.gamma != gamma:

@@ -1,12 +1,15 @@
-"""SGLang /server_info poller against a loopback server: dedup, buffer clears, restarts, resume."""
+"""SGLang /server_info poller against loopback servers: dedup, buffer clears, restarts, resume, and the
+contract with SGLang's own record and reply shapes."""
 
 from __future__ import annotations
 
 import pytest
 
 from sparkgate.collectors.ingest import Ingestor
-from sparkgate.collectors.sglang import EPOCH_SHIFT, SGLangPoller
+from sparkgate.collectors.schema import CALIBRATED_AT_SOURCE
+from sparkgate.collectors.sglang import CLEAR_KEY, EPOCH_SHIFT, SGLangPoller
 from tests.collectors.loopback import scripted_server
+from tests.collectors.sglang_stand_in import Server, running
 from tests.conftest import R1, R2, record, req, server_info
 
 # Absent fields: no confidence (derived from survival), no tokens, no timings, no graph key.
@@ -14,7 +17,7 @@ R3 = record(
     3,
     "compact",
     [req("d", 4, 1, confidence=None, draft_tokens=None, bonus_token=-1)],
-    verify_tokens_graph_key=-1,
+    graph_key=-1,
     step_gpu_ms=-1,
     step_cpu_ms=None,
     draft_gpu_ms=None,
@@ -32,7 +35,7 @@ def test_poller_dedups_survives_clear_and_restart(store):
     ]
     ingestor = Ingestor(store)
     with scripted_server("/server_info", polls) as url:
-        poller = SGLangPoller(url, ingestor, name="sg")
+        poller = SGLangPoller(url, ingestor, name="sg", clear_buffer=False)
         results = [poller.poll_once() for _ in polls]
     assert [r.steps if r else None for r in results] == [2, 2, None, 2, 0]
     assert results[4].quarantined == 1
@@ -66,6 +69,89 @@ def test_poller_dedups_survives_clear_and_restart(store):
 def test_a_new_poller_resumes_after_what_is_stored(store):
     ingestor = Ingestor(store)
     with scripted_server("/server_info", [server_info([R1, R2])]) as url:
-        assert SGLangPoller(url, ingestor, name="sg").poll_once().steps == 2
-        assert SGLangPoller(url, ingestor, name="sg").poll_once() is None
+        assert SGLangPoller(url, ingestor, name="sg", clear_buffer=False).poll_once().steps == 2
+        assert SGLangPoller(url, ingestor, name="sg", clear_buffer=False).poll_once() is None
     assert store.counts()["quarantine"] == 0
+
+
+# Contract tests against a stand-in that answers as SGLang's own code does (tests/collectors/sglang_stand_in.py).
+
+
+def test_rows_are_the_requests_own_and_the_tier_is_the_padded_graph_key(store):
+    server = Server()
+    server.push(0, record(1, "compact", [req("a", 5, 2), req("b", 3, 2, req_pool_index=1)], graph_key=16))
+    with running(server) as url:
+        SGLangPoller(url, Ingestor(store), name="sg").poll_once()
+    step = store.query("SELECT verify_rows, tier_rows, sts_version FROM steps").to_pylist()[0]
+    assert step == {"verify_rows": 8, "tier_rows": 16, "sts_version": CALIBRATED_AT_SOURCE}
+
+
+def test_requests_without_rid_get_a_stable_identity_per_pool_slot(store):
+    # omit_defaults: a ReqDetail whose rid is None carries no "rid" key at all.
+    def anonymous(pool, prefix, correct):
+        return req(None, 3, correct, req_pool_index=pool, prefix_len=prefix)
+
+    server = Server()
+    assert "rid" not in anonymous(0, 10, 1)
+    server.push(0, record(1, "compact", [anonymous(0, 10, 1), anonymous(1, 40, 0)]))
+    server.push(0, record(2, "compact", [anonymous(0, 12, 2), anonymous(1, 7, 1)]))  # slot 1: a new request
+    with running(server) as url:
+        poller = SGLangPoller(url, Ingestor(store), name="sg")
+        result = poller.poll_once()
+        server.push(0, record(3, "compact", [anonymous(0, 15, 0)]))  # slot 0's request continues after a clear
+        poller.poll_once()
+    assert result.quarantined == 0
+    ids = store.query("SELECT step_id, request_id FROM requests ORDER BY step_id, request_id").to_pylist()
+    assert [(r["step_id"], r["request_id"]) for r in ids] == [
+        (1, "~pool0.1"),
+        (1, "~pool1.1"),
+        (2, "~pool0.1"),
+        (2, "~pool1.2"),
+        (3, "~pool0.1"),
+    ]
+
+
+def test_synthetic_acceptance_is_quarantined_with_its_reason(store):
+    server = Server(simulate_acc_len=2.0)
+    server.push(0, R1, R2)
+    with running(server) as url:
+        poller = SGLangPoller(url, Ingestor(store), name="sg")
+        result = poller.poll_once()
+        assert poller.poll_once() is None  # taken (quarantined) once, not again
+    assert (result.steps, result.quarantined, poller.synthetic) == (0, 2, 2)
+    problem = result.prepared.quarantined[0].problems[0]
+    assert (problem.field, problem.value) == ("simulate_acc_len", 2.0) and "synthetic" in problem.message
+    assert store.counts()["steps"] == 0 and store.counts()["quarantine"] == 2
+
+
+def test_the_buffer_is_cleared_after_each_commit_and_new_records_still_flow(store):
+    server = Server(ranks=2)
+    server.push(0, R1)
+    server.push(1, record(7, "compact", [req("x", 5, 4)]))
+    with running(server) as url:
+        poller = SGLangPoller(url, Ingestor(store), name="sg")
+        assert poller.poll_once().steps == 2
+        assert server.buffers == [[], []] and server.posted[-1] == {CLEAR_KEY: True}
+        assert poller.poll_once() is None  # nothing new, and nothing committed: no clear asked
+        server.push(0, R2)
+        assert poller.poll_once().steps == 1
+    assert len(server.posted) == 2 and poller.restarts == 0
+
+
+def test_a_server_that_refuses_the_clear_is_read_whole_from_then_on(store):
+    server = Server(refuse=frozenset({CLEAR_KEY}))
+    server.push(0, R1)
+    with running(server) as url:
+        poller = SGLangPoller(url, Ingestor(store), name="sg")
+        assert poller.poll_once().steps == 1
+        assert not poller.clear_buffer and server.buffers[0] == [R1]
+        server.push(0, R2)
+        assert poller.poll_once().steps == 1  # dedup by forward_ct still takes only the new record
+    assert len(server.posted) == 1
+
+
+def test_a_release_that_serves_get_server_info(store):
+    server = Server(info_path="/get_server_info")
+    server.push(0, R1)
+    with running(server) as url:
+        assert SGLangPoller(url, Ingestor(store), name="sg").poll_once().steps == 1

@@ -1,4 +1,5 @@
-"""The SGLang push actuator against loopback stand-in servers."""
+"""The SGLang push actuator against stand-ins that answer as SGLang's own code does
+(tests/collectors/sglang_stand_in.py cites it: one boolean per DP rank; the budget fraction in (0, 1] or null)."""
 
 from __future__ import annotations
 
@@ -6,24 +7,21 @@ import pytest
 
 from sparkgate.controller.actuators import (
     FORCE_KEY,
+    MIN_FRACTION,
     ActuatorError,
     SGLangActuator,
     budget_fractions,
 )
 from sparkgate.policies.payload import PolicyPayload
-from tests.collectors.loopback import stand_in
+from tests.collectors.sglang_stand_in import Server, running
 
 
-def sglang_ok(path, body):
-    return 200, [{"updated": True, "server_args": body["server_args"]}] * 2  # two DP ranks
-
-
-def payload(phase, fraction, fallback_window=7, gamma=7):
+def payload(phase, fraction, fallback_window=7, gamma=7, observe=0.05):
     return PolicyPayload(
         revision=1,
         phase=phase,
         compact_fraction=fraction,
-        observe_fraction=0.05,
+        observe_fraction=observe,
         fallback_window=fallback_window,
         gamma=gamma,
         cost_table_version=None,
@@ -46,30 +44,44 @@ def test_compact_fraction_is_spread_over_servers_in_a_stable_order():
         "http://c": 1.0,
         "http://d": 1.0,
     }
-    assert set(budget_fractions(urls, payload("adaptive", 1.0)).values()) == {None}
     assert set(budget_fractions(urls, payload("fallback", 0.0, fallback_window=2)).values()) == {2 / 7}
 
 
+def test_serving_phases_keep_observation_servers_at_the_full_window():
+    urls = [f"http://s{i}" for i in range(10)]
+    # compact fraction 1: ceil(0.05 x 10) = 1 server still verifies in full, so uncensored labels flow.
+    assert list(budget_fractions(urls, payload("compact", 1.0)).values()) == [None] * 9 + [1.0]
+    assert list(budget_fractions(urls, payload("adaptive", 1.0, observe=0.25)).values()) == [None] * 7 + [1.0] * 3
+    assert list(budget_fractions(urls, payload("canary", 0.5)).values()) == [None] * 5 + [1.0] * 5
+    # One server cannot be both arms: it runs the scheduler.
+    assert budget_fractions(["http://only"], payload("compact", 1.0)) == {"http://only": None}
+
+
+def test_a_fallback_window_of_zero_is_a_fraction_sglang_accepts():
+    server = Server()
+    with running(server) as url:
+        assert SGLangActuator([url])(payload("fallback", 0.0, fallback_window=0)) == {url: MIN_FRACTION}
+    assert server.server_args == {FORCE_KEY: MIN_FRACTION}
+
+
 def test_fallback_forces_the_full_window_and_canary_restores_the_scheduler():
-    with stand_in(sglang_ok) as (a, seen_a), stand_in(sglang_ok) as (b, seen_b):
+    a_server, b_server = Server(ranks=2), Server(ranks=2)
+    with running(a_server) as a, running(b_server) as b:
         actuator = SGLangActuator([a, b])
         assert actuator(payload("fallback", 0.0)) == {a: 1.0, b: 1.0}
-        assert seen_a[-1] == ("/set_internal_state", {"server_args": {FORCE_KEY: 1.0}})
+        assert a_server.posted[-1] == {FORCE_KEY: 1.0} and a_server.server_args == {FORCE_KEY: 1.0}
         actuator(payload("canary", 0.5))
-        first, second = sorted([a, b])
-        pushed = {a: seen_a[-1][1], b: seen_b[-1][1]}
-        assert pushed[first] == {"server_args": {FORCE_KEY: None}}
-        assert pushed[second] == {"server_args": {FORCE_KEY: 1.0}}
+        first, second = sorted([(a, a_server), (b, b_server)])
+        assert first[1].server_args == {FORCE_KEY: None}
+        assert second[1].server_args == {FORCE_KEY: 1.0}
 
 
 def test_a_refusing_or_missing_server_is_reported_after_the_others_were_pushed():
-    def refuse(path, body):
-        return 200, [{"updated": True}, {"updated": False}]
-
-    with stand_in(refuse) as (bad, _), stand_in(sglang_ok) as (good, seen):
-        with pytest.raises(ActuatorError, match=f"{bad}: not updated") as err:
+    refusing, good_server = Server(ranks=2, refuse=frozenset({FORCE_KEY})), Server()
+    with running(refusing) as bad, running(good_server) as good:
+        with pytest.raises(ActuatorError, match=f"{bad}: not updated: \\[False, False\\]") as err:
             SGLangActuator([bad, good, "http://127.0.0.1:9"])(payload("fallback", 0.0))
         assert "http://127.0.0.1:9" in str(err.value) and "2 server(s)" in str(err.value)
-        assert seen[-1][1] == {"server_args": {FORCE_KEY: 1.0}}
+        assert good_server.server_args == {FORCE_KEY: 1.0}
     with pytest.raises(ValueError, match="urls"):
         SGLangActuator([])

@@ -31,3 +31,22 @@ def test_calibrate_fits_from_full_block_records_only(tmp_path, evaluated):
     path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     result = CliRunner().invoke(calibrate, ["--records", str(path), "--out", str(tmp_path / "x.json")])
     assert result.exit_code != 0 and "records.ndjson:2: requests[0].confidence has 3 values, gamma=7" in result.output
+
+
+def test_records_calibrated_by_their_server_are_refused(tmp_path):
+    # What the SGLang poller stores: the server applied its STS temperatures before dumping confidence.
+    from sparkgate.collectors.schema import CALIBRATED_AT_SOURCE
+    from sparkgate.collectors.synth import synthetic_wire
+    from sparkgate.collectors.wire import from_wire
+
+    parsed = from_wire(synthetic_wire(2, 4, 7, "sg/dp0", seed=1, ts=1.75e9))
+    lines = parsed.wire.to_pylist()
+    lines[1]["sts_version"] = CALIBRATED_AT_SOURCE
+    path = tmp_path / "sglang.ndjson"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    result = CliRunner().invoke(calibrate, ["--records", str(path), "--out", str(tmp_path / "sts.json")])
+    assert result.exit_code == 1
+    assert f"sglang.ndjson:2: sts_version={CALIBRATED_AT_SOURCE}: these confidences were already calibrated" in (
+        result.output
+    )
+    assert not (tmp_path / "sts.json").exists()

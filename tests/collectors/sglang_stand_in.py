@@ -1,0 +1,128 @@
+"""An SGLang DSpark server as its own code answers, for contract tests: records and replies shaped as
+upstream writes them, not as sparkgate would like them.
+
+Read from sgl-project/sglang:
+- ``python/sglang/srt/speculative/dspark_components/dspark_observability.py`` @
+  0b79ccf242ea60667ef3533d2fe4e35ad8dd13aa: ``ReqDetail`` and ``DecodeStepRecord`` are msgspec Structs
+  with ``omit_defaults=True``, dumped with ``msgspec.to_builtins``, so a field at its default is an
+  absent key; ``rid``, ``confidence`` and ``survival`` default to None; ``dump()`` returns ``mode``,
+  ``gamma``, ``verify_num_draft_tokens``, ``components`` and ``records``, and the wrapper adds
+  ``simulate_acc_len`` (None when off). Records carry no timestamp. The buffer is a deque of at most
+  200,000 records, returned whole by every dump; ``clear()`` empties it. ``num_verify_tokens`` and
+  ``verify_tokens_graph_key`` are both the padded graph tier.
+- ``python/sglang/srt/managers/tokenizer_communicator_mixin.py`` @
+  40ef116f011cf1599811af1089ddf00971092bcf: ``set_internal_state`` answers
+  ``[res.updated for res in responses]``, one boolean per DP rank.
+- ``python/sglang/srt/managers/scheduler_components/internal_state.py`` @
+  2784deeea9dab0f20bcaaf1561734fbdfd7e1774: the accepted keys; any other key refuses the whole request
+  (``updated=False``); ``dspark_force_budget_frac`` must be in (0, 1] or null; a truthy
+  ``dspark_clear_info_records`` clears the record buffer.
+- ``python/sglang/srt/entrypoints/http_server.py`` @ 0025436eab0556737d615b36a4dd3e1e26e82f3d: that
+  release serves the info at ``/get_server_info`` (later ones at ``/server_info``, the old path an alias).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from tests.collectors.loopback import QuietHandler, serving
+
+REQ_DEFAULTS: dict[str, Any] = {"rid": None, "confidence": None, "survival": None}
+RECORD_DEFAULTS: dict[str, Any] = {
+    "bs": -1,
+    "mode": "",
+    "budget": None,
+    "lag_steps": None,
+    "num_running_reqs": -1,
+    "num_verify_tokens": -1,
+    "verify_tokens_local": -1,
+    "verify_tokens_dp_synced": -1,
+    "verify_tokens_graph_key": -1,
+    "predicted_step_ms": None,
+    "predicted_theta": None,
+    "step_cpu_ms": None,
+    "step_gpu_ms": None,
+    "draft_gpu_ms": None,
+    "target_verify_gpu_ms": None,
+    "reqs": None,
+}
+SERVER_ARGS = {
+    "pp_max_micro_batch_size",
+    "speculative_accept_threshold_single",
+    "speculative_accept_threshold_acc",
+    "dspark_force_budget_frac",
+    "dspark_clear_info_records",
+}
+
+
+def omit_defaults(fields: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """What ``msgspec.to_builtins`` writes for a Struct with ``omit_defaults=True``."""
+    return {k: v for k, v in fields.items() if not (k in defaults and v == defaults[k])}
+
+
+class Server:
+    """A stateful SGLang server: ``push`` adds step records to a DP rank's buffer; the HTTP routes answer
+    as upstream does. ``refuse`` lists server-args keys this build rejects (an older release)."""
+
+    def __init__(self, ranks: int = 1, gamma: int = 4, mode: str = "compact", simulate_acc_len: float | None = None,
+                 info_path: str = "/server_info", refuse: frozenset[str] = frozenset()):  # fmt: skip
+        self.buffers: list[list[dict]] = [[] for _ in range(ranks)]
+        self.gamma, self.mode, self.simulate_acc_len = gamma, mode, simulate_acc_len
+        self.info_path, self.refuse = info_path, refuse
+        self.server_args: dict[str, Any] = {}
+        self.posted: list[dict] = []
+        self.lock = threading.Lock()
+
+    def push(self, rank: int, *records: dict) -> None:
+        with self.lock:
+            self.buffers[rank].extend(records)
+
+    def info(self) -> dict[str, Any]:
+        with self.lock:
+            info = {"mode": self.mode, "gamma": self.gamma, "verify_num_draft_tokens": self.gamma + 1,
+                    "components": ["core", "reqs"], "simulate_acc_len": self.simulate_acc_len}  # fmt: skip
+            states = [{"dspark_info_record": {**info, "records": list(buffer)}} for buffer in self.buffers]
+        return {"internal_states": states, "version": "0.5.0"}
+
+    def set_internal_state(self, body: dict[str, Any]) -> tuple[int, Any]:
+        args = body.get("server_args") or {}
+        ok = all(key in SERVER_ARGS and key not in self.refuse for key in args)
+        frac = args.get("dspark_force_budget_frac")
+        if frac is not None and not 0.0 < float(frac) <= 1.0:
+            ok = False
+        with self.lock:
+            self.posted.append(args)
+            if ok:
+                if "dspark_force_budget_frac" in args:
+                    self.server_args["dspark_force_budget_frac"] = frac
+                if args.get("dspark_clear_info_records"):
+                    for buffer in self.buffers:
+                        buffer.clear()
+        return 200, [ok] * len(self.buffers)
+
+
+@contextmanager
+def running(server: Server) -> Iterator[str]:
+    """Serve ``server`` on 127.0.0.1; yields its base URL."""
+
+    class Handler(QuietHandler):
+        def do_GET(self):
+            if self.path == server.info_path:
+                self.reply(json.dumps(server.info()).encode(), "application/json")
+            else:
+                self.reply(b'{"detail": "Not Found"}', "application/json", 404)
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
+            if self.path != "/set_internal_state":
+                self.reply(b'{"detail": "Not Found"}', "application/json", 404)
+                return
+            status, answer = server.set_internal_state(body)
+            self.reply(json.dumps(answer).encode(), "application/json", status)
+
+    with serving(Handler) as url:
+        yield url
