@@ -28,6 +28,7 @@ from sparkgate.policies.rollout import DEFAULT_PATH, load_rollout_policy
 
 from .actuators import SGLangActuator
 from .metrics import evaluate
+from .notify import Notifier, resolve
 from .queries import SLICE_COLUMNS, Slice, Window, slice_values
 from .service import check_bind, create_app
 from .supervisor import Controller, Versions
@@ -101,6 +102,7 @@ def serve(
     try:
         check_bind(host, token)
         policy = load_rollout_policy(policy_path)
+        notifier = Notifier(resolve(policy.notify)) if policy.notify else None
         provider = tracer_provider(otlp_endpoint, service_name="sparkgate-controller") if otlp_endpoint else None
     except (ValueError, RuntimeError) as exc:
         raise click.UsageError(str(exc)) from None
@@ -113,6 +115,7 @@ def serve(
             policy,
             metrics=metrics,
             actuators=actuators,
+            observers=[notifier] if notifier is not None else [],
             prometheus_url=prometheus,
             versions=Versions(cost_table_version, sts_version),
         )
@@ -134,6 +137,8 @@ def serve(
         finally:
             stop.set()
             loop.join()
+            if notifier is not None:
+                notifier.close()
 
 
 @contextlib.contextmanager

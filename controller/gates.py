@@ -123,3 +123,23 @@ def interval_outcome(verdicts: Iterable[Verdict]) -> str:
     if any(v.outcome == Outcome.INCONCLUSIVE for v in deciding):
         return Outcome.INCONCLUSIVE
     return Outcome.PASS
+
+
+def verdict_table(verdicts: Iterable[Mapping[str, Any]], indent: str = "    ") -> str:
+    """Stored verdicts (``Verdict.to_dict()``) as an aligned text table: the demo's log and notifications."""
+    rows = [("gate", "value", "threshold", "samples", "verdict")]
+    for v in verdicts:
+        value = "-" if v["value"] is None else f"{v['value']:.3f}"
+        bound = f"{'<=' if v['direction'] == 'at_most' else '>='} {v['threshold']:g}"
+        verdict = (
+            v["outcome"]
+            + (" (dry run)" if v.get("dry_run") else "")
+            + (" CRITICAL" if v["critical"] and v["outcome"] == Outcome.FAIL else "")
+        )
+        rows.append((v["gate"], value, bound, f"{v['samples']:,}", verdict))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        indent
+        + "  ".join(c.ljust(w) if i in (0, 4) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+        for r in rows
+    )

@@ -38,6 +38,8 @@ LOOKBACK_INTERVALS = 5
 
 # Told each policy the fleet is to serve; what it returns is ignored.
 Actuator = Callable[[PolicyPayload], object]
+# Told each decision once it is persisted (e.g. a Notifier); must return at once.
+Observer = Callable[[Decision], object]
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class Controller:
         *,
         metrics: Metrics | None = None,
         actuators: Sequence[Actuator] = (),
+        observers: Sequence[Observer] = (),
         prometheus_url: str | None = None,
         versions: Versions = Versions(),
         lookback_s: float | None = None,
@@ -66,6 +69,7 @@ class Controller:
     ):
         self.store, self.policy, self.versions, self.clock = store, policy, versions, clock
         self.actuators, self.prometheus_url, self.resamples = list(actuators), prometheus_url, resamples
+        self.observers = list(observers)
         self.lookback_s = policy.evaluation_interval_s * LOOKBACK_INTERVALS if lookback_s is None else lookback_s
         self.exporter = ControllerMetrics(metrics) if metrics is not None else None
         self.last_verdicts: list[Verdict] = []
@@ -96,6 +100,11 @@ class Controller:
         if self.exporter is not None:
             self.exporter.decision(decision)
             self.exporter.state(new)
+        for observer in self.observers:
+            try:
+                observer(decision)
+            except Exception:
+                log.exception("observer %r failed at revision %s", observer, decision.revision)
         return new
 
     # -- policy served to replicas --------------------------------------------

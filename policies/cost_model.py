@@ -195,16 +195,13 @@ class AdditiveCostTable(_Predictor):
     meta: CostMeta = field(default_factory=CostMeta)
 
     def __post_init__(self) -> None:
-        _check_number("bias_seconds", self.bias_seconds)
+        # SGLang's loader (speculative/dspark_components/dspark_sps.py) refuses bias_seconds <= 0, so a
+        # table sparkgate accepts is one SGLang loads too.
+        _check_number("bias_seconds", self.bias_seconds, positive=True)
         _check_probes("bs_probes", self.bs_probes)
         _check_seconds("alpha_seconds", self.alpha_seconds, "bs_probes", len(self.bs_probes))
         _check_probes("m_probes", self.m_probes)
         _check_seconds("theta_seconds", self.theta_seconds, "m_probes", len(self.m_probes))
-        if self.bias_seconds + min(self.alpha_seconds) + min(self.theta_seconds) <= 0:
-            raise CostTableError(
-                "bias_seconds: with alpha_seconds and theta_seconds it "
-                f"predicts a zero step time, got bias {self.bias_seconds!r}"
-            )
 
     @property
     def max_verify_rows(self) -> int | None:

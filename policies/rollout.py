@@ -134,6 +134,37 @@ DEFAULT_GATES = (
 )
 
 
+class Webhook(BaseModel):
+    """Where decisions that change the policy are announced (``notify:``), as Argo Rollouts and Flagger do.
+
+    Exactly one of ``url`` and ``url_env`` (the name of an environment variable holding the URL: a Slack
+    incoming-webhook URL is a secret and does not belong in a policy file)."""
+
+    model_config = _FROZEN
+
+    url: str | None = Field(None, description="http:// or https:// URL to POST each decision to.")
+    url_env: str | None = Field(None, description="Environment variable that holds the URL instead.")
+    format: Literal["json", "slack"] = Field("json", description="json: the decision as data; slack: a message.")
+    timeout_s: Float = Field(5.0, description="Seconds one delivery attempt may take.")
+    retries: Int = Field(5, description="Further attempts after a failed one, with exponential backoff.")
+
+    @model_validator(mode="after")
+    def _check(self) -> Webhook:
+        problems = []
+        if (self.url is None) == (self.url_env is None):
+            problems.append(_want("url", self.url, "exactly one of url and url_env"))
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            problems.append(_want("url", self.url, "an http:// or https:// URL"))
+        if self.url_env is not None and not self.url_env.strip():
+            problems.append(_want("url_env", self.url_env, "the name of an environment variable"))
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            problems.append(_want("timeout_s", self.timeout_s, "a finite number of seconds > 0"))
+        if self.retries < 0:
+            problems.append(_want("retries", self.retries, "an integer >= 0"))
+        _raise_all(problems)
+        return self
+
+
 @dataclass(frozen=True)
 class Stage:
     """One rung of the ladder (derived from the file, not part of it): a phase and its compact fraction."""
@@ -170,6 +201,7 @@ class RolloutPolicy(BaseModel):
     stale_after_s: Float = Field(300.0, description="Data older than this makes a gate inconclusive.")
     fallback_window: Int | None = Field(None, description="Window served in fallback; null: static (gamma).")
     gates: tuple[Gate, ...] = Field(DEFAULT_GATES, description="The checks every evaluation interval runs.")
+    notify: tuple[Webhook, ...] = Field((), description="Webhooks told of every decision that changes the policy.")
 
     @model_validator(mode="after")
     def _check(self) -> RolloutPolicy:
@@ -265,7 +297,8 @@ def _message(error: Mapping[str, Any]) -> list[str]:
     if kind == "missing":
         return [f"{key}: missing"]
     if kind == "extra_forbidden":
-        model = Gate if "gates" in loc[:-1] else RolloutPolicy
+        nested: dict[str, type[BaseModel]] = {"gates": Gate, "notify": Webhook}
+        model = nested.get(str(loc[0]), RolloutPolicy) if len(loc) > 1 else RolloutPolicy
         return [f"{key}: unknown key (known: {', '.join(model.model_fields)})"]
     if kind == "literal_error":
         want = "one of " + error["ctx"]["expected"].replace("'", "").replace(" or ", ", ")

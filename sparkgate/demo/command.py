@@ -32,19 +32,12 @@ import httpx
 import yaml
 
 from sparkgate.collectors.store import Store
-from sparkgate.controller.gates import Verdict, interval_outcome
+from sparkgate.controller.gates import Verdict, interval_outcome, verdict_table
 from sparkgate.policies.rollout import RolloutPolicy, load_rollout_policy
 from sparkgate.policies.vocabulary import CHANGES_POLICY
 
 from .fleet import Fleet, FleetError, answers, free_port
-from .summary import (
-    describe_verdict,
-    failing,
-    gate_table,
-    render,
-    stage_label,
-    summarize,
-)
+from .summary import describe_verdict, failing, render, stage_label, summarize
 
 DEMO_POLICY = Path(__file__).with_name("demo_rollout.yaml")
 MARKER = ".sparkgate-demo"
@@ -129,7 +122,7 @@ class Watch:
             self.stage = to
             self.say(f"{at}  {d['action'].upper():<8} {came}{to} (revision {d['revision']}): {rule['rule']}")
             if verdicts:
-                self.say(gate_table(verdicts))
+                self.say(verdict_table(verdicts))
         elif d["outcome"] == "fail" and d["phase_to"] != "fallback":  # fallback judges for the record only
             count = f"failure {rule.get('failures', '?')}, {self.policy.failure_limit} tolerated"
             self.say(

@@ -203,26 +203,6 @@ def summarize(store: Store, started_at: float, ended_at: float, fault: str, faul
 # -- text --------------------------------------------------------------------------------------------------
 
 
-def gate_table(verdicts: list[dict], indent: str = "    ") -> str:
-    """The verdicts of one interval as an aligned table."""
-    rows = [("gate", "value", "threshold", "samples", "verdict")]
-    for v in verdicts:
-        value = "-" if v["value"] is None else f"{v['value']:.3f}"
-        bound = f"{'<=' if v['direction'] == 'at_most' else '>='} {v['threshold']:g}"
-        verdict = (
-            v["outcome"]
-            + (" (dry run)" if v.get("dry_run") else "")
-            + (" CRITICAL" if v["critical"] and v["outcome"] == Outcome.FAIL else "")
-        )
-        rows.append((v["gate"], value, bound, f"{v['samples']:,}", verdict))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        indent
-        + "  ".join(c.ljust(w) if i in (0, 4) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
-        for r in rows
-    )
-
-
 def _number(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 

@@ -125,3 +125,13 @@ def test_the_evaluation_loop_ticks_until_stopped(store):
         stop.set()
         loop.join()
     assert [d.action for d in ledger.decisions(store)][:3] == ["start", "hold", "hold"]
+
+
+def test_serve_refuses_a_webhook_whose_secret_is_not_in_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPARKGATE_TEST_HOOK", raising=False)
+    policy = tmp_path / "rollout.yaml"
+    policy.write_text("notify:\n  - {url_env: SPARKGATE_TEST_HOOK, format: slack}\n")
+    result = CliRunner().invoke(main, ["serve", "--db", str(tmp_path / "c.duckdb"), "--policy", str(policy)])
+    assert result.exit_code == 2
+    assert "notify[0].url_env: environment variable SPARKGATE_TEST_HOOK is not set" in result.output
+    assert not (tmp_path / "c.duckdb").exists()  # refused before anything was written

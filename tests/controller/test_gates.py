@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkgate.controller.gates import interval_outcome, judge, judge_all, judge_baseline
+from sparkgate.controller.gates import interval_outcome, judge, judge_all, judge_baseline, verdict_table
 from sparkgate.controller.metrics import Measurement
 from sparkgate.policies.rollout import Gate, parse_rollout_policy
 
@@ -89,3 +89,12 @@ def _verdict(value: float | None, critical: bool = False, dry_run: bool = False,
 )
 def test_interval_outcome_is_the_worst_deciding_verdict(verdicts, outcome):
     assert interval_outcome(verdicts) == outcome
+
+
+def test_verdict_tables_align():
+    policy = parse_rollout_policy({})
+    verdicts = [v.to_dict() for v in judge_all(policy.gates, {"survival_ece": Measurement(0.31, 5000)})]
+    table = verdict_table(verdicts).splitlines()
+    assert table[0].split()[:2] == ["gate", "value"] and len(table) == len(policy.gates) + 1
+    assert "0.310" in table[1] and "fail" in table[1]
+    assert len({len(line.split("  ")[0]) for line in table}) == 1  # the gate column is padded to one width

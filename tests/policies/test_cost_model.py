@@ -130,6 +130,8 @@ def test_bad_sps_tables_fail_naming_the_field(patch, field):
         ({"bias_seconds": float("inf")}, "bias_seconds"),
         ({"bias_seconds": True}, "bias_seconds"),
         ({"bias_seconds": 0.0, "theta_seconds": [0.0, 0.0, 0.0], "alpha_seconds": [0.0, 0.0]}, "bias_seconds"),
+        # SGLang refuses a table without a positive bias even when alpha and theta price every step.
+        ({"bias_seconds": 0.0}, "bias_seconds: expected a finite number > 0, got 0.0"),
     ],
 )
 def test_bad_additive_tables_fail_naming_the_field(patch, field):
