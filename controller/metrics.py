@@ -25,7 +25,7 @@ from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import ACCEPTED, CENSORED, REJECTED
 from sparkgate.collectors.schema import MODES
 from sparkgate.collectors.store import Store
-from sparkgate.policies.vocabulary import CheckKind
+from sparkgate.policies.vocabulary import FULL_BLOCK_MODES, CheckKind, Phase
 
 from . import queries
 from .calibration import KindStats, bootstrap_ece
@@ -63,6 +63,8 @@ class Evaluation:
     misses: dict[str, int]
     consistency: dict[str, dict[str, int]]
     as_of: float | None = field(default=None)  # newest step in the window
+    # (sum of a*, full-block rows) recorded in shadow (in baseline when no shadow ran): the acceptance reference
+    reference_accept: tuple[int, int] = (0, 0)
 
     # -- gate inputs ---------------------------------------------------------
     def measurements(self, phase: str) -> dict[str, Measurement]:
@@ -81,6 +83,7 @@ class Evaluation:
             "tier_miss_rate": Measurement(self._total("misses") / steps if steps else None, steps),
             "p99_step_ratio": p99,
             "tokens_per_s_ratio": tokens,
+            "accepted_length_ratio": self._accepted_length_ratio(),
             # A count with no checks is 0 of 0: min_samples decides whether that suffices.
             "consistency_mismatches": Measurement(
                 float(checks[CheckKind.GREEDY_REPLAY]["mismatches"]), checks[CheckKind.GREEDY_REPLAY]["checks"]
@@ -89,6 +92,17 @@ class Evaluation:
                 float(checks[CheckKind.STATE_ROLLBACK]["mismatches"]), checks[CheckKind.STATE_ROLLBACK]["checks"]
             ),
         }
+
+    def _accepted_length_ratio(self) -> Measurement:
+        """Mean a* of the window's full-block rows over the reference's: a drafter that got worse shows here
+        in every mode alike, whatever the windows."""
+        full = self.aggregate.full_hist[[MODES.index(m) for m in FULL_BLOCK_MODES]].sum(axis=(0, 1))
+        rows = int(full.sum())
+        total, reference_rows = self.reference_accept
+        if not rows or not reference_rows or not total:
+            return Measurement(None, rows)
+        mean = float((full * np.arange(full.size)).sum()) / rows
+        return Measurement(mean / (total / reference_rows), rows)
 
     def _utilization(self, mode: str) -> Measurement:
         if mode == "shadow":
@@ -284,6 +298,9 @@ def evaluate(
     steps = baseline = None
     misses: dict[str, int] = {}
     as_of = None
+    reference = queries.full_accept_totals(store, Window(), slice_, Phase.SHADOW)
+    if not reference[1]:
+        reference = queries.full_accept_totals(store, Window(), slice_, Phase.BASELINE)
     if not slice_.per_request:
         steps = queries.step_buckets(store, window, slice_)
         baseline = queries.step_buckets(store, Window(), slice_, phase="baseline")
@@ -302,4 +319,5 @@ def evaluate(
         misses,
         queries.consistency_counts(store, window, slice_),
         as_of,
+        reference,
     )

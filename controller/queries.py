@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from sparkgate.collectors.store import Store
+from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
 from .calibration import REQUEST_GROUPS
 
@@ -163,6 +164,19 @@ def request_histograms(store: Store, window: Window, slice_: Slice, width: int) 
         hist[columns[0], columns[1], columns[2]] = columns[3]
         out[name] = hist
     return out
+
+
+def full_accept_totals(store: Store, window: Window, slice_: Slice, phase: str) -> tuple[int, int]:
+    """(sum of a*, rows) over full-block request rows recorded in ``phase``: the acceptance reference."""
+    where, params = _where("requests", window, slice_, "r")
+    modes = ", ".join(f"'{m}'" for m in FULL_BLOCK_MODES)
+    row = store.query(
+        f"SELECT coalesce(sum(r.full_accept), 0)::BIGINT AS total, count(*) AS n FROM requests r "
+        f"WHERE {where} AND r.full_accept IS NOT NULL AND r.mode::VARCHAR IN ({modes}) AND (r.replica_id, r.step_id) "
+        "IN (SELECT (replica_id, step_id) FROM steps WHERE phase = ?)",
+        [*params, phase],
+    ).to_pylist()[0]
+    return int(row["total"]), int(row["n"])
 
 
 def step_buckets(store: Store, window: Window, slice_: Slice, phase: str | None = None) -> pa.Table:

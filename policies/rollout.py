@@ -47,6 +47,7 @@ METRICS = {
     "tier_miss_rate": "steps that ran eager / all steps",
     "p99_step_ratio": "p99 step time / baseline p99 at matched batch size",
     "tokens_per_s_ratio": "committed tokens per second / baseline",
+    "accepted_length_ratio": "mean full-block a* / the shadow reference's (baseline's without shadow)",
     "consistency_mismatches": "greedy compact-vs-static replay mismatches",
     "state_rollback_failures": "state-after-rollback check failures",
 }

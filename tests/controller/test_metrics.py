@@ -107,3 +107,30 @@ def test_an_empty_store_measures_nothing(store):
     assert gates["consistency_mismatches"].value == 0.0 and gates["consistency_mismatches"].samples == 0
     assert evaluate(store).as_of is None
     json.dumps(evaluate(store).report("shadow"))
+
+
+def _mean_full_accept(wire: pa.Table) -> float:
+    rows = [r for reqs in wire.column("requests").to_pylist() for r in reqs]
+    full = [r["full_accept"] for r in rows if r["mode"] != "compact" and r["full_accept"] is not None]
+    return sum(full) / len(full)
+
+
+def test_accepted_length_ratio_compares_the_window_with_the_shadow_reference(store):
+    shadow = ingest_synthetic(store, 60, T0, phase="shadow")
+    later = ingest_synthetic(store, 60, T0 + 100, phase="canary", first_step=60)
+    measured = evaluate(store, Window(since=T0 + 100)).measurements("canary")["accepted_length_ratio"]
+    assert measured.value == pytest.approx(_mean_full_accept(later) / _mean_full_accept(shadow))
+    assert measured.samples == sum(
+        r["mode"] != "compact" and r["full_accept"] is not None for reqs in later.column("requests").to_pylist()
+        for r in reqs
+    )  # fmt: skip
+    itself = evaluate(store, Window(until=T0 + 100)).measurements("shadow")["accepted_length_ratio"]
+    assert itself.value == pytest.approx(1.0)
+
+
+def test_without_shadow_the_baseline_is_the_acceptance_reference_and_without_either_there_is_none(store):
+    assert evaluate(store).measurements("canary")["accepted_length_ratio"].value is None
+    base = ingest_synthetic(store, 40, T0, phase="baseline")
+    later = ingest_synthetic(store, 40, T0 + 100, phase="compact", first_step=40)
+    measured = evaluate(store, Window(since=T0 + 100)).measurements("compact")["accepted_length_ratio"]
+    assert measured.value == pytest.approx(_mean_full_accept(later) / _mean_full_accept(base))
