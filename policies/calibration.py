@@ -128,6 +128,9 @@ class STS:
     num_samples: int = 0
     ece_before: list[float] = field(default_factory=list)
     ece_after: list[float] = field(default_factory=list)
+    # sparkgate's addition to SGLang's layout: the drafter version (records' drafter_version) the temperatures
+    # were fitted for, so a replica can refuse them for another drafter; "" when unknown (an SGLang file).
+    drafter: str = ""
 
     def __post_init__(self) -> None:
         _validate(asdict(self), "STS")
@@ -160,12 +163,16 @@ class STS:
         return self.calibrated(confidence).cumprod(-1)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """SGLang's layout, plus ``drafter`` when it is known (as cost tables carry sparkgate's ``meta``)."""
+        data = asdict(self)
+        if not data["drafter"]:
+            del data["drafter"]
+        return data
 
     @classmethod
     def from_dict(cls, data: object, source: str = "STS") -> STS:
         known = _validate(data, source)
-        names = ("temperatures", "dataset", "num_samples", "ece_before", "ece_after")
+        names = ("temperatures", "dataset", "num_samples", "ece_before", "ece_after", "drafter")
         return cls(**{k: known[k] for k in names if k in known})
 
     def save(self, path: str | Path) -> None:
@@ -195,8 +202,9 @@ def _validate(data: object, source: str) -> dict[str, Any]:
     for i, t in enumerate(temps):
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
             fail(f"temperatures[{i}]", t, "must be a finite number > 0")
-    if not isinstance(data.get("dataset", ""), str):
-        fail("dataset", data["dataset"], "expected a string")
+    for name in ("dataset", "drafter"):
+        if not isinstance(data.get(name, ""), str):
+            fail(name, data[name], "expected a string")
     n = data.get("num_samples", 0)
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         fail("num_samples", n, "expected an integer >= 0")
@@ -216,6 +224,7 @@ def fit_sts(
     observed: torch.Tensor | None = None,
     grid: torch.Tensor = DEFAULT_GRID,
     dataset: str = "",
+    drafter: str = "",
 ) -> STS:
     """Fit per-depth temperatures left to right on raw ``confidence [N, γ]`` against
     survival labels ``labels [N, γ]`` (``y_k = 1[a* >= k]``), using at depth k only rows
@@ -246,7 +255,7 @@ def fit_sts(
         best = int(torch.where(tied, grid.log().abs(), torch.inf).argmin())
         temperatures.append(float(grid[best]))
         prefix = prefix * scale_confidence(confidence[:, k], grid[best])
-    sts = STS(temperatures, dataset=dataset, num_samples=int(confidence.shape[0]))
+    sts = STS(temperatures, dataset=dataset, num_samples=int(confidence.shape[0]), drafter=drafter)
     sts.ece_before = ece_per_depth(confidence.cumprod(-1), labels, obs)
     sts.ece_after = ece_per_depth(sts(confidence), labels, obs)
     return sts

@@ -20,9 +20,10 @@ from sparkgate.collectors.schema import CALIBRATED_AT_SOURCE, StepRecord
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
 
-def read_labels(paths: list[str | Path]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Raw confidences ``[N, γ]`` and survival labels ``[N, γ]`` of the full-block rows in ``paths``."""
-    confidence, labels, gamma = [], [], None
+def read_labels(paths: list[str | Path]) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """Raw confidences ``[N, γ]`` and survival labels ``[N, γ]`` of the full-block rows in ``paths``, and
+    the drafter version they all came from (one STS fits one drafter: mixed drafters are refused)."""
+    confidence, labels, gamma, drafter = [], [], None, None
     for path in paths:
         for line_no, line in enumerate(Path(path).read_text().splitlines(), 1):
             if not line.strip():
@@ -36,6 +37,13 @@ def read_labels(paths: list[str | Path]) -> tuple[torch.Tensor, torch.Tensor]:
                 raise ValueError(
                     f"{where}: sts_version={CALIBRATED_AT_SOURCE}: these confidences were already calibrated by "
                     "the server that produced them; fit STS where raw confidences are recorded"
+                )
+            if drafter is None:
+                drafter = record.drafter_version
+            if record.drafter_version != drafter:
+                raise ValueError(
+                    f"{where}: drafter_version={record.drafter_version}, earlier records have {drafter}: "
+                    "one STS file calibrates one drafter"
                 )
             if gamma is None:
                 gamma = record.gamma
@@ -54,7 +62,7 @@ def read_labels(paths: list[str | Path]) -> tuple[torch.Tensor, torch.Tensor]:
                 labels.append([float(row.full_accept >= k) for k in range(1, gamma + 1)])
     if not confidence:
         raise ValueError(f"no full-block ({', '.join(FULL_BLOCK_MODES)}) request rows in {', '.join(map(str, paths))}")
-    return torch.tensor(confidence, dtype=torch.float64), torch.tensor(labels, dtype=torch.float64)
+    return torch.tensor(confidence, dtype=torch.float64), torch.tensor(labels, dtype=torch.float64), drafter or ""
 
 
 @click.command()
@@ -78,10 +86,10 @@ def calibrate(paths, out, dataset, ship):
     if not out and not ship:
         raise click.UsageError("give --out PATH and/or --ship")
     try:
-        confidence, labels = read_labels(list(paths))
+        confidence, labels, drafter = read_labels(list(paths))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
-    sts = fit_sts(confidence, labels, dataset=dataset or ",".join(Path(p).name for p in paths))
+    sts = fit_sts(confidence, labels, dataset=dataset or ",".join(Path(p).name for p in paths), drafter=drafter)
     if out:
         sts.save(out)
     if ship:

@@ -52,10 +52,21 @@ def default_drafter(target: Transformer) -> Drafter:
     return NGramDrafter(target.args.vocab_size)
 
 
-def default_calibration(drafter: Drafter) -> STS | None:
-    """The shipped STS file when ``drafter`` is the block drafter it was fitted for (None: raw running products)."""
-    path = ASSETS / FILES["sts"]
-    return STS.load(path) if isinstance(drafter, BlockDrafter) and path.exists() else None
+def default_calibration(drafter: Drafter, path: Path | None = None) -> STS | None:
+    """The STS file (default: the shipped one) for ``drafter``, a block drafter (None: raw running products).
+
+    A file fitted for another drafter (its ``drafter`` names another version) is refused: temperatures fit one
+    drafter's confidences, and serving them under another would be calibration in name only."""
+    path = ASSETS / FILES["sts"] if path is None else path
+    if not isinstance(drafter, BlockDrafter) or not path.exists():
+        return None
+    sts = STS.load(path)
+    if sts.drafter and sts.drafter != drafter.version:
+        raise ValueError(
+            f"{path}: fitted for drafter {sts.drafter}, but this replica runs drafter {drafter.version}; "
+            "refit it with `sparkgate calibrate` on this drafter's records"
+        )
+    return sts
 
 
 def default_cost_table(

@@ -84,7 +84,13 @@ def wait_for_policy(client: ControllerClient, wait_s: float) -> PolicyPayload:
 
 
 def warm_engine(
-    replica_id: str, gamma: int, max_batch: int, seed: int, window: int | None, cost_table: Path | None
+    replica_id: str,
+    gamma: int,
+    max_batch: int,
+    seed: int,
+    window: int | None,
+    cost_table: Path | None,
+    sts: Path | None = None,
 ) -> tuple[Engine, WindowPolicy, str]:
     """(engine, the scheduler it serves outside fallback, where its cost table came from), after a few
     unrecorded requests: a fresh process's first steps are slow, and the baseline the gates compare
@@ -104,7 +110,7 @@ def warm_engine(
         gamma=gamma, max_batch=max_batch, replica_id=replica_id, cost_table_version=table.meta.version or None
     )
     engine = Engine(
-        target, drafter, config, calibrate=default_calibration(drafter), tiers=measured_grid(table.meta.tiers)
+        target, drafter, config, calibrate=default_calibration(drafter, sts), tiers=measured_grid(table.meta.tiers)
     )
     for request in workload_requests(f"{replica_id}-warmup", WARMUP_REQUESTS, 8, 0.0, seed):
         engine.submit(request)
@@ -143,6 +149,12 @@ def warm_engine(
     default=None,
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Cost table for the scheduler [default: shipped or profiled here].",
+)
+@click.option(
+    "--sts",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="STS temperatures for the drafter [default: shipped]; a file fitted for another drafter is refused.",
 )
 @click.option(
     "--consistency-fraction",
@@ -199,6 +211,7 @@ def replica(
     seed: int,
     window: int | None,
     cost_table: Path | None,
+    sts: Path | None,
     consistency_fraction: float,
     state_every: int,
     poll_s: float,
@@ -233,7 +246,10 @@ def replica(
     try:
         if gamma is None:
             gamma = wait_for_policy(client, wait_s).gamma
-        engine, scheduler, table_source = warm_engine(replica_id, gamma, max_batch, seed, window, cost_table)
+        try:
+            engine, scheduler, table_source = warm_engine(replica_id, gamma, max_batch, seed, window, cost_table, sts)
+        except ValueError as exc:  # an STS file or cost table made for another drafter or target
+            raise click.UsageError(str(exc)) from None
         arrival_rate = Gauge(
             "sparkgate_replica_arrival_rate", "Mean request arrivals per second now.", registry=metrics.registry
         )

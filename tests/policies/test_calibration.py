@@ -86,6 +86,10 @@ def test_json_round_trip_in_sglang_layout(tmp_path):
     torch.testing.assert_close(loaded(raw), sts(raw))
     # SGLang files may carry only temperatures
     assert STS.from_dict({"temperatures": [1, 2.5]}).temperatures == [1.0, 2.5]
+    # sparkgate's one addition, written only when known: the drafter the temperatures were fitted for
+    bound = fit_sts(raw, labels, dataset="calib", drafter="dspark-1234")
+    assert set(bound.to_dict()) == {"temperatures", "dataset", "num_samples", "ece_before", "ece_after", "drafter"}
+    assert STS.from_dict(bound.to_dict()) == bound
 
 
 @pytest.mark.parametrize(

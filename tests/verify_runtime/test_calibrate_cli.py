@@ -17,7 +17,8 @@ def test_calibrate_fits_from_full_block_records_only(tmp_path, evaluated):
     lines[0]["requests"][0]["mode"] = "compact"  # censored traffic is left out
     path = tmp_path / "records.ndjson"
     path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
-    confidence, labels = read_labels([path])
+    confidence, labels, drafter = read_labels([path])
+    assert drafter == lines[0]["drafter_version"]
     rows = sum(len(line["requests"]) for line in lines)
     assert confidence.shape == labels.shape == (rows - 1, 7)
     assert (labels.diff(dim=1) <= 0).all()
@@ -26,6 +27,7 @@ def test_calibrate_fits_from_full_block_records_only(tmp_path, evaluated):
     assert result.exit_code == 0, result.output
     sts = STS.load(tmp_path / "sts.json")
     assert sts.gamma == 7 and sts.num_samples == rows - 1 and json.loads(result.output)["version"] == sts.version
+    assert sts.drafter == drafter  # the file names the drafter it calibrates
 
     lines[1]["requests"][0]["confidence"] = [0.5] * 3
     path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
@@ -50,3 +52,14 @@ def test_records_calibrated_by_their_server_are_refused(tmp_path):
         result.output
     )
     assert not (tmp_path / "sts.json").exists()
+
+
+def test_one_sts_file_calibrates_one_drafter(tmp_path, evaluated):
+    _, records, _ = evaluated
+    lines = [rec.to_dict() for recs in records.values() for rec in recs]
+    lines[-1]["drafter_version"] = "another-drafter"
+    path = tmp_path / "mixed.ndjson"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    result = CliRunner().invoke(calibrate, ["--records", str(path), "--out", str(tmp_path / "sts.json")])
+    assert result.exit_code == 1
+    assert f"mixed.ndjson:{len(lines)}: drafter_version=another-drafter" in result.output

@@ -51,3 +51,19 @@ def test_a_cost_table_is_profiled_here_once_then_read_from_the_cache(tmp_path, m
     # An explicit table must fit this machine and these models: the shipped ones were measured elsewhere.
     with pytest.raises(FingerprintMismatch):
         default_cost_table(target, drafter, SHIPPED_COST_TABLES[0])
+
+
+def test_an_sts_file_fitted_for_another_drafter_is_refused(tmp_path):
+    from sparkgate.policies.calibration import STS
+    from sparkgate.verify_runtime.defaults import default_calibration, default_drafter, default_target
+    from sparkgate.verify_runtime.shipped import ASSETS, FILES
+
+    drafter = default_drafter(default_target())
+    shipped = STS.load(ASSETS / FILES["sts"])
+    assert shipped.drafter == drafter.version and default_calibration(drafter) == shipped
+    other = tmp_path / "sts.json"
+    STS(shipped.temperatures, drafter="dspark-000000000000").save(other)
+    with pytest.raises(ValueError, match="fitted for drafter dspark-000000000000, but this replica runs"):
+        default_calibration(drafter, other)
+    STS(shipped.temperatures).save(other)  # an SGLang file names no drafter: taken as it is
+    assert default_calibration(drafter, other).temperatures == shipped.temperatures

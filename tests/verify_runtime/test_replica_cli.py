@@ -24,7 +24,9 @@ from sparkgate.collectors.store import Store
 from sparkgate.controller.service import create_app
 from sparkgate.controller.supervisor import Controller
 from sparkgate.demo.fleet import answers, free_port
+from sparkgate.policies.cost_profile import hardware_fingerprint
 from sparkgate.policies.rollout import parse_rollout_policy
+from sparkgate.verify_runtime.faults import FOREIGN_COST_TABLE
 
 POLICY = parse_rollout_policy(
     {"gates": [{"metric": "consistency_mismatches", "threshold": 0, "direction": "at_most", "critical": True}]}
@@ -98,3 +100,19 @@ def test_usage_errors_name_what_was_wrong(keep_threads):
     assert drift.exit_code == 2 and "--fault drift" in drift.output and "--rate" in drift.output
     gone = CliRunner().invoke(main, ["replica", "--controller", f"http://127.0.0.1:{free_port()}"])
     assert gone.exit_code == 1 and "unreachable" in gone.output
+
+
+def test_a_replica_refuses_an_sts_file_or_cost_table_made_for_another_drafter_or_target(tmp_path, keep_threads):
+    from sparkgate.policies.calibration import STS
+
+    foreign_sts = tmp_path / "sts.json"
+    STS([1.0] * 7, drafter="dspark-000000000000").save(foreign_sts)
+    unreachable = ["--controller", f"http://127.0.0.1:{free_port()}", "--gamma", "7"]
+    refused = CliRunner().invoke(main, ["replica", *unreachable, "--sts", str(foreign_sts)])
+    assert refused.exit_code == 2 and "fitted for drafter dspark-000000000000" in refused.output
+
+    table = tmp_path / "table.json"  # measured on this machine, but for another target and drafter
+    meta = {**FOREIGN_COST_TABLE["meta"], "hardware": hardware_fingerprint("cpu")}
+    table.write_text(json.dumps({**FOREIGN_COST_TABLE, "meta": meta}))
+    refused = CliRunner().invoke(main, ["replica", *unreachable, "--cost-table", str(table)])
+    assert refused.exit_code == 2 and "other-model" in refused.output
