@@ -17,6 +17,7 @@ import click
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.sglang import SGLangPoller
 from sparkgate.collectors.store import Store
+from sparkgate.collectors.trtllm import TRTLLMScraper
 from sparkgate.collectors.vllm import VLLMScraper
 from sparkgate.collectors.wire import Parsed, from_ndjson
 
@@ -115,6 +116,12 @@ def prune(db: str, older_than_days: float) -> None:
 @click.option("--db", type=click.Path(dir_okay=False), help="DuckDB file for SGLang records.")
 @click.option("--sglang", "sglang_urls", multiple=True, help="SGLang server base URL (repeatable).")
 @click.option("--vllm", "vllm_urls", multiple=True, help="vLLM server base URL (repeatable).")
+@click.option(
+    "--vllm-adaptive",
+    is_flag=True,
+    help="The vLLM servers run adaptive verification: mark their per-position curves censored.",
+)
+@click.option("--trtllm", "trtllm_urls", multiple=True, help="trtllm-serve base URL (repeatable).")
 @click.option("--interval", default=1.0, show_default=True, help="Seconds between polls.")
 @click.option("--polls", default=0, show_default=True, help="Stop after this many polls (0: run until interrupted).")
 @click.option("--snapshot-dir", type=click.Path(file_okay=False), help="Publish a Parquet snapshot after each poll.")
@@ -128,14 +135,17 @@ def collect(
     db: str | None,
     sglang_urls: tuple[str, ...],
     vllm_urls: tuple[str, ...],
+    vllm_adaptive: bool,
+    trtllm_urls: tuple[str, ...],
     interval: float,
     polls: int,
     snapshot_dir: str | None,
     clear_buffer: bool,
 ) -> None:
-    """Poll SGLang DSpark records into the store and print vLLM survival curves, one JSON line per poll."""
-    if not sglang_urls and not vllm_urls:
-        raise click.UsageError("give at least one --sglang or --vllm URL")
+    """Poll SGLang DSpark records into the store; print vLLM survival curves and TensorRT-LLM acceptance,
+    one JSON line per server and poll."""
+    if not sglang_urls and not vllm_urls and not trtllm_urls:
+        raise click.UsageError("give at least one --sglang, --vllm or --trtllm URL")
     if sglang_urls and not db:
         raise click.UsageError("--sglang needs --db")
     store = Store(db) if db else None
@@ -143,7 +153,8 @@ def collect(
         pollers = (
             [SGLangPoller(url, Ingestor(store), clear_buffer=clear_buffer) for url in sglang_urls] if store else []
         )
-        scrapers = [VLLMScraper(url) for url in vllm_urls]
+        scrapers: list[VLLMScraper | TRTLLMScraper] = [VLLMScraper(u, adaptive=vllm_adaptive) for u in vllm_urls]
+        scrapers += [TRTLLMScraper(url) for url in trtllm_urls]
         for n in itertools.count(1):
             _poll_all(pollers, scrapers)
             if store is not None and snapshot_dir:
@@ -158,7 +169,7 @@ def collect(
             store.close()
 
 
-def _poll_all(pollers: list[SGLangPoller], scrapers: list[VLLMScraper]) -> None:
+def _poll_all(pollers: list[SGLangPoller], scrapers: list[VLLMScraper | TRTLLMScraper]) -> None:
     """One round; a server that cannot be reached is reported and retried next round."""
     for poller in pollers:
         try:
@@ -172,7 +183,8 @@ def _poll_all(pollers: list[SGLangPoller], scrapers: list[VLLMScraper]) -> None:
         except Exception as exc:
             click.echo(json.dumps({"sglang": poller.url, "error": str(exc)}), err=True)
     for scraper in scrapers:
+        source = "vllm" if isinstance(scraper, VLLMScraper) else "trtllm"
         try:
-            click.echo(json.dumps({"vllm": scraper.url, **scraper.scrape().to_dict()}))
+            click.echo(json.dumps({source: scraper.url, **scraper.scrape().to_dict()}))
         except Exception as exc:
-            click.echo(json.dumps({"vllm": scraper.url, "error": str(exc)}), err=True)
+            click.echo(json.dumps({source: scraper.url, "error": str(exc)}), err=True)

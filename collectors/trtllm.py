@@ -1,0 +1,104 @@
+"""TensorRT-LLM adapter: speculative-decoding acceptance from ``trtllm-serve``'s JSON ``GET /metrics``.
+
+Read from NVIDIA/TensorRT-LLM (``tensorrt_llm/serve/openai_server.py``,
+``tensorrt_llm/executor/result.py``, ``cpp/tensorrt_llm/executor/jsonSerialization.cpp``,
+``tensorrt_llm/executor/iteration_stats.py``; the test cites the commits): the route returns a JSON list of
+per-iteration stats and *drains* them, so each read holds only the iterations since the last one. An
+iteration carries ``timestamp`` (local time, no zone), ``iter``, ``iterLatencyMS`` and, with speculative
+decoding on, ``specDecodingStats = {numDraftTokens, numAcceptedTokens, numRequestsWithDraftTokens,
+acceptanceLength, iterLatencyMS, draftOverhead}`` (null without it). The PyTorch backend fills them only
+with ``enable_iter_perf_stats: true``.
+
+There is no per-position count and no confidence: this gives the interval's acceptance rate and mean
+acceptance length (TensorRT-LLM's own definition, ``(accepted + requests) / requests``), for PromQL-style
+floors and the acceptance views, not calibration.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httpx
+
+
+@dataclass(frozen=True)
+class AcceptanceSummary:
+    """What one read of ``/metrics`` says about the iterations since the previous read."""
+
+    iterations: int
+    spec_iterations: int  # iterations that carried specDecodingStats
+    first_timestamp: str | None
+    last_timestamp: str | None
+    draft_tokens: int
+    accepted_tokens: int
+    requests_with_drafts: int
+    acceptance_rate: float | None  # accepted / draft tokens
+    mean_acceptance_length: float | None  # tokens committed per request-step that drafted
+    draft_overhead: float | None  # mean share of iteration time spent drafting
+    p50_iter_ms: float | None
+    p99_iter_ms: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _number(obj: dict[str, Any], key: str, where: str) -> float:
+    value = obj.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where}.{key}: expected a number, got {value!r}")
+    return float(value)
+
+
+def summarize(iterations: list[Any]) -> AcceptanceSummary:
+    """Sum the speculative-decoding stats of a ``/metrics`` reply; ValueError naming the bad field."""
+    if not isinstance(iterations, list):
+        raise ValueError(f"/metrics: expected a JSON list of iteration stats, got {type(iterations).__name__}")
+    drafts = accepted = requests = 0.0
+    overheads, latencies, stamps, spec = [], [], [], 0
+    for i, stats in enumerate(iterations):
+        where = f"[{i}]"
+        if not isinstance(stats, dict):
+            raise ValueError(f"{where}: expected an object, got {stats!r}")
+        latencies.append(_number(stats, "iterLatencyMS", where))
+        if isinstance(stats.get("timestamp"), str):
+            stamps.append(stats["timestamp"])
+        sd = stats.get("specDecodingStats")
+        if sd is None:
+            continue
+        if not isinstance(sd, dict):
+            raise ValueError(f"{where}.specDecodingStats: expected an object or null, got {sd!r}")
+        spec += 1
+        drafts += _number(sd, "numDraftTokens", f"{where}.specDecodingStats")
+        accepted += _number(sd, "numAcceptedTokens", f"{where}.specDecodingStats")
+        requests += _number(sd, "numRequestsWithDraftTokens", f"{where}.specDecodingStats")
+        overheads.append(_number(sd, "draftOverhead", f"{where}.specDecodingStats"))
+    ordered = sorted(latencies)
+    return AcceptanceSummary(
+        iterations=len(iterations),
+        spec_iterations=spec,
+        first_timestamp=stamps[0] if stamps else None,
+        last_timestamp=stamps[-1] if stamps else None,
+        draft_tokens=int(drafts),
+        accepted_tokens=int(accepted),
+        requests_with_drafts=int(requests),
+        acceptance_rate=accepted / drafts if drafts else None,
+        mean_acceptance_length=(accepted + requests) / requests if requests else None,
+        draft_overhead=statistics.fmean(overheads) if overheads else None,
+        p50_iter_ms=statistics.median(ordered) if ordered else None,
+        p99_iter_ms=ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else None,
+    )
+
+
+class TRTLLMScraper:
+    """Reads ``URL/metrics``; each ``scrape`` summarises the iterations the server queued since the last."""
+
+    def __init__(self, url: str, client: httpx.Client | None = None):
+        self.url = url.rstrip("/")
+        self.client = client or httpx.Client(timeout=10.0)
+
+    def scrape(self) -> AcceptanceSummary:
+        response = self.client.get(f"{self.url}/metrics")
+        response.raise_for_status()
+        return summarize(response.json())

@@ -1,0 +1,103 @@
+"""The TensorRT-LLM adapter against a stand-in ``trtllm-serve`` that answers as its code does.
+
+Read from NVIDIA/TensorRT-LLM:
+- ``tensorrt_llm/serve/openai_server.py`` @ e7f7345e31e574b5d0918b756b871882c7346b3c: ``GET /metrics``
+  returns ``JSONResponse(content=stats)``, a list of per-iteration stats;
+- ``tensorrt_llm/executor/result.py`` @ a678b91aafbeff265cd0b764abb59d7def624ac2: the stats queue is
+  drained by each read (a read returns only the iterations queued since the previous one);
+- ``cpp/tensorrt_llm/executor/jsonSerialization.cpp`` @ 092229bb6e1ce6e7f0db2ba010b7fdaf654e1549: the field
+  names of ``IterationStats`` and ``SpecDecodingStats`` (numDraftTokens, numAcceptedTokens,
+  numRequestsWithDraftTokens, acceptanceLength, iterLatencyMS, draftOverhead);
+- ``tensorrt_llm/executor/iteration_stats.py`` @ b11790149e0e12e52ea82ed7a4d51b51ea98dce6: specDecodingStats
+  is null without speculative decoding, and acceptanceLength = (accepted + requests) / requests;
+- ``tensorrt_llm/_torch/pyexecutor/py_executor.py`` @ 9521caf4696c1fb79b0f946f0d980f8f0ebd3e64: the
+  timestamp is local time as ``%m-%d-%Y %H:%M:%S.%f``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from sparkgate.cli import main
+from sparkgate.collectors.trtllm import TRTLLMScraper, summarize
+from tests.collectors.loopback import QuietHandler, serving
+
+
+def iteration(i: int, drafts: int, accepted: int, requests: int, latency: float = 20.0, spec: bool = True) -> dict:
+    sd = {"numDraftTokens": drafts, "numAcceptedTokens": accepted, "numRequestsWithDraftTokens": requests,
+          "acceptanceLength": (accepted + requests) / requests if requests else 0.0, "iterLatencyMS": 4.0,
+          "draftOverhead": 0.2}  # fmt: skip
+    return {
+        "timestamp": f"12-01-2026 09:30:{i:02d}.000000",
+        "iter": i,
+        "iterLatencyMS": latency,
+        "newActiveRequestsQueueLatencyMS": 0.0,
+        "numNewActiveRequests": 0,
+        "numActiveRequests": requests,
+        "numQueuedRequests": 0,
+        "numCompletedRequests": 0,
+        "maxNumActiveRequests": 64,
+        "gpuMemUsage": 1,
+        "cpuMemUsage": 1,
+        "pinnedMemUsage": 0,
+        "kvCacheStats": {"maxNumBlocks": 100, "freeNumBlocks": 90, "usedNumBlocks": 10},
+        "inflightBatchingStats": {"numScheduledRequests": requests, "numContextRequests": 0},
+        "specDecodingStats": sd if spec else None,
+    }
+
+
+class Server:
+    """Queues iterations; a read drains the queue, as ``IterationResult`` does."""
+
+    def __init__(self):
+        self.queue: list[dict] = []
+
+    def handler(self):
+        server = self
+
+        class Handler(QuietHandler):
+            def do_GET(self):
+                drained, server.queue = server.queue, []
+                self.reply(json.dumps(drained).encode(), "application/json")
+
+        return Handler
+
+
+def test_each_read_summarises_only_the_iterations_since_the_last():
+    server = Server()
+    server.queue = [iteration(1, 12, 6, 4), iteration(2, 12, 9, 4, latency=30.0), iteration(3, 0, 0, 0, spec=False)]
+    with serving(server.handler()) as url:
+        scraper = TRTLLMScraper(url)
+        first = scraper.scrape()
+        empty = scraper.scrape()
+        server.queue = [iteration(4, 8, 2, 2)]
+        third = scraper.scrape()
+    assert (first.iterations, first.spec_iterations, first.draft_tokens, first.accepted_tokens) == (3, 2, 24, 15)
+    assert first.acceptance_rate == pytest.approx(15 / 24)
+    assert first.mean_acceptance_length == pytest.approx((15 + 8) / 8)  # TensorRT-LLM's own definition
+    assert (first.first_timestamp, first.last_timestamp) == ("12-01-2026 09:30:01.000000", "12-01-2026 09:30:03.000000")
+    assert first.p50_iter_ms == 20.0 and first.draft_overhead == pytest.approx(0.2)
+    assert empty.iterations == 0 and empty.acceptance_rate is None and empty.p99_iter_ms is None
+    assert (third.draft_tokens, third.accepted_tokens, third.mean_acceptance_length) == (8, 2, 2.0)
+
+
+def test_a_reply_that_is_not_iteration_stats_is_named():
+    with pytest.raises(ValueError, match="expected a JSON list"):
+        summarize({"error": "stats disabled"})
+    bad = iteration(1, 12, 6, 4)
+    bad["specDecodingStats"]["numAcceptedTokens"] = "six"
+    with pytest.raises(ValueError, match=r"\[0\].specDecodingStats.numAcceptedTokens: expected a number, got 'six'"):
+        summarize([bad])
+
+
+def test_collect_prints_one_line_per_trtllm_poll():
+    server = Server()
+    server.queue = [iteration(1, 12, 6, 4)]
+    with serving(server.handler()) as url:
+        result = CliRunner().invoke(main, ["collect", "--trtllm", url, "--polls", "2", "--interval", "0"])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(line["trtllm"], line["iterations"]) for line in lines] == [(url, 1), (url, 0)]
