@@ -12,12 +12,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TypeVar
 
 import click
 import torch
 
 from sparkgate.collectors.schema import CALIBRATED_AT_SOURCE, StepRecord
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
+
+T = TypeVar("T")
+
+
+def _agree(where: str, name: str, value: T, first: T | None) -> T:
+    """``value``, which must equal the ``first`` record's (None: this is the first)."""
+    if first is not None and value != first:
+        raise ValueError(f"{where}: {name}={value}, earlier records have {name}={first}")
+    return value
 
 
 def read_labels(paths: list[str | Path]) -> tuple[torch.Tensor, torch.Tensor, str]:
@@ -38,17 +48,9 @@ def read_labels(paths: list[str | Path]) -> tuple[torch.Tensor, torch.Tensor, st
                     f"{where}: sts_version={CALIBRATED_AT_SOURCE}: these confidences were already calibrated by "
                     "the server that produced them; fit STS where raw confidences are recorded"
                 )
-            if drafter is None:
-                drafter = record.drafter_version
-            if record.drafter_version != drafter:
-                raise ValueError(
-                    f"{where}: drafter_version={record.drafter_version}, earlier records have {drafter}: "
-                    "one STS file calibrates one drafter"
-                )
-            if gamma is None:
-                gamma = record.gamma
-            if record.gamma != gamma:
-                raise ValueError(f"{where}: gamma={record.gamma}, earlier records have gamma={gamma}")
+            # One STS file calibrates one drafter at one gamma.
+            drafter = _agree(where, "drafter_version", record.drafter_version, drafter)
+            gamma = _agree(where, "gamma", record.gamma, gamma)
             for i, row in enumerate(record.requests):
                 if row.mode not in FULL_BLOCK_MODES:
                     continue
