@@ -21,7 +21,7 @@ from prometheus_client import (
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.batch import Prepared, prepare
 from sparkgate.collectors.labels import ACCEPTED, CENSORED, REJECTED, mode_codes
-from sparkgate.collectors.schema import MODES, STATUSES, StepRecord
+from sparkgate.collectors.schema import MODES, STATUSES, TIER_UNREPORTED, StepRecord
 from sparkgate.collectors.wire import from_records
 from sparkgate.policies.vocabulary import Phase
 
@@ -119,7 +119,8 @@ class Metrics:
 
     def _count_steps(self, steps) -> None:
         hit = steps.column("graph_hit").to_numpy(zero_copy_only=False)
-        tiers, tier_counts = np.unique(steps.column("tier").to_numpy()[hit], return_counts=True)
+        tier = steps.column("tier").to_numpy()
+        tiers, tier_counts = np.unique(tier[hit & (tier != TIER_UNREPORTED)], return_counts=True)
         for tier, n in zip(tiers, tier_counts):
             self.tier_hits.labels(str(tier)).inc(int(n))
         reasons = steps.column("miss_reason").to_numpy(zero_copy_only=False)[~hit]

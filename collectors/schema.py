@@ -31,6 +31,9 @@ SCHEMA_VERSION = 1
 # ``sts_version`` of records whose ``confidence`` was already calibrated where it was produced (an SGLang
 # server applies its STS temperatures before it dumps them): refitting STS on them would calibrate twice.
 CALIBRATED_AT_SOURCE = "calibrated-at-source"
+# ``tier`` of a step whose engine does not report whether it replayed a graph (an SGLang server records the
+# padded tier it planned, not a hit or a miss): counted as no miss, and left out of the tier miss rate.
+TIER_UNREPORTED = -2
 # Wire and storage order of the vocabulary: a mode's or status's code is its index here.
 MODES: tuple[Mode, ...] = tuple(Mode)
 MISS_REASONS: tuple[MissReason, ...] = tuple(MissReason)

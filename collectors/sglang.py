@@ -9,7 +9,8 @@ dspark_observability.py``): records are msgspec structs dumped with
 - Time: records carry no timestamp; each is stamped with the time of the poll
   that read it (``ts``), so figures are as fine as the poll interval.
 - Rows: ``num_verify_tokens`` and ``verify_tokens_graph_key`` are both the padded
-  graph tier; the verified rows are ``sum(reqs[].verify_len)``.
+  graph tier; the verified rows are ``sum(reqs[].verify_len)``. SGLang does not report whether a step
+  replayed a graph: its steps carry ``tier`` -2 (``TIER_UNREPORTED``), so tier gates stay inconclusive.
 - Calibration: the server applies its STS temperatures before it dumps
   ``confidence``; records say so (``sts_version`` ``calibrated-at-source``), and
   ``sparkgate calibrate`` refuses to fit on them.
@@ -51,7 +52,7 @@ from typing import Any
 import httpx
 
 from sparkgate.collectors.ingest import Ingestor
-from sparkgate.collectors.schema import CALIBRATED_AT_SOURCE, SCHEMA_VERSION, Problem
+from sparkgate.collectors.schema import CALIBRATED_AT_SOURCE, SCHEMA_VERSION, TIER_UNREPORTED, Problem
 from sparkgate.collectors.store import IngestResult
 from sparkgate.collectors.wire import from_dicts, reject
 
@@ -148,7 +149,7 @@ def convert_record(
         "gamma": gamma,
         "verify_rows": verify_rows,
         "tier_rows": tier_rows,
-        "tier": tier_rows,
+        "tier": TIER_UNREPORTED,
         "graph_hit": True,
         "miss_reason": None,
         "draft_ms": ms("draft_gpu_ms"),

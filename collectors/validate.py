@@ -25,6 +25,7 @@ from sparkgate.collectors.schema import (
     REQUEST_TYPE,
     SCHEMA_VERSION,
     STEP_SCHEMA,
+    TIER_UNREPORTED,
     Problem,
     StepRecord,
 )
@@ -120,9 +121,10 @@ def _check_steps(report: _Report, gamma: np.ndarray, n_requests: np.ndarray) -> 
     )
     tier = _ints(steps, "tier")
     report.steps(
-        np.where(hit, tier < 0, tier < NO_TIER),
+        np.where(hit, (tier < 0) & (tier != TIER_UNREPORTED), tier < NO_TIER),
         "tier",
-        f"must be >= 0 on a graph hit, >= {NO_TIER} (no tier) on a miss",
+        f"must be >= 0 on a graph hit ({TIER_UNREPORTED}: the engine does not report it), "
+        f">= {NO_TIER} (no tier) on a miss",
     )
 
 

@@ -75,12 +75,12 @@ class Evaluation:
         least = min(samples.values(), default=0)
         p99, tokens = self._ratios()
         checks = {kind: self.consistency.get(kind, {"checks": 0, "mismatches": 0}) for kind in CheckKind}
-        steps = self._total("steps")
+        tier_steps = self._total("tier_steps")  # steps whose engine reports graph hits and misses
         return {
             "survival_ece": Measurement(max(ece.values(), default=None), least),
             "survival_ece_upper": Measurement(max(upper.values(), default=None), least),
             "upper_bound_utilization": self._utilization("shadow" if phase == "shadow" else "cap_accept"),
-            "tier_miss_rate": Measurement(self._total("misses") / steps if steps else None, steps),
+            "tier_miss_rate": Measurement(self._total("misses") / tier_steps if tier_steps else None, tier_steps),
             "p99_step_ratio": p99,
             "tokens_per_s_ratio": tokens,
             "accepted_length_ratio": self._accepted_length_ratio(),
@@ -233,14 +233,16 @@ def latency(buckets: pa.Table) -> dict:
 def step_report(buckets: pa.Table, misses: dict[str, int]) -> dict:
     rows = buckets.to_pylist()
     steps = sum(r["steps"] for r in rows)
+    reported = sum(r["tier_steps"] for r in rows)  # steps whose engine reports graph hits and misses
     missed = sum(r["misses"] for r in rows)
     tier_rows = sum(r["hit_tier_rows"] for r in rows)
     tokens, busy = sum(r["tokens"] or 0 for r in rows), sum(r["busy_s"] for r in rows)
     return {
         "tiers": {
-            "steps": steps,
-            "hit_rate": (steps - missed) / steps if steps else None,
-            "miss_rate": missed / steps if steps else None,
+            "steps": reported,
+            "unreported_steps": steps - reported,
+            "hit_rate": (reported - missed) / reported if reported else None,
+            "miss_rate": missed / reported if reported else None,
             "misses": misses,
             "padding_ratio": sum(r["padding_rows"] for r in rows) / tier_rows if tier_rows else None,
         },

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pyarrow as pa
 
+from sparkgate.collectors.schema import TIER_UNREPORTED
 from sparkgate.collectors.store import Store
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
@@ -196,6 +197,7 @@ def step_buckets(store: Store, window: Window, slice_: Slice, phase: str | None 
                quantile_cont(step_ms, 0.5) AS p50_ms, quantile_cont(step_ms, 0.95) AS p95_ms,
                quantile_cont(step_ms, 0.99) AS p99_ms,
                count(*) FILTER (WHERE NOT graph_hit) AS misses,
+               count(*) FILTER (WHERE tier <> {TIER_UNREPORTED}) AS tier_steps,
                coalesce(sum(tier_rows - verify_rows) FILTER (WHERE graph_hit), 0)::BIGINT AS padding_rows,
                coalesce(sum(tier_rows) FILTER (WHERE graph_hit), 0)::BIGINT AS hit_tier_rows,
                max(ts) AS newest, any_value(c.tokens) AS tokens

@@ -25,8 +25,8 @@ def tier_histogram(_source, token: str, since: float | None, until: float | None
     where, params = time_where(since, until)
     return _source.query(
         f"""
-        SELECT CASE WHEN graph_hit THEN tier_rows::VARCHAR ELSE 'eager: ' || coalesce(miss_reason, 'unknown') END
-                   AS tier,
+        SELECT CASE WHEN NOT graph_hit THEN 'eager: ' || coalesce(miss_reason, 'unknown')
+                    WHEN tier = -2 THEN 'not reported: ' || tier_rows::VARCHAR ELSE tier_rows::VARCHAR END AS tier,
                graph_hit, count(*) AS steps, avg(verify_rows) AS mean_verify_rows,
                avg(tier_rows - verify_rows) FILTER (WHERE graph_hit) AS mean_padding_rows
         FROM steps WHERE {where} GROUP BY ALL ORDER BY graph_hit DESC, min(tier_rows)""",

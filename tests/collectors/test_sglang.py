@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from sparkgate.collectors.ingest import Ingestor
-from sparkgate.collectors.schema import CALIBRATED_AT_SOURCE
+from sparkgate.collectors.schema import CALIBRATED_AT_SOURCE, TIER_UNREPORTED
 from sparkgate.collectors.sglang import CLEAR_KEY, EPOCH_SHIFT, SGLangPoller
+from sparkgate.controller.metrics import evaluate
 from tests.collectors.loopback import scripted_server
 from tests.collectors.sglang_stand_in import Server, running
 from tests.conftest import R1, R2, record, req, server_info
@@ -82,8 +83,11 @@ def test_rows_are_the_requests_own_and_the_tier_is_the_padded_graph_key(store):
     server.push(0, record(1, "compact", [req("a", 5, 2), req("b", 3, 2, req_pool_index=1)], graph_key=16))
     with running(server) as url:
         SGLangPoller(url, Ingestor(store), name="sg").poll_once()
-    step = store.query("SELECT verify_rows, tier_rows, sts_version FROM steps").to_pylist()[0]
-    assert step == {"verify_rows": 8, "tier_rows": 16, "sts_version": CALIBRATED_AT_SOURCE}
+    step = store.query("SELECT verify_rows, tier_rows, tier, sts_version FROM steps").to_pylist()[0]
+    assert step == {"verify_rows": 8, "tier_rows": 16, "tier": TIER_UNREPORTED, "sts_version": CALIBRATED_AT_SOURCE}
+    # SGLang reports no graph replays: the tier gate has nothing to judge, rather than a miss rate of 0.
+    tier_gate = evaluate(store).measurements("compact")["tier_miss_rate"]
+    assert tier_gate.value is None and tier_gate.samples == 0
 
 
 def test_requests_without_rid_get_a_stable_identity_per_pool_slot(store):

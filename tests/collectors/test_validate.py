@@ -8,7 +8,7 @@ import math
 import pytest
 from hypothesis import given, settings
 
-from sparkgate.collectors.schema import RequestRow, StepRecord
+from sparkgate.collectors.schema import TIER_UNREPORTED, RequestRow, StepRecord
 from sparkgate.collectors.validate import validate
 from tests.collectors.strategies import compact_row, static_row, step, step_records
 
@@ -59,6 +59,7 @@ def test_generated_valid_records_have_no_problems(record):
         (step(graph_hit=False, miss_reason="cosmic_ray"), "miss_reason", "cosmic_ray"),
         (step(miss_reason="over_max_tier"), "miss_reason", "over_max_tier"),
         (step(tier=-1), "tier", -1),  # a graph hit runs in a tier
+        (step(tier=-3), "tier", -3),
         (step(graph_hit=False, miss_reason="over_max_tier", tier=-2), "tier", -2),
         (step(requests=[static_row()], batch_size=0), "batch_size", 0),
         (step(phase=None), "phase", None),
@@ -76,6 +77,10 @@ def test_each_rule_names_field_and_value(record, field, value):
 def test_a_runtime_tier_miss_is_valid():
     # The runtime records an eager step as tier -1 with the exact row count.
     assert validate(step(graph_hit=False, miss_reason="over_max_tier", tier=-1, tier_rows=600, verify_rows=600)) == []
+
+
+def test_an_engine_that_does_not_report_graph_replays_marks_its_tier_unreported():
+    assert validate(step(tier=TIER_UNREPORTED)) == []  # a "hit" whose replay nobody reported
 
 
 def test_shadow_needs_the_suggestion_and_the_full_block():
