@@ -31,6 +31,7 @@ from .metrics import evaluate
 from .notify import Notifier, resolve
 from .queries import SLICE_COLUMNS, Slice, Window, slice_values
 from .service import check_bind, create_app
+from .sources import sources
 from .supervisor import Controller, Versions
 
 DEFAULT_PORT = 8470
@@ -251,6 +252,7 @@ def report(db, url, since, by, phase, as_json):
     else:
         with Store(db) as store:
             body = evaluate(store, window).report(phase)
+            body["sources"] = sources(store, window, Slice())
             if by:
                 body["slices"] = {
                     str(v): evaluate(store, window, Slice(**{SLICE_COLUMNS[by]: v})).report(phase)

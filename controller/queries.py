@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -178,6 +179,16 @@ def full_accept_totals(store: Store, window: Window, slice_: Slice, phase: str) 
         [*params, phase],
     ).to_pylist()[0]
     return int(row["total"]), int(row["n"])
+
+
+def steps_by_model(store: Store, window: Window, slice_: Slice, model: str) -> list[dict[str, Any]]:
+    """Steps and replicas in the window, apart for records whose ``model_version`` is ``model`` (``matches``)."""
+    where, params = _where("steps", window, slice_, "s")
+    return store.query(
+        "SELECT s.model_version = ? AS matches, count(*) AS steps, count(DISTINCT s.replica_id) AS replicas "
+        f"FROM steps s WHERE {where} GROUP BY 1 ORDER BY 1",
+        [model, *params],
+    ).to_pylist()
 
 
 def step_buckets(store: Store, window: Window, slice_: Slice, phase: str | None = None) -> pa.Table:

@@ -44,6 +44,7 @@ from .fleet import fleet_report, merge_aggregates
 from .metrics import evaluate
 from .queries import Slice, Window
 from .rollout import TransitionError
+from .sources import sources
 from .supervisor import Controller
 
 # Stored as BIGINT: anything beyond is a client error, not a database failure.
@@ -162,7 +163,7 @@ def create_app(controller: Controller, ingestor: Ingestor, token: str | None = N
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from None
         evaluation = await run_in_threadpool(evaluate, store, window, Slice(), controller.resamples)
-        return evaluation.report(controller.state.phase)
+        return {**evaluation.report(controller.state.phase), "sources": sources(store, window, Slice())}
 
     @app.post("/v1/consistency")
     def consistency(body: ConsistencyReport) -> dict:

@@ -49,6 +49,7 @@ def test_report_prints_per_depth_ece_utilization_misses_latency_and_throughput(d
     assert body["utilization"]["upper_bound"]["samples"] > 0
     assert body["tiers"]["miss_rate"] == 0.0 and body["throughput"]["steps"] == 40
     assert body["latency"]["32-63"]["steps"] == 40 and body["gates"]["p99_step_ratio"]["samples"] == 40
+    assert [(s["source"], s["steps"], s["cannot_feed"]) for s in body["sources"]] == [("runtime", 40, {})]
 
 
 def test_report_window_and_slices(db):
