@@ -77,6 +77,22 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     );
     """,
     ),
+    (
+        4,
+        "a consistency check is stored once: keyed by replica, kind, request and tokens compared",
+        """
+    CREATE TABLE consistency_checks_keyed (
+        received_at DOUBLE NOT NULL, replica_id VARCHAR NOT NULL, request_id VARCHAR NOT NULL,
+        kind VARCHAR NOT NULL, tokens BIGINT NOT NULL, mismatch_at BIGINT, expected BIGINT, got BIGINT,
+        PRIMARY KEY (replica_id, kind, request_id, tokens)
+    );
+    INSERT INTO consistency_checks_keyed
+        SELECT * FROM consistency_checks QUALIFY row_number() OVER (
+            PARTITION BY replica_id, kind, request_id, tokens ORDER BY received_at) = 1;
+    DROP TABLE consistency_checks;
+    ALTER TABLE consistency_checks_keyed RENAME TO consistency_checks;
+    """,
+    ),
 )
 
 

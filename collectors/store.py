@@ -42,6 +42,18 @@ EVENT_TABLES = ("steps", "requests", "depth_labels")
 SNAPSHOT_TABLES = EVENT_TABLES + ("quarantine", "decisions", "consistency_checks", "aggregates")
 # Snapshot generations kept, so a reader that opened the previous one can finish.
 _KEEP_GENERATIONS = 2
+CONSISTENCY_SCHEMA = pa.schema(
+    [
+        pa.field("received_at", pa.float64()),
+        pa.field("replica_id", pa.string()),
+        pa.field("request_id", pa.string()),
+        pa.field("kind", pa.string()),
+        pa.field("tokens", pa.int64()),
+        pa.field("mismatch_at", pa.int64()),
+        pa.field("expected", pa.int64()),
+        pa.field("got", pa.int64()),
+    ]
+)
 # UTC calendar date of a unix time, without depending on the session time zone.
 _DATE = "(DATE '1970-01-01' + CAST(floor(ts / 86400) AS INTEGER))"
 
@@ -331,14 +343,25 @@ class Store:
                 ],
             )
 
-    def record_consistency(self, rows: list[dict]) -> None:
-        """Persist greedy-replay / state checks reported by replicas (``consistency_checks`` columns)."""
-        columns = ("received_at", "replica_id", "request_id", "kind", "tokens", "mismatch_at", "expected", "got")
-        with self._lock:
-            self._con.executemany(
-                f"INSERT INTO consistency_checks ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-                [[r.get(c) for c in columns] for r in rows],
-            )
+    def record_consistency(self, rows: list[dict]) -> int:
+        """Persist greedy-replay / state checks reported by replicas (``consistency_checks`` columns), all or
+        none, as one batch; returns how many were new. A check is keyed by (replica, kind, request, tokens
+        compared), so a retried report counts once."""
+        table = pa.Table.from_pylist(
+            [{c: r.get(c) for c in CONSISTENCY_SCHEMA.names} for r in rows], schema=CONSISTENCY_SCHEMA
+        )
+        with self._lock, self._transaction():
+            before = self._con.execute("SELECT count(*) FROM consistency_checks").fetchall()[0][0]
+            self._con.register("incoming_checks", table)
+            try:
+                self._con.execute(
+                    "INSERT INTO consistency_checks BY NAME SELECT * FROM incoming_checks "
+                    "QUALIFY row_number() OVER (PARTITION BY replica_id, kind, request_id, tokens) = 1 "
+                    "ON CONFLICT DO NOTHING"
+                )
+            finally:
+                self._con.unregister("incoming_checks")
+            return int(self._con.execute("SELECT count(*) FROM consistency_checks").fetchall()[0][0] - before)
 
     def record_aggregate(
         self,

@@ -168,10 +168,14 @@ def create_app(controller: Controller, ingestor: Ingestor, token: str | None = N
     @app.post("/v1/consistency")
     def consistency(body: ConsistencyReport) -> dict:
         now = controller.clock()
-        store.record_consistency(
+        stored = store.record_consistency(
             [{"received_at": now, "replica_id": body.replica_id, **c.model_dump()} for c in body.checks]
         )
-        return {"recorded": len(body.checks), "mismatches": sum(c.mismatch_at is not None for c in body.checks)}
+        return {
+            "recorded": len(body.checks),
+            "stored": stored,  # a retried report stores nothing again
+            "mismatches": sum(c.mismatch_at is not None for c in body.checks),
+        }
 
     @app.post("/v1/aggregates")
     def aggregates(body: AggregateReport) -> Response:

@@ -56,3 +56,17 @@ def test_a_failing_migration_leaves_the_store_before_it(monkeypatch):
     assert current_version(con) == latest
     tables = {name for (name,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
     assert "half_done" not in tables and "steps" in tables
+
+
+def test_migration_4_keeps_one_row_per_consistency_check(monkeypatch):
+    con = duckdb.connect()
+    monkeypatch.setattr(migrations, "MIGRATIONS", MIGRATIONS[:3])
+    assert migrate(con) == 3
+    row = "(?, 'r0', 'req-1', 'greedy_replay', 12, NULL, NULL, NULL)"
+    for received_at in (1.0, 2.0):  # a report stored twice by a retry before checks were keyed
+        con.execute(f"INSERT INTO consistency_checks VALUES {row}", [received_at])
+    con.execute("INSERT INTO consistency_checks VALUES (3.0, 'r0', 'req-1', 'state_rollback', 12, 4, 1, 2)")
+    monkeypatch.setattr(migrations, "MIGRATIONS", MIGRATIONS)
+    assert migrate(con) == MIGRATIONS[-1][0]
+    kept = con.execute("SELECT kind, received_at FROM consistency_checks ORDER BY kind").fetchall()
+    assert kept == [("greedy_replay", 1.0), ("state_rollback", 3.0)]

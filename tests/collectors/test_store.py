@@ -296,3 +296,19 @@ def test_malformed_events_are_quarantined_and_never_half_written(store, lines):
             USING (replica_id, step_id)
         WHERE coalesce(d.n, 0) != coalesce(r.n, 0) * s.gamma""")
     assert incomplete.num_rows == 0
+
+
+def _check(i: int, **extra) -> dict:
+    return {"received_at": 1.0, "replica_id": "r0", "request_id": f"req-{i}", "kind": "greedy_replay",
+            "tokens": 10, "mismatch_at": None, "expected": None, "got": None, **extra}  # fmt: skip
+
+
+def test_a_consistency_report_is_stored_whole_and_once(store):
+    report = [_check(i) for i in range(10_000)]
+    assert store.record_consistency(report) == 10_000
+    assert store.record_consistency(report) == 0  # the retry of a report whose answer was lost
+    assert store.record_consistency([_check(0), _check(0), _check(10_001)]) == 1  # duplicates within a report too
+    broken = [_check(20_000 + i) for i in range(5)] + [_check(30_000, tokens=None)]
+    with pytest.raises(duckdb.Error):
+        store.record_consistency(broken)
+    assert store.query("SELECT count(*) AS n FROM consistency_checks").column("n")[0].as_py() == 10_001

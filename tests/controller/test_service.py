@@ -110,7 +110,10 @@ def test_a_consistency_mismatch_rolls_back_at_the_next_evaluation(service):
         "replica_id": "r0",
         "checks": [{"request_id": "req-3", "tokens": len(tokens["tokens"]), "mismatch_at": 2, "expected": 5, "got": 6}],
     }
-    assert http.post("/v1/consistency", json=report).json() == {"recorded": 1, "mismatches": 1}
+    assert http.post("/v1/consistency", json=report).json() == {"recorded": 1, "stored": 1, "mismatches": 1}
+    # A retry (the answer was lost) is not a second mismatch.
+    assert http.post("/v1/consistency", json=report).json() == {"recorded": 1, "stored": 0, "mismatches": 1}
+    assert controller.store.query("SELECT count(*) AS n FROM consistency_checks").column("n")[0].as_py() == 1
     clock.now += 60
     decision = controller.tick()
     assert (decision.action, decision.outcome, decision.phase_to) == ("rollback", "critical", "fallback")
