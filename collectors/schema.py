@@ -51,10 +51,19 @@ class Problem:
         return f"{self.field}={self.value!r}: {self.message}"
 
     def to_dict(self) -> dict[str, Any]:
-        value = self.value
-        if isinstance(value, float) and not math.isfinite(value):
-            value = repr(value)  # JSON has no NaN/inf; keep the value readable
-        return {"field": self.field, "value": value, "message": self.message}
+        return {"field": self.field, "value": json_safe(self.value), "message": self.message}
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float as its text (``nan``, ``inf``): JSON has neither, and an error
+    reply that echoes the bad value must still serialise."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 @dataclass

@@ -24,8 +24,10 @@ import hmac
 import ipaddress
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Path, Query
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -34,7 +36,7 @@ from pydantic import BaseModel, Field
 from sparkgate.collectors.aggregate import Aggregate, AggregateError
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.ingest_api import ARROW_TYPES, NDJSON_TYPES, ingest_router
-from sparkgate.collectors.schema import Problem
+from sparkgate.collectors.schema import Problem, json_safe
 from sparkgate.collectors.store import IntervalOverlap, TooManyReports
 from sparkgate.policies.payload import PolicyPayload
 from sparkgate.policies.vocabulary import CheckKind, OperatorAction
@@ -127,6 +129,12 @@ def create_app(controller: Controller, ingestor: Ingestor, token: str | None = N
     app = FastAPI(title="sparkgate controller", version="1", description=__doc__)
     authorize = _authorizer(token)
     store = controller.store
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler echoes each bad input; a NaN or 1e400 there cannot be serialised (a 500).
+        return JSONResponse({"detail": json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
+
     ingest = ingest_router(ingestor)
     app.include_router(ingest)
     endpoint = next(r.endpoint for r in ingest.routes if isinstance(r, APIRoute) and r.path == "/v1/ingest")

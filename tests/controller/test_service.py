@@ -231,3 +231,24 @@ def test_non_loopback_binds_are_refused_without_a_token(host):
     with pytest.raises(ValueError, match="needs a bearer token"):
         check_bind(host, None)
     check_bind(host, TOKEN)
+
+
+@pytest.mark.parametrize(
+    "path, body, loc, echoed",
+    [
+        ("/v1/aggregates", '{"replica_id": "r", "interval_start": NaN, "interval_end": 1, "aggregate": {}}',
+         ["body", "interval_start"], "nan"),
+        ("/v1/aggregates", '{"replica_id": "r", "interval_start": 0, "interval_end": 1e400, "aggregate": {}}',
+         ["body", "interval_end"], "inf"),
+        ("/v1/consistency", '{"replica_id": "r", "checks": [{"request_id": "a", "tokens": NaN}]}',
+         ["body", "checks", 0, "tokens"], "nan"),
+    ],
+)  # fmt: skip
+def test_a_non_finite_number_gets_a_422_naming_it_and_the_connection_lives_on(service, path, body, loc, echoed):
+    http, controller, _, _ = service
+    response = http.post(path, content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    (error,) = response.json()["detail"]
+    assert error["loc"] == loc and error["input"] == echoed
+    assert http.get("/healthz").status_code == 200  # the same keep-alive client still works
+    assert controller.store.query("SELECT count(*) AS n FROM consistency_checks").column("n")[0].as_py() == 0
