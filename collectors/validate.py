@@ -37,6 +37,9 @@ _TIMINGS = ("draft_ms", "schedule_ms", "verify_ms", "accept_ms", "step_ms")
 _NON_NEGATIVE = ("step_id", "verify_rows", "tier_rows", "host_syncs", "policy_revision")
 # A miss ran eager, in no tier; the runtime records it as tier -1.
 NO_TIER = -1
+# Ids are keys and labels: the same cap as the HTTP API's, and no control or bidirectional-format characters.
+MAX_ID_CHARS = 512
+_HIDDEN_CHARS = "[\\x00-\\x1f\\x7f-\\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]"
 
 
 class _Report:
@@ -46,12 +49,18 @@ class _Report:
         self.flat = flat
         self.problems: list[list[Problem]] = [[] for _ in range(flat.steps.num_rows)]
 
-    def steps(self, mask: np.ndarray, name: str, message: str | Callable[[int], str]) -> None:
+    def steps(
+        self,
+        mask: np.ndarray,
+        name: str,
+        message: str | Callable[[int], str],
+        value: Callable[[int], Any] | None = None,
+    ) -> None:
         column = self.flat.steps.column(name)
         for index in np.flatnonzero(mask):
             i = int(index)
             text = message(i) if callable(message) else message
-            self.problems[i].append(Problem(name, column[i].as_py(), text))
+            self.problems[i].append(Problem(name, value(i) if value else column[i].as_py(), text))
 
     def requests(
         self,
@@ -67,6 +76,24 @@ class _Report:
             got = value(j) if value else column[j].as_py()
             path = f"requests[{self.flat.slot[j]}].{name}"
             self.problems[self.flat.parent[j]].append(Problem(path, got, text))
+
+
+def _bad_ids(column: pa.ChunkedArray) -> np.ndarray:
+    """Ids too long to be keys (over ``MAX_ID_CHARS``) or holding control or bidirectional-format characters,
+    which print as something else in a log, a table or a terminal."""
+    too_long = pc.greater(pc.utf8_length(column), MAX_ID_CHARS)
+    hidden = pc.match_substring_regex(column, _HIDDEN_CHARS)
+    return pc.fill_null(pc.or_(too_long, hidden), False).to_numpy(zero_copy_only=False)
+
+
+def _shown_id(column: pa.ChunkedArray) -> Callable[[int], Any]:
+    """An id as a problem shows it: escaped (so hidden characters are visible), at most 80 characters."""
+
+    def shown(i: int) -> str:
+        text = ascii(column[i].as_py())[1:-1]
+        return text if len(text) <= 80 else f"{text[:80]}… ({len(column[i].as_py())} chars)"
+
+    return shown
 
 
 def _ints(table: pa.Table, name: str) -> np.ndarray:
@@ -96,6 +123,12 @@ def _check_steps(report: _Report, gamma: np.ndarray, n_requests: np.ndarray) -> 
         pc.fill_null(pc.equal(steps.column("replica_id"), ""), False).to_numpy(zero_copy_only=False),
         "replica_id",
         "must not be empty",
+    )
+    report.steps(
+        _bad_ids(steps.column("replica_id")),
+        "replica_id",
+        f"at most {MAX_ID_CHARS} characters, none of them control or bidirectional-format characters",
+        _shown_id(steps.column("replica_id")),
     )
     for name in _NON_NEGATIVE:
         report.steps(_ints(steps, name) < 0, name, "must be >= 0")
@@ -229,6 +262,12 @@ def _check_requests(report: _Report, gamma: np.ndarray) -> None:
         pc.fill_null(pc.equal(reqs.column("request_id"), ""), False).to_numpy(zero_copy_only=False),
         "request_id",
         "must not be empty",
+    )
+    report.requests(
+        _bad_ids(reqs.column("request_id")),
+        "request_id",
+        f"at most {MAX_ID_CHARS} characters, none of them control or bidirectional-format characters",
+        _shown_id(reqs.column("request_id")),
     )
     temperature = _floats(reqs, "temperature")
     report.requests(~np.isfinite(temperature) | (temperature < 0), "temperature", "must be finite and >= 0")

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,52 @@ from sparkgate.collectors.schema import (
 
 # Larger than any sane body, so one block parses it (a line straddling blocks fails).
 _JSON_BLOCK = 1 << 26
+# Arrow converts 4.5 to an int64 column as 4, silently. A non-integral number in an integer field must be
+# rejected instead: the NDJSON fast path reads integer fields as float64 (exact up to 2^53), checks them and
+# casts, falling back to the per-line pass (which names the field) when one is not an exact integer; the object
+# path checks field by field.
+_STEP_INTS = tuple(f.name for f in STEP_SCHEMA if pa.types.is_integer(f.type))
+_ROW_INTS = tuple(f.name for f in REQUEST_TYPE if pa.types.is_integer(f.type))
+_ROW_INT_LISTS = tuple(
+    f.name for f in REQUEST_TYPE if pa.types.is_list(f.type) and pa.types.is_integer(f.type.value_type)
+)
+_EXACT = float(2**53)
+
+
+def _as_float(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_integer(t):
+        return pa.float64()
+    if pa.types.is_list(t):
+        return pa.list_(_as_float(t.value_type))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _as_float(f.type), f.nullable) for f in t])
+    return t
+
+
+_FLOAT_WIRE = pa.schema([pa.field(f.name, _as_float(f.type)) for f in WIRE_SCHEMA])
+
+
+def _integer_leaves(array: pa.Array, t: pa.DataType) -> Iterator[pa.Array]:
+    """The float64 arrays that stand for integer fields of ``t`` inside ``array`` (read with ``_FLOAT_WIRE``)."""
+    if pa.types.is_integer(t):
+        yield array
+    elif pa.types.is_list(t):
+        yield from _integer_leaves(array.flatten(), t.value_type)
+    elif pa.types.is_struct(t):
+        for i, f in enumerate(t):
+            yield from _integer_leaves(array.field(i), f.type)
+
+
+def _exact_integers(table: pa.Table) -> pa.Table | None:
+    """``table`` (read with ``_FLOAT_WIRE``) cast to ``WIRE_SCHEMA``, or None when an integer field holds a
+    fraction or a value float64 does not hold exactly."""
+    for f in WIRE_SCHEMA:
+        for chunk in table.column(f.name).chunks:
+            for leaf in _integer_leaves(chunk, f.type):
+                ok = pc.and_(pc.equal(leaf, pc.floor(leaf)), pc.less_equal(pc.abs(leaf), _EXACT))
+                if pc.any(pc.invert(ok)).as_py():
+                    return None
+    return table.cast(WIRE_SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -72,11 +119,32 @@ def _json_bytes(obj: Any) -> bytes:
     return json.dumps(obj, default=repr).encode()
 
 
+def _fraction(value: Any) -> bool:
+    return isinstance(value, float) and not (math.isfinite(value) and value.is_integer())
+
+
+def _integer_problems(obj: dict[str, Any]) -> list[Problem]:
+    """Non-integral numbers in integer fields (which Arrow would truncate), each named."""
+    want = "expected an integer (it would be truncated)"
+    problems = [Problem(n, obj[n], want) for n in _STEP_INTS if _fraction(obj.get(n))]
+    rows = obj.get("requests")
+    for slot, row in enumerate(rows if isinstance(rows, list) else []):
+        if not isinstance(row, dict):
+            continue
+        problems += [Problem(f"requests[{slot}].{n}", row[n], want) for n in _ROW_INTS if _fraction(row.get(n))]
+        for n in _ROW_INT_LISTS:
+            values = row.get(n)
+            for i, v in enumerate(values if isinstance(values, list) else []):
+                if _fraction(v):
+                    problems.append(Problem(f"requests[{slot}].{n}[{i}]", v, want))
+    return problems
+
+
 def _field_problems(obj: Any) -> list[Problem]:
     """Why ``obj`` does not fit ``WIRE_SCHEMA``, field by field (the slow path only)."""
     if not isinstance(obj, dict):
         return [Problem("<record>", type(obj).__name__, "a step record must be a JSON object")]
-    problems = []
+    problems = _integer_problems(obj)
     for f in STEP_SCHEMA:
         try:
             pa.array([obj.get(f.name)], f.type)
@@ -97,11 +165,19 @@ def _field_problems(obj: Any) -> list[Problem]:
     return problems
 
 
-def _objects(objs: Sequence[Any], payload: Callable[[int], bytes], positions: Sequence[int] | None = None) -> Parsed:
-    """Type ``objs`` (dicts in wire form); ``positions`` maps them to input indices."""
+def _objects(
+    objs: Sequence[Any],
+    payload: Callable[[int], bytes],
+    positions: Sequence[int] | None = None,
+    check_integers: bool = True,
+) -> Parsed:
+    """Type ``objs`` (dicts in wire form); ``positions`` maps them to input indices. ``check_integers``
+    False skips the search for fractions in integer fields (typed records, whose fields are ints)."""
     index = np.arange(len(objs)) if positions is None else np.asarray(positions, dtype=np.int64)
+    clean = not check_integers or not any(isinstance(o, dict) and _integer_problems(o) for o in objs)
     try:
-        return Parsed(pa.Table.from_pylist(list(objs), schema=WIRE_SCHEMA), index, [], payload)
+        if clean:
+            return Parsed(pa.Table.from_pylist(list(objs), schema=WIRE_SCHEMA), index, [], payload)
     except Exception:
         pass
     good, kept, rejected = [], [], []
@@ -139,8 +215,9 @@ def from_dicts(objs: Sequence[Any]) -> Parsed:
 
 
 def from_records(records: Sequence[StepRecord]) -> Parsed:
-    """Type in-process ``StepRecord`` objects."""
-    return from_dicts([r.to_dict() for r in records])
+    """Type in-process ``StepRecord`` objects (typed: their integer fields are ints)."""
+    objs = [r.to_dict() for r in records]
+    return _objects(objs, lambda i: _json_bytes(objs[i]), check_integers=False)
 
 
 def from_ndjson(data: bytes) -> Parsed:
@@ -151,12 +228,13 @@ def from_ndjson(data: bytes) -> Parsed:
         # top-level value is not an object, e.g. `null`; only all-object bodies take the fast path.
         if not all(line.lstrip().startswith(b"{") for line in lines):
             raise ValueError("a line is not a JSON object")
-        wire = pajson.read_json(
+        read = pajson.read_json(
             io.BytesIO(data),
             read_options=pajson.ReadOptions(block_size=max(_JSON_BLOCK, len(data) + 1)),
-            parse_options=pajson.ParseOptions(explicit_schema=WIRE_SCHEMA, unexpected_field_behavior="ignore"),
+            parse_options=pajson.ParseOptions(explicit_schema=_FLOAT_WIRE, unexpected_field_behavior="ignore"),
         )
-        if wire.num_rows == len(lines):
+        wire = _exact_integers(read.select(WIRE_SCHEMA.names))
+        if wire is not None and wire.num_rows == len(lines):
             return Parsed(wire.select(WIRE_SCHEMA.names), np.arange(len(lines)), [], lines.__getitem__)
     except (pa.ArrowException, ValueError):
         pass  # the per-line pass below tells which lines are at fault

@@ -127,3 +127,16 @@ def test_duplicate_request_in_a_step():
 def test_messages_are_readable():
     problem = next(p for p in validate(with_row(mode="x")) if p.field == "requests[0].mode")
     assert str(problem).startswith("requests[0].mode='x': unknown mode")
+
+
+@pytest.mark.parametrize("bad", ["x" * 513, "a\x00b", "tab\there", "a\u202eb", "zero\u200bwidth"])
+def test_ids_are_bounded_and_show_what_they_hold(bad):
+    found = fields(step(replica_id=bad))
+    assert "replica_id" in found and len(found["replica_id"]) <= 100  # echoed escaped and cut, never whole
+    row = dataclasses.replace(static_row(), request_id=bad)
+    assert "requests[0].request_id" in fields(step(requests=[row]))
+
+
+def test_ids_at_the_limit_and_in_any_script_are_fine():
+    assert validate(step(replica_id="r" * 512)) == []
+    assert validate(step(replica_id="réplica-東京-1")) == []

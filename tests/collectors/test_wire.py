@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sparkgate.collectors.synth import synthetic_wire
-from sparkgate.collectors.wire import from_ipc, from_ndjson, to_ipc
-from tests.collectors.strategies import compact_row, ndjson, step
+from sparkgate.collectors.wire import from_dicts, from_ipc, from_ndjson, to_ipc
+from tests.collectors.strategies import compact_row, ndjson, step, step_records
 
 
 def test_ndjson_fast_path_and_blank_lines():
@@ -58,3 +61,45 @@ def test_arrow_ipc_round_trip_and_missing_columns():
     assert garbage.wire.num_rows == 0 and garbage.rejected[0].problems[0].field == "<body>"
     wrong = from_ipc(to_ipc(pa.table({"gamma": pa.array(["x"])})))
     assert wrong.rejected[0].problems[0].field == "gamma"
+
+
+def _one(**changes) -> dict:
+    record = json.loads(json.dumps(synthetic_wire(1, 2, 4, "r0", seed=1, ts=1.75e9).to_pylist()[0]))
+    for path, value in changes.items():
+        if "__" in path:
+            slot, name = path.split("__")
+            record["requests"][int(slot.removeprefix("row"))][name] = value
+        else:
+            record[path] = value
+    return record
+
+
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        ({"gamma": 4.5}, "gamma"),
+        ({"step_id": 1e-3}, "step_id"),
+        ({"row1__window": 2.5}, "requests[1].window"),
+        ({"row0__committed_tokens": [1, 2.5]}, "requests[0].committed_tokens[1]"),
+    ],
+)
+def test_a_fraction_in_an_integer_field_is_rejected_not_truncated(changes, field):
+    record = _one(**changes)
+    for parsed in (from_ndjson(json.dumps(record).encode() + b"\n"), from_dicts([record])):
+        assert parsed.wire.num_rows == 0
+        (problem,) = parsed.rejected[0].problems
+        assert problem.field == field and "expected an integer" in problem.message
+
+
+def test_integers_written_as_floats_and_beyond_float_precision_are_kept_exactly():
+    assert from_ndjson(json.dumps(_one(gamma=4.0)).encode() + b"\n").wire.column("gamma").to_pylist() == [4]
+    big = _one(step_id=2**60 + 1)  # float64 cannot hold it: the exact per-line pass takes it
+    assert from_ndjson(json.dumps(big).encode() + b"\n").wire.column("step_id").to_pylist() == [2**60 + 1]
+
+
+@given(st.lists(step_records(), min_size=1, max_size=6))
+def test_the_fast_path_reads_what_the_object_path_reads(records):
+    objs = [r.to_dict() for r in records]
+    body = b"".join(json.dumps(o).encode() + b"\n" for o in objs)
+    fast, slow = from_ndjson(body), from_dicts(objs)
+    assert fast.wire.equals(slow.wire) and not fast.rejected and not slow.rejected
