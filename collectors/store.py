@@ -154,8 +154,13 @@ class Store:
         try:
             yield
             self._con.execute("COMMIT")
-        except BaseException:
-            self._con.execute("ROLLBACK")
+        except BaseException as exc:
+            try:
+                self._con.execute("ROLLBACK")
+            except duckdb.Error as rollback:
+                # A failed commit (a full disk) can leave no transaction to roll back; the cause is the
+                # first error, which a failed ROLLBACK must not replace.
+                exc.add_note(f"(rolling back also failed: {rollback})")
             raise
 
     def query(self, sql: str, params: list | None = None) -> pa.Table:

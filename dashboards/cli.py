@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from sparkgate.controller.service import is_loopback
 from sparkgate.policies.rollout import DEFAULT_PATH
 
 APP = Path(__file__).with_name("app.py")
@@ -54,8 +55,18 @@ def streamlit_command(app_args: list[str], host: str = "127.0.0.1", port: int = 
 )
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8501, show_default=True)
-def dashboard(db, snapshot_dir, url, policy_path, host, port):
+@click.option(
+    "--behind-auth-proxy",
+    is_flag=True,
+    help="Listen beyond loopback: an authenticating reverse proxy stands in front (Streamlit has no auth).",
+)
+def dashboard(db, snapshot_dir, url, policy_path, host, port, behind_auth_proxy):
     """Operator dashboards: rollout, calibration, acceptance, tiers and cost, fleet. Read-only."""
+    if not is_loopback(host) and not behind_auth_proxy:
+        raise click.UsageError(
+            f"--host {host}: the dashboards have no authentication of their own; listen on loopback and put an "
+            "authenticating reverse proxy in front (then pass --behind-auth-proxy)"
+        )
     given = [
         (flag, value)
         for flag, value in (("--db", db), ("--snapshot-dir", snapshot_dir), ("--controller", url))

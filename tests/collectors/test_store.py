@@ -312,3 +312,29 @@ def test_a_consistency_report_is_stored_whole_and_once(store):
     with pytest.raises(duckdb.Error):
         store.record_consistency(broken)
     assert store.query("SELECT count(*) AS n FROM consistency_checks").column("n")[0].as_py() == 10_001
+
+
+def test_a_failed_commit_keeps_its_cause_when_the_rollback_fails_too(store):
+    class FullDisk:
+        """The writer connection as a full disk leaves it: COMMIT fails, and with it the transaction."""
+
+        def __init__(self, con):
+            self.con = con
+
+        def execute(self, sql, *args):
+            if sql == "COMMIT":
+                self.con.execute("ROLLBACK")
+                raise duckdb.IOException("could not write: No space left on device")
+            return self.con.execute(sql, *args)
+
+        def __getattr__(self, name):
+            return getattr(self.con, name)
+
+    real, store._con = store._con, FullDisk(store._con)
+    try:
+        with pytest.raises(duckdb.IOException, match="No space left on device") as caught:
+            store.record_consistency([_check(1)])
+    finally:
+        store._con = real
+    assert any("rolling back also failed" in note for note in caught.value.__notes__)
+    assert store.query("SELECT count(*) AS n FROM consistency_checks").column("n")[0].as_py() == 0

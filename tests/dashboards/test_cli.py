@@ -19,3 +19,13 @@ def test_dashboard_command_runs_streamlit_headless_on_loopback(monkeypatch, fixt
     assert argv[argv.index("--") + 1 :][:2] == ["--db", str(fixture_store.db)]
     missing = CliRunner().invoke(main, ["dashboard"])
     assert missing.exit_code == 2 and "exactly one of" in missing.output
+
+
+def test_the_dashboards_refuse_to_listen_beyond_loopback_without_a_proxy(tmp_path):
+    from click.testing import CliRunner
+
+    from sparkgate.cli import main
+
+    refused = CliRunner().invoke(main, ["dashboard", "--db", str(tmp_path / "x.duckdb"), "--host", "0.0.0.0"])
+    assert refused.exit_code == 2 and "no authentication of their own" in refused.output
+    assert "--behind-auth-proxy" in refused.output
