@@ -228,6 +228,10 @@ def from_ndjson(data: bytes) -> Parsed:
         # top-level value is not an object, e.g. `null`; only all-object bodies take the fast path.
         if not all(line.lstrip().startswith(b"{") for line in lines):
             raise ValueError("a line is not a JSON object")
+        if not data.isascii():
+            # Arrow's reader does not check UTF-8, and a bad byte in an id would fail far later, at every
+            # retry; decoding raises here instead (a ValueError), so the per-line pass rejects that line.
+            data.decode("utf-8")
         read = pajson.read_json(
             io.BytesIO(data),
             read_options=pajson.ReadOptions(block_size=max(_JSON_BLOCK, len(data) + 1)),
@@ -260,6 +264,7 @@ def from_ipc(data: bytes) -> Parsed:
     """
     try:
         table = pa.ipc.open_stream(data).read_all()
+        table.validate(full=True)  # checks UTF-8 too, which a later read of an id would otherwise trip on
     except (pa.ArrowException, ValueError) as exc:
         return _whole_body_rejected(data, Problem("<body>", None, f"not an Arrow IPC stream: {exc}"))
     columns = []

@@ -103,3 +103,11 @@ def test_the_fast_path_reads_what_the_object_path_reads(records):
     body = b"".join(json.dumps(o).encode() + b"\n" for o in objs)
     fast, slow = from_ndjson(body), from_dicts(objs)
     assert fast.wire.equals(slow.wire) and not fast.rejected and not slow.rejected
+
+
+def test_invalid_utf8_is_rejected_by_line_not_stored_later():
+    good = json.dumps(_one()).encode()
+    body = good + b"\n" + good.replace(b'"r0"', b'"r\xff0"').replace(b'"step_id": 0', b'"step_id": 1') + b"\n"
+    parsed = from_ndjson(body)
+    assert parsed.wire.num_rows == 1 and [r.position for r in parsed.rejected] == [1]
+    assert "invalid JSON" in parsed.rejected[0].problems[0].message
