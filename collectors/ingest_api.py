@@ -7,7 +7,9 @@ Mount ``ingest_router(ingestor)`` in any FastAPI app. Responses:
   when some records were invalid: the valid ones are committed and the invalid
   ones quarantined (retrying the same body would only duplicate them);
 - 413 when the body exceeds the limit, 415 for another content type, 400 for an
-  empty body, 503 when the store could not commit (nothing was written; retry).
+  empty body, 503 when the store could not commit (nothing was written; retry);
+- with ``writers``: 401 without a writer token, 403 with a wrong one or for a body
+  naming a replica the writer may not post for (nothing is written).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from fastapi.responses import JSONResponse, Response
 
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.wire import Parsed, from_ipc, from_ndjson
+from sparkgate.collectors.writers import Refused, Writers
 
 NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/json")
 ARROW_TYPES = ("application/vnd.apache.arrow.stream",)
@@ -57,12 +60,18 @@ def _parser(content_type: str):
     return None
 
 
-def ingest_router(ingestor: Ingestor, max_body_bytes: int = DEFAULT_MAX_BODY) -> APIRouter:
-    """A router with ``POST /v1/ingest`` committing into ``ingestor``."""
+def ingest_router(
+    ingestor: Ingestor, max_body_bytes: int = DEFAULT_MAX_BODY, writers: Writers | None = None
+) -> APIRouter:
+    """A router with ``POST /v1/ingest`` committing into ``ingestor``; ``writers`` (when given) must sign it."""
     router = APIRouter()
 
     @router.post("/v1/ingest")
     async def ingest(request: Request) -> Response:
+        try:
+            writer = writers.identify(request.headers.get("authorization")) if writers is not None else None
+        except Refused as refused:
+            return JSONResponse({"error": refused.reason}, status_code=refused.status)
         parse = _parser(request.headers.get("content-type", ""))
         if parse is None:
             return JSONResponse(
@@ -78,10 +87,14 @@ def ingest_router(ingestor: Ingestor, max_body_bytes: int = DEFAULT_MAX_BODY) ->
 
         def commit():
             parsed: Parsed = parse(body)
+            if writers is not None and writer is not None:
+                writers.permit(writer, set(parsed.wire.column("replica_id").to_pylist()))
             return ingestor.ingest(parsed, source)
 
         try:
             result = await run_in_threadpool(commit)
+        except Refused as refused:
+            return JSONResponse({"error": refused.reason}, status_code=refused.status)
         except Exception as exc:
             return JSONResponse({"error": f"not committed: {exc}"}, status_code=503)
         payload = result.summary()

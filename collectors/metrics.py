@@ -85,6 +85,12 @@ class Metrics:
         self.phase = Gauge(
             "sparkgate_rollout_phase", "1 for the current rollout phase, else 0.", ("phase",), registry=r
         )
+        self.writer_refusals = Counter(
+            "sparkgate_writer_refusals_total",
+            "Writer requests refused: no or a wrong credential, or a replica the writer may not post for.",
+            ("writer", "reason"),
+            registry=r,
+        )
 
     def observe(self, prepared: Prepared, source: str) -> None:
         """Count one committed batch (its valid steps and its quarantined records)."""

@@ -24,6 +24,7 @@ from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store
 from sparkgate.collectors.tracing import tracer_provider
+from sparkgate.collectors.writers import Writers, load_writers
 from sparkgate.policies.rollout import DEFAULT_PATH, load_rollout_policy
 
 from .actuators import SGLangActuator
@@ -75,6 +76,13 @@ def evaluate_forever(controller: Controller, stop: threading.Event, snapshot_dir
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=DEFAULT_PORT, show_default=True)
 @token_option
+@click.option(
+    "--writers",
+    "writers_path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="YAML of writer credentials bound to replica ids [default: one writer from env SPARKGATE_WRITER_TOKEN].",
+)
 @click.option("--sglang", "sglang_urls", multiple=True, help="SGLang server to push fallback to (repeatable).")
 @click.option("--prometheus", default=None, help="Prometheus base URL for gates with promql.")
 @click.option("--snapshot-dir", type=click.Path(file_okay=False), help="Publish Parquet snapshots after each tick.")
@@ -92,6 +100,7 @@ def serve(
     host,
     port,
     token,
+    writers_path,
     sglang_urls,
     prometheus,
     snapshot_dir,
@@ -100,14 +109,18 @@ def serve(
     otlp_endpoint,
 ):
     """Run the controller: policy and ingest API, gates, rollout, /metrics."""
+    metrics = Metrics()
     try:
-        check_bind(host, token)
+        found = load_writers(writers_path)
+        writers = (
+            Writers(found, on_refusal=lambda w, why: metrics.writer_refusals.labels(w, why).inc()) if found else None
+        )
+        check_bind(host, token, writers)
         policy = load_rollout_policy(policy_path)
         notifier = Notifier(resolve(policy.notify)) if policy.notify else None
         provider = tracer_provider(otlp_endpoint, service_name="sparkgate-controller") if otlp_endpoint else None
     except (ValueError, RuntimeError) as exc:
         raise click.UsageError(str(exc)) from None
-    metrics = Metrics()
     tracer = provider.get_tracer("sparkgate.collectors") if provider else None
     with Store(db) as store, _flushed(provider):
         actuators = [SGLangActuator(sglang_urls)] if sglang_urls else []
@@ -120,7 +133,7 @@ def serve(
             prometheus_url=prometheus,
             versions=Versions(cost_table_version, sts_version),
         )
-        app = create_app(controller, Ingestor(store, metrics, tracer), token)
+        app = create_app(controller, Ingestor(store, metrics, tracer), token, writers)
         stop = threading.Event()
         loop = threading.Thread(
             target=evaluate_forever, args=(controller, stop, snapshot_dir), name="sparkgate-evaluate", daemon=True

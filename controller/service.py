@@ -14,8 +14,11 @@
 | ``GET /metrics``, ``GET /healthz`` | Prometheus exposition, liveness |
 
 Operator routes answer 401 without a bearer token and 403 with a wrong one when
-a token is configured. Without a token the service must listen on loopback only
-(``check_bind`` refuses anything else), so only local users can act.
+a token is configured. The writer routes (records, consistency, aggregates) do
+the same with writer credentials (``collectors.writers``) when writers are
+configured, and refuse with 403 a body for a replica the writer is not bound to.
+Without both the service must listen on loopback only (``check_bind`` refuses
+anything else), so only local users can act or write.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.ingest_api import ARROW_TYPES, NDJSON_TYPES, ingest_router
 from sparkgate.collectors.schema import Problem, json_safe
 from sparkgate.collectors.store import IntervalOverlap, TooManyReports
+from sparkgate.collectors.writers import Refused, Writers
 from sparkgate.policies.payload import PolicyPayload
 from sparkgate.policies.vocabulary import CheckKind, OperatorAction
 
@@ -92,10 +96,17 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_bind(host: str, token: str | None) -> None:
-    """Refuse to listen beyond loopback without a token (anyone who can connect could roll out)."""
-    if not token and not is_loopback(host):
-        raise ValueError(f"host={host!r}: listening beyond loopback needs a bearer token (--token)")
+def check_bind(host: str, token: str | None, writers: Writers | None = None) -> None:
+    """Refuse to listen beyond loopback without an operator token and writer credentials (anyone who can
+    connect could roll out, or feed the gates forged records)."""
+    if is_loopback(host):
+        return
+    if not token:
+        raise ValueError(f"host={host!r}: listening beyond loopback needs an operator token (SPARKGATE_TOKEN)")
+    if writers is None:
+        raise ValueError(
+            f"host={host!r}: listening beyond loopback needs writer credentials (SPARKGATE_WRITER_TOKEN or --writers)"
+        )
 
 
 def _authorizer(token: str | None):
@@ -124,7 +135,9 @@ def _ingest_body_spec() -> dict:
     }
 
 
-def create_app(controller: Controller, ingestor: Ingestor, token: str | None = None) -> FastAPI:
+def create_app(
+    controller: Controller, ingestor: Ingestor, token: str | None = None, writers: Writers | None = None
+) -> FastAPI:
     """The service over ``controller`` (whose store ``ingestor`` writes to)."""
     app = FastAPI(title="sparkgate controller", version="1", description=__doc__)
     authorize = _authorizer(token)
@@ -135,7 +148,17 @@ def create_app(controller: Controller, ingestor: Ingestor, token: str | None = N
         # FastAPI's own handler echoes each bad input; a NaN or 1e400 there cannot be serialised (a 500).
         return JSONResponse({"detail": json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
 
-    ingest = ingest_router(ingestor)
+    ingest = ingest_router(ingestor, writers=writers)
+
+    def permit(request: Request, replica_id: str) -> None:
+        """The writer routes' credential check (nothing to check without writers)."""
+        if writers is None:
+            return
+        try:
+            writers.permit(writers.identify(request.headers.get("authorization")), [replica_id])
+        except Refused as refused:
+            raise HTTPException(refused.status, refused.reason) from None
+
     app.include_router(ingest)
     endpoint = next(r.endpoint for r in ingest.routes if isinstance(r, APIRoute) and r.path == "/v1/ingest")
     app.add_api_route(
@@ -174,7 +197,8 @@ def create_app(controller: Controller, ingestor: Ingestor, token: str | None = N
         return {**evaluation.report(controller.state.phase), "sources": sources(store, window, Slice())}
 
     @app.post("/v1/consistency")
-    def consistency(body: ConsistencyReport) -> dict:
+    def consistency(body: ConsistencyReport, request: Request) -> dict:
+        permit(request, body.replica_id)
         now = controller.clock()
         stored = store.record_consistency(
             [{"received_at": now, "replica_id": body.replica_id, **c.model_dump()} for c in body.checks]
@@ -186,7 +210,8 @@ def create_app(controller: Controller, ingestor: Ingestor, token: str | None = N
         }
 
     @app.post("/v1/aggregates")
-    def aggregates(body: AggregateReport) -> Response:
+    def aggregates(body: AggregateReport, request: Request) -> Response:
+        permit(request, body.replica_id)
         problems = (
             []
             if body.interval_end >= body.interval_start

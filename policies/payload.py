@@ -12,6 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sparkgate.policies.vocabulary import Phase
 
+# Where a replica (or any writer) finds the bearer token it signs its records with; the server's
+# ``collectors.writers`` reads the same variable for its one default writer.
+WRITER_TOKEN_ENV = "SPARKGATE_WRITER_TOKEN"
+
 
 class PolicyPayload(BaseModel):
     """What every replica of a fleet follows.

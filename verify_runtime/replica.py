@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 import httpx
 
 from sparkgate.collectors.schema import StepRecord
-from sparkgate.policies.payload import PolicyPayload
+from sparkgate.policies.payload import WRITER_TOKEN_ENV, PolicyPayload
 from sparkgate.policies.vocabulary import Mode, Phase
 from sparkgate.policies.window import FixedWindow, WindowPolicy
 
@@ -58,9 +59,12 @@ def mode_for(request_id: str, policy: PolicyPayload) -> Mode:
 class ControllerClient:
     """The few controller routes a replica uses."""
 
-    def __init__(self, url: str, timeout_s: float = 30.0):
+    def __init__(self, url: str, timeout_s: float = 30.0, writer_token: str | None = None):
+        """``writer_token`` (default: env ``SPARKGATE_WRITER_TOKEN``) signs what it posts."""
         self.url = url.rstrip("/")
-        self.http = httpx.Client(base_url=self.url, timeout=timeout_s)
+        token = os.environ.get(WRITER_TOKEN_ENV) if writer_token is None else writer_token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers)
 
     def close(self) -> None:
         self.http.close()

@@ -68,7 +68,7 @@ def test_serve_refuses_a_public_bind_without_a_token(tmp_path):
     result = CliRunner().invoke(
         main, ["serve", "--db", str(tmp_path / "x.duckdb"), "--host", "0.0.0.0"], env={"SPARKGATE_TOKEN": ""}
     )
-    assert result.exit_code == 2 and "needs a bearer token" in result.output
+    assert result.exit_code == 2 and "needs an operator token" in result.output
 
 
 def test_serve_exports_a_span_per_ingested_step_over_otlp(tmp_path, monkeypatch):

@@ -16,6 +16,7 @@ from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import flatten
+from sparkgate.collectors.writers import Writer, Writers
 from sparkgate.controller.service import check_bind, create_app
 from sparkgate.controller.supervisor import Controller
 from sparkgate.policies.rollout import parse_rollout_policy
@@ -227,10 +228,12 @@ def test_loopback_binds_need_no_token(host):
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "example.org"])
-def test_non_loopback_binds_are_refused_without_a_token(host):
-    with pytest.raises(ValueError, match="needs a bearer token"):
+def test_non_loopback_binds_are_refused_without_an_operator_token_and_writer_credentials(host):
+    with pytest.raises(ValueError, match="needs an operator token"):
         check_bind(host, None)
-    check_bind(host, TOKEN)
+    with pytest.raises(ValueError, match="needs writer credentials"):
+        check_bind(host, TOKEN)  # records and checks steer the gates as surely as operator actions do
+    check_bind(host, TOKEN, Writers([Writer("fleet", "w-secret")]))
 
 
 @pytest.mark.parametrize(
