@@ -10,14 +10,13 @@ request's cache state is checked against a dense replay, and both kinds of
 comparison are posted to ``POST /v1/consistency``.
 
 When the controller cannot be reached the replica keeps serving under the last
-policy it received and keeps (a bounded number of) unsent records for the next
-attempt.
+policy it received; unsent records wait in its ``spool`` (on disk, replayed in
+order, ``spool.Spool``), or without one a bounded number wait in memory.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 import time
@@ -33,6 +32,7 @@ from sparkgate.policies.window import FixedWindow, WindowPolicy
 
 from .consistency import GreedyReplay, state_check, unit_hash, wanted
 from .engine import Engine, Request
+from .spool import Spool, ndjson
 
 log = logging.getLogger(__name__)
 MAX_PENDING_RECORDS = 10_000
@@ -82,7 +82,10 @@ class ControllerClient:
 
     def post_records(self, records: list[StepRecord]) -> dict:
         """Post records as NDJSON. A 422 (some records quarantined, the rest stored) is not retried."""
-        body = "".join(json.dumps(r.to_dict()) + "\n" for r in records)
+        return self.post_body(ndjson(records))
+
+    def post_body(self, body: bytes) -> dict:
+        """Post an NDJSON body of step records (a spool segment, or ``post_records``'s)."""
         response = self.http.post("/v1/records", content=body, headers={"content-type": "application/x-ndjson"})
         if response.status_code == 422:
             log.warning("controller quarantined records: %s", response.text[:500])
@@ -111,6 +114,7 @@ class Replica:
         state_every: int = 0,
         poll_s: float = 1.0,
         flush_steps: int = 16,
+        spool: Spool | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.engine, self.client, self.scheduler, self.replay = engine, client, scheduler, replay
@@ -121,6 +125,7 @@ class Replica:
             flush_steps,
             clock,
         )
+        self.spool = spool  # where records wait while the controller is unreachable
         self.payload: PolicyPayload | None = None
         self.pending: list[StepRecord] = []
         self.compact_ids: set[str] = set()
@@ -164,19 +169,28 @@ class Replica:
 
     # -- records and checks ----------------------------------------------------
     def flush(self) -> None:
-        """Post pending records, then check the sampled requests whose records are now stored."""
-        if self.pending:
-            try:
+        """Post what the spool holds, then pending records, then check the sampled requests whose records
+        are now stored. While the controller is unreachable pending records go to the spool (with one, in
+        order behind what it holds); without one at most ``MAX_PENDING_RECORDS`` wait in memory."""
+        try:
+            if self.spool is not None:
+                self.stats["posted"] += self.spool.replay(self.client.post_body)
+            if self.pending:
                 self.client.post_records(self.pending)
                 self.stats["posted"] += len(self.pending)
                 self.pending = []
-            except httpx.HTTPError as exc:
-                log.warning("posting %d records failed (%s); will retry", len(self.pending), exc)
-                overflow = len(self.pending) - MAX_PENDING_RECORDS
-                if overflow > 0:
-                    self.stats["dropped"] += overflow
-                    del self.pending[:overflow]
+        except httpx.HTTPError as exc:
+            log.warning("posting %d records failed (%s); will retry", len(self.pending), exc)
+            if self.spool is not None:
+                self.spool.append(self.pending)
+                self.pending = []
+                self.stats["dropped"] = self.spool.dropped
                 return
+            overflow = len(self.pending) - MAX_PENDING_RECORDS
+            if overflow > 0:
+                self.stats["dropped"] += overflow
+                del self.pending[:overflow]
+            return
         self._check()
 
     def _check(self) -> None:

@@ -42,6 +42,7 @@ from .consistency import GreedyReplay
 from .engine import Engine, EngineConfig, Request
 from .faults import Fault, fire
 from .replica import ControllerClient, Replica, workload_requests
+from .spool import Spool
 from .tiers import measured_grid
 
 log = logging.getLogger("sparkgate.replica")
@@ -194,6 +195,13 @@ def warm_engine(
 )
 @click.option("--metrics-port", type=int, default=None, help="Serve /metrics on 127.0.0.1 at this port.")
 @click.option(
+    "--spool-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where records wait while the controller is unreachable [default: the cache's spool/REPLICA-ID].",
+)
+@click.option("--spool-mb", default=256, show_default=True, type=click.IntRange(1), help="Spool size bound.")
+@click.option(
     "--threads",
     default=1,
     show_default=True,
@@ -223,6 +231,8 @@ def replica(
     drift_temperature: float,
     out_dir: Path | None,
     metrics_port: int | None,
+    spool_dir: Path | None,
+    spool_mb: int,
     threads: int,
 ) -> None:
     """Serve the mixed workload with the runtime, following the controller's policy; counters as JSON at exit."""
@@ -258,9 +268,24 @@ def replica(
             "Arrivals dropped with the backlog full.",
             registry=metrics.registry,
         )
+        spooled = Gauge(
+            "sparkgate_replica_spooled_records",
+            "Records waiting on disk for the controller.",
+            registry=metrics.registry,
+        )
+        dropped = Counter(
+            "sparkgate_replica_dropped_records_total",
+            "Records dropped with the spool full (oldest first).",
+            registry=metrics.registry,
+        )
         if metrics_port is not None:
             start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
+        from .defaults import CACHE_DIR
+
+        spool = Spool(spool_dir or CACHE_DIR / "spool" / replica_id, spool_mb << 20)
         wait_for_policy(client, wait_s)
+        # What an earlier run spooled goes first: its step ids come before the ones this run continues from.
+        spool.replay(client.post_body)
         engine.step_id = client.next_step_id(replica_id)
         node = Replica(
             engine,
@@ -270,6 +295,7 @@ def replica(
             consistency_fraction=consistency_fraction,
             state_every=state_every,
             poll_s=poll_s,
+            spool=spool,
         )
         node.poll(force=True)  # raises with a clear message when the policy's gamma is not this replica's
         workload = workload_requests(replica_id, count, max_new_tokens, temperature, seed)
@@ -281,7 +307,7 @@ def replica(
             "closed loop" if rate is None else f"{rate}/s",
             armed,
         )
-        counted_shed = 0
+        counted_shed = counted_dropped = 0
         try:
             while not flags.stop:
                 if flags.fault and armed is not Fault.NONE:
@@ -301,6 +327,9 @@ def replica(
                     counted_shed = arrivals.shed
                 if node.payload is not None:
                     metrics.set_phase(node.payload.phase)
+                spooled.set(spool.waiting)
+                dropped.inc(spool.dropped - counted_dropped)
+                counted_dropped = spool.dropped
         finally:
             try:
                 node.flush()

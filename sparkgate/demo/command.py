@@ -233,6 +233,7 @@ def run_demo(out: Path, fault: str, quick: bool, policy_path: Path | None, drift
                 seed=1000 * i,
                 metrics_port=metrics_ports[replica_id],
                 out_dir=out,
+                spool_dir=out / "spool" / replica_id,  # a run's spool is its own, never a former run's
                 fault=fault if replica_id == FAULTY else None,
                 drift_temperature=drift_temperature,
             )

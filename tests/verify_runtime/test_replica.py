@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import httpx
 import pytest
 
 from sparkgate.collectors.ingest import Ingestor
@@ -22,6 +23,7 @@ from sparkgate.verify_runtime.consistency import (
 from sparkgate.verify_runtime.drafters import ModelDrafter
 from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
 from sparkgate.verify_runtime.replica import ControllerClient, Replica, mode_for
+from sparkgate.verify_runtime.spool import Spool
 from tests.conftest import tiny_model
 
 GAMMA = 4
@@ -141,3 +143,33 @@ def test_a_gamma_the_replica_does_not_run_is_refused(controller):
     with pytest.raises(RuntimeError, match="policy gamma=4 but this replica runs gamma=3"):
         replica.engine.config.gamma = 3
         replica.poll(force=True)
+
+
+def test_a_replica_spools_through_an_outage_and_loses_nothing(controller, tmp_path):
+    ctl, url = controller
+    replica = make_replica(url)
+    replica.spool = Spool(tmp_path / "spool")
+    client = replica.client
+    real_records, real_body = client.post_records, client.post_body
+
+    def down(*_):
+        raise httpx.ConnectError("controller down")
+
+    client.post_records = client.post_body = down
+    served = replica.serve(requests("outage", 8))
+    assert served["posted"] == 0 and served["dropped"] == 0 and replica.spool.waiting == served["steps"] > 0
+    assert ctl.store.counts()["steps"] == 0
+
+    def lost_answer(body):  # the controller commits, then the connection drops before the answer
+        real_body(body)
+        raise httpx.ReadError("connection reset")
+
+    client.post_body = lost_answer
+    replica.flush()
+    assert replica.spool.waiting == served["steps"]  # not acknowledged: kept
+    client.post_records, client.post_body = real_records, real_body
+    replica.flush()
+    assert replica.spool.waiting == 0 and replica.stats["posted"] == served["steps"]
+    steps = ctl.store.query("SELECT step_id FROM steps ORDER BY step_id").column("step_id").to_pylist()
+    assert steps == list(range(served["steps"]))  # every step once, in order
+    assert ctl.store.counts()["quarantine"] > 0  # the repeats of the segment whose answer was lost

@@ -52,9 +52,10 @@ def keep_threads():
         signal.signal(sig, handler)
 
 
-def test_a_closed_loop_replica_serves_its_requests_and_posts_every_step(service, keep_threads):
+def test_a_closed_loop_replica_serves_its_requests_and_posts_every_step(service, keep_threads, tmp_path):
     controller, url = service
-    args = ["replica", "--controller", url, "--replica-id", "cli-a", "--requests", "6", "--max-new-tokens", "8"]
+    args = ["replica", "--controller", url, "--replica-id", "cli-a", "--requests", "6", "--max-new-tokens", "8",
+            "--spool-dir", str(tmp_path / "spool")]  # fmt: skip
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output.strip().splitlines()[-1])
@@ -69,7 +70,7 @@ def test_an_open_loop_replica_serves_metrics_and_fires_its_fault_on_sigusr1(serv
     port = free_port()
     argv = [sys.executable, "-m", "sparkgate", "replica", "--controller", url, "--replica-id", "cli-b",
             "--rate", "20", "--max-new-tokens", "8", "--metrics-port", str(port),
-            "--fault", "cost-table", "--out-dir", str(tmp_path)]  # fmt: skip
+            "--fault", "cost-table", "--out-dir", str(tmp_path), "--spool-dir", str(tmp_path / "spool")]  # fmt: skip
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 180
@@ -93,6 +94,9 @@ def test_an_open_loop_replica_serves_metrics_and_fires_its_fault_on_sigusr1(serv
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["arrived"] > 0 and summary["steps"] > 0 and summary["posted"] == summary["steps"]
     assert "sparkgate_replica_arrival_rate" in metrics and 'sparkgate_rollout_phase{phase="baseline"} 1.0' in metrics
+    assert (
+        "sparkgate_replica_spooled_records 0.0" in metrics and "sparkgate_replica_dropped_records_total 0.0" in metrics
+    )
 
 
 def test_usage_errors_name_what_was_wrong(keep_threads):

@@ -1,0 +1,79 @@
+"""A replica's on-disk spool: records it could not post wait here, in order, until the controller is back.
+
+Each failed post becomes one segment file (``seg-<n>.ndjson``, the very body that failed, written to a
+temporary name, fsynced and renamed, so a segment is whole or absent). ``replay`` posts the segments
+oldest first and deletes each only after the controller acknowledged it; a segment whose answer was lost
+is posted again, and the controller quarantines the repeats as duplicates of stored (replica, step_id)
+keys: nothing acknowledged is lost, nothing is stored twice. Past ``max_bytes`` the oldest segments are
+dropped, and every dropped record is counted (``dropped``), never silently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from sparkgate.collectors.schema import StepRecord
+
+
+def ndjson(records: list[StepRecord]) -> bytes:
+    """Records as the NDJSON body ``POST /v1/records`` takes."""
+    return b"".join(json.dumps(r.to_dict()).encode() + b"\n" for r in records)
+
+
+class Spool:
+    def __init__(self, directory: str | Path, max_bytes: int = 256 << 20):
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes={max_bytes}: must be > 0")
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self.dropped = 0
+        for stale in self.dir.glob("*.tmp"):  # a write the process did not finish: never acknowledged
+            stale.unlink()
+        self.waiting = sum(p.read_bytes().count(b"\n") for p in self.segments())  # records in the spool
+
+    def segments(self) -> list[Path]:
+        return sorted(self.dir.glob("seg-*.ndjson"))
+
+    def append(self, records: list[StepRecord]) -> None:
+        """Keep ``records`` for a later ``replay``, dropping (and counting) the oldest past ``max_bytes``."""
+        if not records:
+            return
+        segments = self.segments()
+        number = int(segments[-1].stem.removeprefix("seg-")) + 1 if segments else 1
+        final = self.dir / f"seg-{number:09d}.ndjson"
+        temporary = final.with_suffix(".tmp")
+        with open(temporary, "wb") as out:
+            out.write(ndjson(records))
+            out.flush()
+            os.fsync(out.fileno())
+        temporary.rename(final)
+        self.waiting += len(records)
+        self._trim()
+
+    def _trim(self) -> None:
+        segments = self.segments()
+        total = sum(p.stat().st_size for p in segments)
+        while total > self.max_bytes and len(segments) > 1:
+            oldest = segments.pop(0)
+            total -= oldest.stat().st_size
+            lost = oldest.read_bytes().count(b"\n")
+            self.dropped += lost
+            self.waiting -= lost
+            oldest.unlink()
+
+    def replay(self, post: Callable[[bytes], object]) -> int:
+        """Post every segment, oldest first, deleting each once ``post`` returned; returns records posted.
+
+        ``post`` raises when the controller is still unreachable: replay stops there, keeping the rest."""
+        posted = 0
+        for segment in self.segments():
+            body = segment.read_bytes()
+            post(body)
+            segment.unlink()
+            posted += body.count(b"\n")
+            self.waiting -= body.count(b"\n")
+        return posted
