@@ -7,7 +7,8 @@ Mount ``ingest_router(ingestor)`` in any FastAPI app. Responses:
   when some records were invalid: the valid ones are committed and the invalid
   ones quarantined (retrying the same body would only duplicate them);
 - 413 when the body exceeds the limit, 415 for another content type, 400 for an
-  empty body, 503 when the store could not commit (nothing was written; retry);
+  empty body, 503 with ``Retry-After`` and the cause when the store could not commit
+  (nothing was written; retry);
 - with ``writers``: 401 without a writer token, 403 with a wrong one or for a body
   naming a replica the writer may not post for (nothing is written).
 """
@@ -96,7 +97,10 @@ def ingest_router(
         except Refused as refused:
             return JSONResponse({"error": refused.reason}, status_code=refused.status)
         except Exception as exc:
-            return JSONResponse({"error": f"not committed: {exc}"}, status_code=503)
+            # Bad input never gets here (it is quarantined); what does is the store's (a full disk, a closed
+            # store): nothing was written, and a retry can succeed once the cause is gone.
+            cause = f"{type(exc).__name__}: {exc}"
+            return JSONResponse({"error": f"not committed: {cause}"}, status_code=503, headers={"Retry-After": "1"})
         payload = result.summary()
         if result.quarantined:
             payload["problems"] = [q.to_dict() for q in result.prepared.quarantined]

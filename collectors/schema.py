@@ -55,10 +55,12 @@ class Problem:
 
 
 def json_safe(value: Any) -> Any:
-    """``value`` with every non-finite float as its text (``nan``, ``inf``): JSON has neither, and an error
-    reply that echoes the bad value must still serialise."""
+    """``value`` with every non-finite float as its text (``nan``, ``inf``) and bytes decoded (bad ones
+    replaced): JSON has neither, and an error reply that echoes the bad value must still serialise."""
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
     if isinstance(value, dict):
         return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
