@@ -64,9 +64,9 @@ def _controller() -> Commands:
 
 
 def _controller_bench() -> Commands:
-    from sparkgate.controller import bench
+    from sparkgate.controller import bench, bench_writers
 
-    return {"controller": bench.bench_controller}
+    return {"controller": bench.bench_controller, "writers": bench_writers.bench_writers}
 
 
 def _policies() -> Commands:
@@ -136,6 +136,7 @@ BENCHMARKS: dict[str, Entry] = {
     "scheduler": Entry(_runtime_bench, "Window-policy time per step vs static verify time."),
     "ingest": Entry(_collectors_bench, "Batch vs row-wise ingestion, plus HTTP, in rows/s."),
     "controller": Entry(_controller_bench, "Full gate evaluation over stored labels; fleet aggregate merge."),
+    "writers": Entry(_controller_bench, "HTTP ingest with concurrent writers and readers, with and without reports."),
     "dashboard": Entry(_dashboards_bench, "First render of each dashboard page on a synthetic 10M-label store."),
 }
 
