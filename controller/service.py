@@ -146,7 +146,11 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI's own handler echoes each bad input; a NaN or 1e400 there cannot be serialised (a 500).
-        return JSONResponse({"detail": json_safe(jsonable_encoder(json_safe(exc.errors())))}, status_code=422)
+        try:
+            detail = json_safe(jsonable_encoder(json_safe(exc.errors())))
+        except RecursionError:  # an input nested deeper than Python recurses: name the error, not the input
+            detail = [{k: v for k, v in e.items() if k not in ("input", "ctx")} for e in exc.errors()]
+        return JSONResponse({"detail": detail}, status_code=422)
 
     ingest = ingest_router(ingestor, writers=writers)
 

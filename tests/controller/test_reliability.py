@@ -163,3 +163,14 @@ def test_a_full_disk_answers_503_with_its_cause_and_loses_nothing_acknowledged(s
             assert "space" in refused.json()["error"].lower(), refused.json()  # the cause, not the failed ROLLBACK
         stored = store.counts()["steps"]
     assert stored == acknowledged  # every acknowledged step, and nothing of the refused body
+
+
+@pytest.mark.parametrize("route", ["/v1/consistency", "/v1/aggregates"])
+@pytest.mark.parametrize("depth", [900, 3000, 50_000])
+def test_a_body_nested_deeper_than_python_recurses_gets_a_4xx(live, route, depth):
+    # Found by the fuzz above at 1,000 examples: echoing such an input back overflowed the recursion (a 500).
+    http, _ = live
+    nested = b"[" * depth + b"]" * depth
+    body = b'{"replica_id": "r", "checks": ' + nested + b', "aggregate": ' + nested + b"}"
+    reply = http.post(route, content=body, headers={"content-type": "application/json"})
+    assert reply.status_code in (400, 422) and reply.json()["detail"]
