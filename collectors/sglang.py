@@ -58,6 +58,8 @@ from sparkgate.collectors.wire import from_dicts, reject
 
 log = logging.getLogger(__name__)
 CLEAR_KEY = "dspark_clear_info_records"
+# model_version and drafter_version of the records this poller writes: what tells them apart downstream.
+SGLANG_MODEL = "sglang"
 
 EPOCH_SHIFT = 40
 _MODES = {"static": "static", "compact": "compact", "cap-accept": "cap_accept", "cap_accept": "cap_accept"}
@@ -161,8 +163,8 @@ def convert_record(
         "host_syncs": 0,
         "phase": "external",
         "policy_revision": 0,
-        "model_version": "sglang",
-        "drafter_version": "sglang",
+        "model_version": SGLANG_MODEL,
+        "drafter_version": SGLANG_MODEL,
         "sts_version": CALIBRATED_AT_SOURCE,
         "cost_table_version": None,
         "requests": [

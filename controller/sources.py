@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from sparkgate.collectors.sglang import SGLANG_MODEL
 from sparkgate.collectors.store import Store
 from sparkgate.policies.rollout import METRICS
 
 from .queries import Slice, Window, steps_by_model
 
-SGLANG_MODEL = "sglang"
 # metric -> why an SGLang fleet cannot feed it through the store (absent: it can).
 SGLANG_CANNOT = {
     "tier_miss_rate": "SGLang reports the padded tier, not whether a step replayed a graph (tier -2)",
