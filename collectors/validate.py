@@ -86,6 +86,17 @@ def _bad_ids(column: pa.ChunkedArray) -> np.ndarray:
     return pc.fill_null(pc.or_(too_long, hidden), False).to_numpy(zero_copy_only=False)
 
 
+def _check_id(file: Callable[..., None], column: pa.ChunkedArray, name: str) -> None:
+    """The rules every id follows, filed by ``file`` (``_Report.steps`` or ``_Report.requests``)."""
+    file(pc.fill_null(pc.equal(column, ""), False).to_numpy(zero_copy_only=False), name, "must not be empty")
+    file(
+        _bad_ids(column),
+        name,
+        f"at most {MAX_ID_CHARS} characters, none of them control or bidirectional-format characters",
+        _shown_id(column),
+    )
+
+
 def _shown_id(column: pa.ChunkedArray) -> Callable[[int], Any]:
     """An id as a problem shows it: escaped (so hidden characters are visible), at most 80 characters."""
 
@@ -119,17 +130,7 @@ def _check_steps(report: _Report, gamma: np.ndarray, n_requests: np.ndarray) -> 
         "schema_version",
         f"unknown schema_version; this collector reads {SCHEMA_VERSION}",
     )
-    report.steps(
-        pc.fill_null(pc.equal(steps.column("replica_id"), ""), False).to_numpy(zero_copy_only=False),
-        "replica_id",
-        "must not be empty",
-    )
-    report.steps(
-        _bad_ids(steps.column("replica_id")),
-        "replica_id",
-        f"at most {MAX_ID_CHARS} characters, none of them control or bidirectional-format characters",
-        _shown_id(steps.column("replica_id")),
-    )
+    _check_id(report.steps, steps.column("replica_id"), "replica_id")
     for name in _NON_NEGATIVE:
         report.steps(_ints(steps, name) < 0, name, "must be >= 0")
     report.steps(~_nulls(steps, "gamma") & ((gamma < 1) | (gamma > MAX_GAMMA)), "gamma", f"must be in [1, {MAX_GAMMA}]")
@@ -258,17 +259,7 @@ def _check_requests(report: _Report, gamma: np.ndarray) -> None:
     g = gamma[report.flat.parent]
     mode = pc.fill_null(reqs.column("mode"), "").to_numpy(zero_copy_only=False).astype(str)
     report.requests(~_nulls(reqs, "mode") & ~np.isin(mode, MODES), "mode", f"unknown mode; known: {list(MODES)}")
-    report.requests(
-        pc.fill_null(pc.equal(reqs.column("request_id"), ""), False).to_numpy(zero_copy_only=False),
-        "request_id",
-        "must not be empty",
-    )
-    report.requests(
-        _bad_ids(reqs.column("request_id")),
-        "request_id",
-        f"at most {MAX_ID_CHARS} characters, none of them control or bidirectional-format characters",
-        _shown_id(reqs.column("request_id")),
-    )
+    _check_id(report.requests, reqs.column("request_id"), "request_id")
     temperature = _floats(reqs, "temperature")
     report.requests(~np.isfinite(temperature) | (temperature < 0), "temperature", "must be finite and >= 0")
     _check_windows(report, g, mode)

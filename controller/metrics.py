@@ -300,9 +300,8 @@ def evaluate(
     steps = baseline = None
     misses: dict[str, int] = {}
     as_of = None
-    reference = queries.full_accept_totals(store, Window(), slice_, Phase.SHADOW)
-    if not reference[1]:
-        reference = queries.full_accept_totals(store, Window(), slice_, Phase.BASELINE)
+    by_phase = queries.full_accept_totals(store, Window(), slice_, (Phase.SHADOW, Phase.BASELINE))
+    reference = by_phase.get(Phase.SHADOW) or by_phase.get(Phase.BASELINE) or (0, 0)
     if not slice_.per_request:
         steps = queries.step_buckets(store, window, slice_)
         baseline = queries.step_buckets(store, Window(), slice_, phase="baseline")

@@ -168,17 +168,22 @@ def request_histograms(store: Store, window: Window, slice_: Slice, width: int) 
     return out
 
 
-def full_accept_totals(store: Store, window: Window, slice_: Slice, phase: str) -> tuple[int, int]:
-    """(sum of a*, rows) over full-block request rows recorded in ``phase``: the acceptance reference."""
+def full_accept_totals(
+    store: Store, window: Window, slice_: Slice, phases: tuple[str, ...]
+) -> dict[str, tuple[int, int]]:
+    """Per phase of ``phases`` with any: (sum of a*, rows) over the full-block request rows recorded in it,
+    in one pass (the acceptance reference)."""
     where, params = _where("requests", window, slice_, "r")
     modes = ", ".join(f"'{m}'" for m in FULL_BLOCK_MODES)
-    row = store.query(
-        f"SELECT coalesce(sum(r.full_accept), 0)::BIGINT AS total, count(*) AS n FROM requests r "
-        f"WHERE {where} AND r.full_accept IS NOT NULL AND r.mode::VARCHAR IN ({modes}) AND (r.replica_id, r.step_id) "
-        "IN (SELECT (replica_id, step_id) FROM steps WHERE phase = ?)",
-        [*params, phase],
-    ).to_pylist()[0]
-    return int(row["total"]), int(row["n"])
+    marks = ", ".join("?" * len(phases))
+    rows = store.query(
+        f"SELECT s.phase, sum(r.full_accept)::BIGINT AS total, count(*) AS n FROM requests r "
+        f"JOIN steps s ON r.replica_id = s.replica_id AND r.step_id = s.step_id "
+        f"WHERE {where} AND r.full_accept IS NOT NULL AND r.mode::VARCHAR IN ({modes}) AND s.phase IN ({marks}) "
+        "GROUP BY s.phase",
+        [*params, *phases],
+    ).to_pylist()
+    return {r["phase"]: (int(r["total"]), int(r["n"])) for r in rows}
 
 
 def steps_by_model(store: Store, window: Window, slice_: Slice, model: str) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from sparkgate.collectors.store import Store
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import from_wire
 from sparkgate.policies.calibration import STS
+from sparkgate.policies.payload import PolicyPayload
 from sparkgate.policies.window import WindowDecision
 from sparkgate.verify_runtime.block_drafter import BlockDrafter, DrafterArgs, DSparkNet
 from sparkgate.verify_runtime.corpus import stdlib_corpus
@@ -61,6 +62,13 @@ def fixture_store(tmp_path_factory):
     from tests.dashboards.known_store import build
 
     return build(tmp_path_factory.mktemp("dashboards"))
+
+
+def policy_payload(phase: str, compact_fraction: float = 0.0, **changes) -> PolicyPayload:
+    """A policy payload at revision 1 (γ 7, observe 0.05, static fallback) with ``changes``."""
+    fields = {"revision": 1, "observe_fraction": 0.05, "fallback_window": 7, "gamma": 7,
+              "cost_table_version": None, "sts_version": None, **changes}  # fmt: skip
+    return PolicyPayload(phase=phase, compact_fraction=compact_fraction, **fields)
 
 
 def with_columns(wire: pa.Table, **values) -> pa.Table:

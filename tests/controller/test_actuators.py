@@ -12,21 +12,12 @@ from sparkgate.controller.actuators import (
     SGLangActuator,
     budget_fractions,
 )
-from sparkgate.policies.payload import PolicyPayload
 from tests.collectors.sglang_stand_in import Server, running
+from tests.conftest import policy_payload
 
 
 def payload(phase, fraction, fallback_window=7, gamma=7, observe=0.05):
-    return PolicyPayload(
-        revision=1,
-        phase=phase,
-        compact_fraction=fraction,
-        observe_fraction=observe,
-        fallback_window=fallback_window,
-        gamma=gamma,
-        cost_table_version=None,
-        sts_version=None,
-    )
+    return policy_payload(phase, fraction, fallback_window=fallback_window, gamma=gamma, observe_fraction=observe)
 
 
 def test_compact_fraction_is_spread_over_servers_in_a_stable_order():

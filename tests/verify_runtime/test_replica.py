@@ -13,7 +13,6 @@ from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store
 from sparkgate.controller.service import create_app
 from sparkgate.controller.supervisor import Controller
-from sparkgate.policies.payload import PolicyPayload
 from sparkgate.policies.rollout import parse_rollout_policy
 from sparkgate.policies.window import FixedWindow
 from sparkgate.verify_runtime.consistency import (
@@ -24,7 +23,7 @@ from sparkgate.verify_runtime.drafters import ModelDrafter
 from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
 from sparkgate.verify_runtime.replica import ControllerClient, Replica, mode_for
 from sparkgate.verify_runtime.spool import Spool
-from tests.conftest import tiny_model
+from tests.conftest import policy_payload, tiny_model
 
 GAMMA = 4
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -39,16 +38,7 @@ POLICY = parse_rollout_policy(
 
 
 def payload(phase, fraction=0.0, observe=0.2, fallback_window=GAMMA):
-    return PolicyPayload(
-        revision=1,
-        phase=phase,
-        compact_fraction=fraction,
-        observe_fraction=observe,
-        fallback_window=fallback_window,
-        gamma=GAMMA,
-        cost_table_version=None,
-        sts_version=None,
-    )
+    return policy_payload(phase, fraction, observe_fraction=observe, fallback_window=fallback_window, gamma=GAMMA)
 
 
 def test_mode_follows_a_stable_hash_against_the_fractions():
