@@ -93,6 +93,14 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     ALTER TABLE consistency_checks_keyed RENAME TO consistency_checks;
     """,
     ),
+    (
+        5,
+        "steps carry the joint contract they were measured under; decisions the contract they judged",
+        """
+    ALTER TABLE steps ADD COLUMN contract VARCHAR;
+    ALTER TABLE decisions ADD COLUMN contract VARCHAR;
+    """,
+    ),
 )
 
 

@@ -111,6 +111,8 @@ class StepRecord:
     cost_table_version: str | None
     requests: list[RequestRow] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
+    # The joint contract's fingerprint (``policies.contract``); None from producers that predate it.
+    contract: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The wire form: one JSON object with ``requests`` as a list of objects."""
@@ -179,6 +181,7 @@ STEP_SCHEMA = pa.schema(
         pa.field("drafter_version", pa.string()),
         pa.field("sts_version", pa.string()),
         pa.field("cost_table_version", pa.string()),
+        pa.field("contract", pa.string()),
     ]
 )
 
@@ -213,5 +216,5 @@ LABEL_SCHEMA = pa.schema(
 )
 
 # Fields that may be null on the wire; every other field is required.
-NULLABLE_STEP_FIELDS = frozenset({"miss_reason", "predicted_step_ms", "sts_version", "cost_table_version"})
+NULLABLE_STEP_FIELDS = frozenset({"miss_reason", "predicted_step_ms", "sts_version", "cost_table_version", "contract"})
 NULLABLE_REQUEST_FIELDS = frozenset({"window_suggested", "full_accept"})

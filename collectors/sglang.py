@@ -21,6 +21,15 @@ dspark_observability.py``): records are msgspec structs dumped with
   from their KV pool slot: ``~pool<index>.<n>``, where n counts the requests that
   slot has held in this server epoch (a new one when ``prefix_len`` is not the
   previous step's ``prefix_len + acc_len``).
+- Contract: every record carries the fingerprint (``policies.contract``) of what the
+  server was launched with, read from the launch arguments ``/server_info`` returns
+  at its top level (``dataclasses.asdict(server_args)``): ``model_path``,
+  ``revision``, ``tokenizer_path``, ``speculative_algorithm``,
+  ``speculative_draft_model_path`` and ``_revision``, the rank's ``gamma``,
+  ``speculative_dspark_confidence_sts_path`` (None: no calibration), ``device``,
+  ``tp_size``, ``dp_size`` and ``version``. A server relaunched with another drafter
+  or STS file therefore sends the rollout back to shadow. The cost table
+  (``speculative_dspark_sps_table_path``) is left out, as everywhere.
 - The buffer (up to 200,000 records, returned whole on every poll) is cleared
   after each committed ingest (``dspark_clear_info_records``), where the server
   accepts it; records the server writes between the read and the clear are lost,
@@ -55,6 +64,7 @@ from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.schema import CALIBRATED_AT_SOURCE, SCHEMA_VERSION, TIER_UNREPORTED, Problem
 from sparkgate.collectors.store import IngestResult
 from sparkgate.collectors.wire import from_dicts, reject
+from sparkgate.policies.contract import Contract
 
 log = logging.getLogger(__name__)
 CLEAR_KEY = "dspark_clear_info_records"
@@ -118,6 +128,21 @@ def convert_request(req: dict, gamma: int | None, sglang_mode: str | None, reque
     }
 
 
+def server_contract(server: dict[str, Any], gamma: int | None) -> str:
+    """The contract fingerprint of a server's records at block length ``gamma``, from ``/server_info``."""
+
+    def part(*names: str) -> str:
+        return "|".join(f"{n}={server.get(n)}" for n in names)
+
+    return Contract(
+        target=part("model_path", "revision", "tokenizer_path"),
+        drafter=part("speculative_algorithm", "speculative_draft_model_path", "speculative_draft_model_revision"),
+        gamma=gamma if isinstance(gamma, int) else -1,
+        sts=server.get("speculative_dspark_confidence_sts_path"),
+        hardware=part("device", "tp_size", "dp_size", "version"),
+    ).fingerprint()
+
+
 def convert_record(
     record: dict,
     gamma: int | None,
@@ -126,6 +151,7 @@ def convert_record(
     ts: float,
     default_mode: str | None = None,
     request_ids: list[str] | None = None,
+    contract: str | None = None,
 ) -> dict:
     """One SGLang verify record as a wire-form step record; its mode, else ``default_mode``, is every row's.
 
@@ -167,6 +193,7 @@ def convert_record(
         "drafter_version": SGLANG_MODEL,
         "sts_version": CALIBRATED_AT_SOURCE,
         "cost_table_version": None,
+        "contract": contract,
         "requests": [
             convert_request(r, gamma, record.get("mode") or default_mode, i) for r, i in zip(reqs, ids, strict=True)
         ],
@@ -226,7 +253,7 @@ class SGLangPoller:
     def replica_id(self, rank: int) -> str:
         return f"{self.name}/dp{rank}"
 
-    def _new_records(self, rank: int, info: dict, now: float) -> tuple[list[dict], _Cursor]:
+    def _new_records(self, rank: int, info: dict, now: float, server: dict) -> tuple[list[dict], _Cursor]:
         """Converted records above the rank's cursor, and the cursor to keep once they are committed."""
         records = [r for r in info.get("records") or [] if isinstance(r.get("forward_ct"), int)]
         cursor = self._cursor(rank)
@@ -236,11 +263,12 @@ class SGLangPoller:
             cursor = _Cursor(cursor.epoch + 1, -1)  # the server restarted: its counter went backwards
         fresh = sorted((r for r in records if r["forward_ct"] > cursor.last), key=lambda r: r["forward_ct"])
         gamma, slots = _present(info.get("gamma")), dict(cursor.slots)
+        contract = server_contract(server, gamma)
         out = []
         for r in fresh:
             step_id = cursor.epoch << EPOCH_SHIFT | r["forward_ct"]
             ids = _anonymous_ids(r.get("reqs") or [], slots)
-            out.append(convert_record(r, gamma, self.replica_id(rank), step_id, now, info.get("mode"), ids))
+            out.append(convert_record(r, gamma, self.replica_id(rank), step_id, now, info.get("mode"), ids, contract))
         return out, _Cursor(cursor.epoch, fresh[-1]["forward_ct"], slots) if fresh else cursor
 
     def _server_info(self) -> dict[str, Any]:
@@ -261,10 +289,11 @@ class SGLangPoller:
         steps: list[dict] = []
         cursors: dict[int, _Cursor] = {}
         synthetic: dict[int, list[Problem]] = {}
-        for rank, state in enumerate(self._server_info().get("internal_states") or []):
+        server = self._server_info()
+        for rank, state in enumerate(server.get("internal_states") or []):
             info = (state or {}).get("dspark_info_record")
             if info:
-                new, cursors[rank] = self._new_records(rank, info, now)
+                new, cursors[rank] = self._new_records(rank, info, now, server)
                 fake = info.get("simulate_acc_len")
                 if fake is not None and new:
                     problem = Problem("simulate_acc_len", fake, "synthetic acceptance, not the drafter's own")

@@ -329,12 +329,13 @@ class Store:
         compact_fraction: float | None = None,
         outcome: str | None = None,
         operator: str | None = None,
+        contract: str | None = None,
     ) -> None:
         """Persist a rollout decision with its reasons (committed before this returns)."""
         with self._lock:
             self._con.execute(
                 "INSERT INTO decisions (decided_at, revision, phase_from, phase_to, action, reasons, "
-                "compact_fraction, outcome, operator) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "compact_fraction, outcome, operator, contract) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     time.time() if decided_at is None else decided_at,
                     revision,
@@ -345,6 +346,7 @@ class Store:
                     compact_fraction,
                     outcome,
                     operator,
+                    contract,
                 ],
             )
 

@@ -99,6 +99,7 @@ def synthetic_wire(
         "drafter_version": np.full(steps, "synthetic"),
         "sts_version": pa.nulls(steps, pa.string()),
         "cost_table_version": pa.nulls(steps, pa.string()),
+        "contract": pa.nulls(steps, pa.string()),
         "requests": requests,
     }
     return pa.table(

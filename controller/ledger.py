@@ -16,7 +16,7 @@ from sparkgate.policies.vocabulary import CHANGES_POLICY
 
 from .rollout import Decision, RolloutState, replay, stage_of
 
-_COLUMNS = "decided_at, revision, phase_from, phase_to, compact_fraction, action, outcome, reasons, operator"
+_COLUMNS = "decided_at, revision, phase_from, phase_to, compact_fraction, action, outcome, reasons, operator, contract"
 
 
 def record(store: Store, decision: Decision) -> None:
@@ -31,6 +31,7 @@ def record(store: Store, decision: Decision) -> None:
         compact_fraction=decision.compact_fraction,
         outcome=decision.outcome,
         operator=decision.operator,
+        contract=decision.contract,
     )
 
 
@@ -49,6 +50,7 @@ def _decision(row: dict, policy: RolloutPolicy | None) -> Decision:
         tuple(json.loads(row["reasons"])),
         row["operator"],
         stage,
+        row["contract"],
     )
 
 

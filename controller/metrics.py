@@ -285,9 +285,11 @@ def evaluate(
     slice_: Slice = Slice(),
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = 0,
+    contract: queries.SameContract | None = None,
 ) -> Evaluation:
     """Measure ``window`` and ``slice_`` of the store. The baseline is every step recorded in the
-    baseline phase (same replica and load slice), whatever the window."""
+    baseline phase (same replica and load slice), whatever the window; with ``contract``, the baseline and
+    the acceptance reference are that contract's only (a reference measured under another is no control)."""
     cols = queries.label_columns(store, window, slice_)
     depths = max(cols.depths, 1)
     survival, conditional, censored = _kinds(cols, depths)
@@ -300,11 +302,11 @@ def evaluate(
     steps = baseline = None
     misses: dict[str, int] = {}
     as_of = None
-    by_phase = queries.full_accept_totals(store, Window(), slice_, (Phase.SHADOW, Phase.BASELINE))
+    by_phase = queries.full_accept_totals(store, Window(), slice_, (Phase.SHADOW, Phase.BASELINE), contract)
     reference = by_phase.get(Phase.SHADOW) or by_phase.get(Phase.BASELINE) or (0, 0)
     if not slice_.per_request:
         steps = queries.step_buckets(store, window, slice_)
-        baseline = queries.step_buckets(store, Window(), slice_, phase="baseline")
+        baseline = queries.step_buckets(store, Window(), slice_, phase="baseline", contract=contract)
         misses = queries.miss_reasons(store, window, slice_)
         as_of = max(steps.column("newest").to_pylist(), default=None)
     return Evaluation(

@@ -169,19 +169,20 @@ def request_histograms(store: Store, window: Window, slice_: Slice, width: int) 
 
 
 def full_accept_totals(
-    store: Store, window: Window, slice_: Slice, phases: tuple[str, ...]
+    store: Store, window: Window, slice_: Slice, phases: tuple[str, ...], contract: SameContract | None = None
 ) -> dict[str, tuple[int, int]]:
     """Per phase of ``phases`` with any: (sum of a*, rows) over the full-block request rows recorded in it,
-    in one pass (the acceptance reference)."""
+    in one pass (the acceptance reference); ``contract`` restricts to one contract's steps."""
     where, params = _where("requests", window, slice_, "r")
     modes = ", ".join(f"'{m}'" for m in FULL_BLOCK_MODES)
     marks = ", ".join("?" * len(phases))
+    clause, extra = _contract_sql(contract, "s")
     rows = store.query(
         f"SELECT s.phase, sum(r.full_accept)::BIGINT AS total, count(*) AS n FROM requests r "
         f"JOIN steps s ON r.replica_id = s.replica_id AND r.step_id = s.step_id "
-        f"WHERE {where} AND r.full_accept IS NOT NULL AND r.mode::VARCHAR IN ({modes}) AND s.phase IN ({marks}) "
-        "GROUP BY s.phase",
-        [*params, *phases],
+        f"WHERE {where} AND r.full_accept IS NOT NULL AND r.mode::VARCHAR IN ({modes}) AND s.phase IN ({marks})"
+        f"{clause} GROUP BY s.phase",
+        [*params, *phases, *extra],
     ).to_pylist()
     return {r["phase"]: (int(r["total"]), int(r["n"])) for r in rows}
 
@@ -196,13 +197,55 @@ def steps_by_model(store: Store, window: Window, slice_: Slice, model: str) -> l
     ).to_pylist()
 
 
-def step_buckets(store: Store, window: Window, slice_: Slice, phase: str | None = None) -> pa.Table:
+@dataclass(frozen=True)
+class SameContract:
+    """Only steps measured under ``contract`` (None: steps whose producer reports none)."""
+
+    contract: str | None
+
+    def sql(self, alias: str) -> tuple[str, list]:
+        return f" AND {alias}.contract IS NOT DISTINCT FROM ?", [self.contract]
+
+
+def _contract_sql(contract: SameContract | None, alias: str) -> tuple[str, list]:
+    return contract.sql(alias) if contract is not None else ("", [])
+
+
+# What a step record says of its contract besides the fingerprint: what a change can be told by.
+CONTRACT_FIELDS = ("model_version", "drafter_version", "gamma", "sts_version")
+
+
+def contracts(store: Store, window: Window, slice_: Slice) -> list[dict[str, Any]]:
+    """Per contract in the window, most steps first: its steps, replicas and the newest step's
+    ``CONTRACT_FIELDS``."""
+    where, params = _where("steps", window, slice_, "s")
+    fields = ", ".join(f"arg_max(s.{f}, s.ts) AS {f}" for f in CONTRACT_FIELDS)
+    return store.query(
+        f"SELECT s.contract, count(*) AS steps, count(DISTINCT s.replica_id) AS replicas, {fields} "
+        f"FROM steps s WHERE {where} GROUP BY s.contract ORDER BY steps DESC, s.contract",
+        params,
+    ).to_pylist()
+
+
+def contract_fields(store: Store, contract: SameContract) -> dict[str, Any] | None:
+    """The newest step's ``CONTRACT_FIELDS`` of ``contract`` over all history (None: it has no steps)."""
+    clause, params = contract.sql("s")
+    fields = ", ".join(f"arg_max(s.{f}, s.ts) AS {f}" for f in CONTRACT_FIELDS)
+    rows = store.query(f"SELECT count(*) AS steps, {fields} FROM steps s WHERE TRUE{clause}", params).to_pylist()
+    return rows[0] if rows and rows[0]["steps"] else None
+
+
+def step_buckets(
+    store: Store, window: Window, slice_: Slice, phase: str | None = None, contract: SameContract | None = None
+) -> pa.Table:
     """Per load bucket: steps, busy seconds, step-time quantiles, tier misses and padding, newest ts,
-    and committed tokens. ``phase`` restricts to steps recorded in that phase."""
+    and committed tokens. ``phase`` restricts to steps recorded in that phase, ``contract`` to one contract."""
     where, params = _where("steps", window, slice_, "s")
     if phase is not None:
         where += " AND s.phase = ?"
         params = params + [phase]
+    clause, extra = _contract_sql(contract, "s")
+    where, params = where + clause, params + extra
     return store.query(
         f"""
         WITH s AS (SELECT *, {LOAD_BUCKET_SQL} AS bucket FROM steps s WHERE {where}),

@@ -16,6 +16,10 @@ Invariants:
   until the failure limit sends the rollout to the sticky fallback: no flapping.
 - ``paused`` holds the stage it paused at (``stage``), never advances, and still
   rolls back on a critical failure.
+- One contract is judged at a time (``controller.contract``): a window that mixes
+  contracts is inconclusive, and a window on a new one re-evaluates (back to shadow,
+  or to baseline when the new contract has no baseline steps); every decision
+  carries the contract in force after it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from sparkgate.policies.vocabulary import (
     Phase,
 )
 
+from .contract import ContractReading
 from .gates import Verdict, interval_outcome
 
 
@@ -54,6 +59,7 @@ class RolloutState:
     passes: int = 0
     failures: int = 0
     last_conclusive_at: float = 0.0
+    contract: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,7 @@ class Decision:
     reasons: tuple[dict[str, Any], ...]
     operator: str | None = None
     stage: int | None = None
+    contract: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +90,7 @@ class Decision:
             "outcome": self.outcome,
             "reasons": list(self.reasons),
             "operator": self.operator,
+            "contract": self.contract,
         }
 
 
@@ -96,8 +104,10 @@ def _move(
     outcome: str | None = None,
     operator: str | None = None,
     paused: bool = False,
+    contract: str | None = None,
 ) -> Decision:
-    """A decision that changes the served policy to ladder ``stage`` (None: fallback)."""
+    """A decision that changes the served policy to ladder ``stage`` (None: fallback); ``contract`` is the one
+    in force after it (default: the state's)."""
     if stage is None:
         phase, fraction = Phase.FALLBACK, 0.0
     else:
@@ -114,10 +124,13 @@ def _move(
         reasons,
         operator,
         stage,
+        contract if contract is not None else (state.contract if state else None),
     )
 
 
-def _hold(state: RolloutState, now: float, outcome: str, reasons: tuple[dict[str, Any], ...]) -> Decision:
+def _hold(
+    state: RolloutState, now: float, outcome: str, reasons: tuple[dict[str, Any], ...], contract: str | None = None
+) -> Decision:
     return Decision(
         now,
         state.revision,
@@ -129,6 +142,7 @@ def _hold(state: RolloutState, now: float, outcome: str, reasons: tuple[dict[str
         reasons,
         None,
         state.stage,
+        contract if contract is not None else state.contract,
     )
 
 
@@ -142,67 +156,73 @@ def fall_back(policy: RolloutPolicy, state: RolloutState, now: float, rule: str,
     return _move(policy, state, now, Action.ROLLBACK, None, ({"rule": rule, **detail},))
 
 
-def decide(policy: RolloutPolicy, state: RolloutState, verdicts: Iterable[Verdict], now: float) -> Decision:
-    """The automatic decision after one evaluation interval with ``verdicts``."""
+def decide(
+    policy: RolloutPolicy,
+    state: RolloutState,
+    verdicts: Iterable[Verdict],
+    now: float,
+    contract: ContractReading | None = None,
+) -> Decision:
+    """The automatic decision after one evaluation interval with ``verdicts`` over a window whose contracts
+    ``contract`` read (None: contracts are not checked)."""
     verdicts = list(verdicts)
+    reading = contract or ContractReading(state.contract)
     outcome = interval_outcome(verdicts)
+    if reading.mixed and outcome != Outcome.CRITICAL:
+        outcome = Outcome.INCONCLUSIVE  # figures over two contracts judge neither
     gates = tuple(v.to_dict() for v in verdicts)
+    judged = reading.judged
 
     def because(rule: str, **detail: object) -> tuple[dict[str, Any], ...]:
         return ({"rule": rule, **detail},) + gates
 
+    def move(action: str, stage: int | None, reasons: tuple[dict[str, Any], ...], paused: bool = False) -> Decision:
+        return _move(policy, state, now, action, stage, reasons, outcome, paused=paused, contract=judged)
+
+    def hold(reasons: tuple[dict[str, Any], ...]) -> Decision:
+        return _hold(state, now, outcome, reasons, judged)
+
     if state.phase == Phase.FALLBACK:
         return _hold(state, now, outcome, because("fallback is left only by resume"))
     if outcome == Outcome.CRITICAL:
-        return _move(policy, state, now, Action.ROLLBACK, None, because("critical gate failed"), outcome)
+        return move(Action.ROLLBACK, None, because("critical gate failed"))
+    if reading.changed:
+        assert state.stage is not None, "only fallback has no stage, and fallback holds above"
+        target = min(state.stage, 1 if reading.in_baseline else 0)
+        detail = {"contract_from": state.contract, "contract_to": judged, "differs": list(reading.differs)}
+        rule = "contract changed: evaluate again from " + str(policy.stages()[target].phase)
+        return move(Action.REEVALUATE, target, because(rule, **detail), paused=state.phase == Phase.PAUSED)
     if state.phase == Phase.PAUSED:
-        return _hold(state, now, outcome, because("paused"))
+        return hold(because("paused"))
     if outcome == Outcome.FAIL and state.failures + 1 > policy.failure_limit:
-        return _move(
-            policy,
-            state,
-            now,
+        return move(
             Action.ROLLBACK,
             None,
             because("failure limit", failures=state.failures + 1, limit=policy.failure_limit),
-            outcome,
         )
     if outcome == Outcome.FAIL:
-        return _hold(
-            state, now, outcome, because("failed interval", failures=state.failures + 1, limit=policy.failure_limit)
-        )
+        return hold(because("failed interval", failures=state.failures + 1, limit=policy.failure_limit))
     inconclusive_for = now - state.last_conclusive_at
     if outcome == Outcome.INCONCLUSIVE and state.phase != "baseline" and inconclusive_for >= policy.progress_deadline_s:
-        return _move(
-            policy,
-            state,
-            now,
+        return move(
             Action.ROLLBACK,
             None,
             because("progress deadline", inconclusive_s=inconclusive_for, deadline_s=policy.progress_deadline_s),
-            outcome,
         )
+    if outcome == Outcome.INCONCLUSIVE and reading.mixed:
+        return hold(because("contracts mixed in the window: nothing is judged", contracts=reading.to_dict()["seen"]))
     if outcome == Outcome.INCONCLUSIVE:
-        return _hold(
-            state,
-            now,
-            outcome,
-            because("inconclusive", inconclusive_s=inconclusive_for, deadline_s=policy.progress_deadline_s),
-        )
+        return hold(because("inconclusive", inconclusive_s=inconclusive_for, deadline_s=policy.progress_deadline_s))
     passes = state.passes + 1
     if passes < policy.consecutive_passes:
-        return _hold(state, now, outcome, because("passing", passes=passes, needed=policy.consecutive_passes))
+        return hold(because("passing", passes=passes, needed=policy.consecutive_passes))
     assert state.stage is not None, "only fallback has no stage, and fallback holds above"
     if state.stage == len(policy.stages()) - 1:
-        return _hold(state, now, outcome, because("top of the ladder", passes=passes))
-    return _move(
-        policy,
-        state,
-        now,
+        return hold(because("top of the ladder", passes=passes))
+    return move(
         Action.ADVANCE,
         state.stage + 1,
         because("consecutive passes", passes=passes, needed=policy.consecutive_passes),
-        outcome,
     )
 
 
@@ -247,6 +267,7 @@ def apply(state: RolloutState | None, decision: Decision) -> RolloutState:
             decision.compact_fraction,
             decision.decided_at,
             last_conclusive_at=decision.decided_at,
+            contract=decision.contract,
         )
     if state is None:
         raise ValueError(f"action={decision.action!r}: a ledger must begin with {str(Action.START)!r}")
@@ -256,6 +277,7 @@ def apply(state: RolloutState | None, decision: Decision) -> RolloutState:
         passes=state.passes + 1 if decision.outcome == Outcome.PASS else 0,
         failures=state.failures + (decision.outcome == Outcome.FAIL),
         last_conclusive_at=decision.decided_at if conclusive else state.last_conclusive_at,
+        contract=decision.contract,
     )
 
 

@@ -24,7 +24,7 @@ from sparkgate.collectors.store import Store
 from sparkgate.policies.payload import PolicyPayload
 from sparkgate.policies.rollout import RolloutPolicy
 
-from . import ledger, promql, rollout
+from . import contract, ledger, promql, rollout
 from .exporter import ControllerMetrics
 from .gates import Verdict, judge_all, judge_baseline
 from .metrics import Evaluation, Measurement, evaluate
@@ -169,12 +169,14 @@ class Controller:
     def tick(self) -> Decision | None:
         """One evaluation interval; returns the decision taken (None if an operator acted meanwhile)."""
         state, now = self.state, self.clock()
-        evaluation = evaluate(self.store, self.window(state, now), Slice(), self.resamples)
+        window = self.window(state, now)
+        reading = contract.read(self.store, window, state.contract)
+        evaluation = evaluate(self.store, window, Slice(), self.resamples, contract=reading.reference())
         verdicts = self.judge(state, evaluation, now)
         with self._lock:
             if self.state.revision != state.revision:
                 return None
-            decision = rollout.decide(self.policy, state, verdicts, now)
+            decision = rollout.decide(self.policy, state, verdicts, now, reading)
             self._commit(state, decision)
             self.last_verdicts = verdicts
         if self.exporter is not None:
@@ -196,6 +198,7 @@ class Controller:
         return {
             "policy": self.policy_payload().model_dump(mode="json"),
             "stage": state.stage,
+            "contract": state.contract,
             "entered_at": state.entered_at,
             "passes": state.passes,
             "needed_passes": self.policy.consecutive_passes,

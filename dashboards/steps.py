@@ -86,7 +86,8 @@ def fleet(_source, token: str) -> pd.DataFrame:
         rejected AS (SELECT replica_id, count(*) AS quarantined FROM quarantine GROUP BY replica_id)
         SELECT s.replica_id, arg_max(s.model_version, s.ts) AS model_version,
                arg_max(s.drafter_version, s.ts) AS drafter_version, arg_max(s.sts_version, s.ts) AS sts_version,
-               arg_max(s.cost_table_version, s.ts) AS cost_table_version, arg_max(s.phase, s.ts) AS phase,
+               arg_max(s.cost_table_version, s.ts) AS cost_table_version, arg_max(s.contract, s.ts) AS contract,
+               arg_max(s.phase, s.ts) AS phase,
                arg_max(s.policy_revision, s.ts) AS revision, max(s.ts) AS last_seen, count(*) AS steps,
                any_value(r.steps) / {RATE_WINDOW_S!r} AS steps_per_s,
                any_value(r.requests) / {RATE_WINDOW_S!r} AS request_rows_per_s,

@@ -15,12 +15,17 @@ Both SGLang JSON layouts are read and written unchanged:
 sparkgate adds an optional ``meta`` object (``CostMeta``): hardware and model
 fingerprints, the graph tier grid, ``created_at`` and ``version``.
 
-Prediction invariants:
+Prediction reads a table exactly as SGLang's DSpark scheduler does
+(``speculative/dspark_components/dspark_sps_table.py`` and ``dspark_scheduler.py``
+@ 692c5f7d532f129424b57961c262bbd253b411dc), so the windows sparkgate suggests
+from a table are the ones a server loading the same file picks:
 
-- step time is linear between probes (the 1-D table interpolates ``1 / SPS``,
-  i.e. seconds, so both layouts interpolate a time), flat below the first probe,
-  and beyond the last probe continues the last segment's slope (floored at 0),
-  so rows past the measured range are never predicted free;
+- the 1-D table is a floor step: the steps per second of the largest probe
+  ``<=`` the rows (the first probe's below it, the last probe's above it);
+- the additive table interpolates ``alpha`` at the batch size and ``theta`` at the
+  rows linearly between probes, clamped to the end values outside them: rows
+  past the last probe cost what the last probe does. The profiler probes up to
+  ``max_batch x (gamma + 1)`` rows, so its tables never reach the clamp;
 - tier-aware: verify rows are rounded up to the smallest tier in ``meta.tiers``
   that holds them, so cost steps at tier boundaries; above the largest tier the
   step runs eager at its raw row count.
@@ -92,17 +97,19 @@ def _check_number(name: str, v: Any, *, positive: bool = False) -> None:
         raise CostTableError(f"{name}: expected {want}, got {v!r}")
 
 
-def piecewise_linear(xs: torch.Tensor, ys: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """Piecewise-linear through (xs, ys), flat below xs[0], last slope (>= 0) beyond xs[-1]."""
+def interp_clamped(xs: torch.Tensor, ys: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Piecewise-linear through (xs, ys), ys[0] below xs[0] and ys[-1] beyond xs[-1]."""
     if xs.numel() == 1:
         return ys[0].expand(x.shape).clone()
     hi = torch.bucketize(x, xs, right=True).clamp(1, xs.numel() - 1)
     lo = hi - 1
-    frac = ((x - xs[lo]) / (xs[hi] - xs[lo])).clamp(min=0.0)
-    inside = ys[lo] + frac * (ys[hi] - ys[lo])
-    last_slope = ((ys[-1] - ys[-2]) / (xs[-1] - xs[-2])).clamp(min=0.0)
-    beyond = ys[-1] + last_slope * (x - xs[-1])
-    return torch.where(x > xs[-1], beyond, inside)
+    frac = ((x - xs[lo]) / (xs[hi] - xs[lo])).clamp(0.0, 1.0)
+    return ys[lo] + frac * (ys[hi] - ys[lo])
+
+
+def floor_step(xs: torch.Tensor, ys: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """ys at the largest xs <= x; ys[0] below xs[0] (SGLang's ``bucketize(right=True) - 1``, clamped)."""
+    return ys[(torch.bucketize(x, xs, right=True) - 1).clamp(0, xs.numel() - 1)]
 
 
 def round_up_to_tier(rows: torch.Tensor, tiers: tuple[int, ...]) -> torch.Tensor:
@@ -172,7 +179,7 @@ class StepsPerSecondTable(_Predictor):
     def _seconds(self, batch_size: float, rows: torch.Tensor) -> torch.Tensor:
         xs = torch.tensor(self.sample_batch_tokens, dtype=torch.float64)
         secs = 1.0 / torch.tensor(self.sample_steps_per_sec, dtype=torch.float64)
-        return piecewise_linear(xs, secs, rows)
+        return floor_step(xs, secs, rows)
 
     def to_json_dict(self) -> dict[str, Any]:
         return {
@@ -195,7 +202,7 @@ class AdditiveCostTable(_Predictor):
     meta: CostMeta = field(default_factory=CostMeta)
 
     def __post_init__(self) -> None:
-        # SGLang's loader (speculative/dspark_components/dspark_sps.py) refuses bias_seconds <= 0, so a
+        # SGLang's loader (speculative/dspark_components/dspark_sps_table.py) refuses bias_seconds <= 0, so a
         # table sparkgate accepts is one SGLang loads too.
         _check_number("bias_seconds", self.bias_seconds, positive=True)
         _check_probes("bs_probes", self.bs_probes)
@@ -209,12 +216,12 @@ class AdditiveCostTable(_Predictor):
 
     def _seconds(self, batch_size: float, rows: torch.Tensor) -> torch.Tensor:
         f64 = torch.float64
-        alpha = piecewise_linear(
+        alpha = interp_clamped(
             torch.tensor(self.bs_probes, dtype=f64),
             torch.tensor(self.alpha_seconds, dtype=f64),
             torch.tensor([batch_size], dtype=f64),
         )
-        theta = piecewise_linear(
+        theta = interp_clamped(
             torch.tensor(self.m_probes, dtype=f64), torch.tensor(self.theta_seconds, dtype=f64), rows
         )
         return self.bias_seconds + alpha + theta

@@ -22,7 +22,7 @@ from sparkgate.policies.cost_model import (
     CostMeta,
     CostTable,
     CostTableError,
-    piecewise_linear,
+    interp_clamped,
     round_up_to_tier,
 )
 
@@ -76,14 +76,14 @@ def _check_samples(samples: Sequence[StepSample]) -> None:
 
 
 def _hat_basis(probes: tuple[int, ...], x: torch.Tensor, name: str) -> torch.Tensor:
-    """[n, P] interpolation weights, so that ``basis @ values == piecewise_linear(probes, values, x)``."""
+    """[n, P] interpolation weights, so that ``basis @ values == interp_clamped(probes, values, x)``."""
     if x.max() > probes[-1]:
         raise CostTableError(
             f"{name}: a sample at {int(x.max())} lies beyond the last probe {probes[-1]}; the fit only interpolates"
         )
     xs = torch.tensor(probes, dtype=torch.float64)
     eye = torch.eye(len(probes), dtype=torch.float64)
-    return torch.stack([piecewise_linear(xs, eye[j], x) for j in range(len(probes))], dim=1)
+    return torch.stack([interp_clamped(xs, eye[j], x) for j in range(len(probes))], dim=1)
 
 
 def fit_additive_table(

@@ -69,6 +69,7 @@ class Action(StrEnum):
     ABORT = "abort"
     PAUSE = "pause"
     RESUME = "resume"
+    REEVALUATE = "reevaluate"  # the fleet's joint contract changed: judge it again from shadow (or baseline)
 
 
 OPERATOR_ACTIONS: tuple[Action, ...] = (Action.PROMOTE, Action.ABORT, Action.PAUSE, Action.RESUME)

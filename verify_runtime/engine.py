@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from sparkgate.collectors.schema import RequestRow, StepRecord
+from sparkgate.policies.contract import Contract, hardware_text
+from sparkgate.policies.cost_profile import hardware_fingerprint
 from sparkgate.policies.window import FixedWindow, WindowContext, WindowPolicy
 
 from .acceptance import AcceptInput, accept, draft_accepts
@@ -111,6 +113,14 @@ class Engine:
         self.finished: dict[str, Request] = {}
         self.step_id = 0
         self.model_version = model_version(model)
+        self._hardware = hardware_text(hardware_fingerprint(self.device))
+
+    @property
+    def contract(self) -> Contract:
+        """The joint contract this engine's steps are measured under (read per step: ``config`` may change)."""
+        return Contract(
+            self.model_version, self.drafter.version, self.config.gamma, self.config.sts_version, self._hardware
+        )
 
     # -- admission -----------------------------------------------------------
     def submit(self, request: Request) -> None:
@@ -304,6 +314,7 @@ class Engine:
             sts_version=self.config.sts_version,
             cost_table_version=self.config.cost_table_version,
             requests=rows,
+            contract=self.contract.fingerprint(),
         )
         self.step_id += 1
         if self.sink is not None:

@@ -1,5 +1,5 @@
-"""Fleet: each replica's versions (model, drafter, STS, cost table), the phase and revision it
-last reported, when it was last seen and how fast its records arrive."""
+"""Fleet: each replica's versions (model, drafter, STS, cost table) and joint contract, the phase and
+revision it last reported, when it was last seen and how fast its records arrive."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import streamlit as st
 from sparkgate.dashboards import charts, steps
 from sparkgate.dashboards.context import current, when
 
-VERSIONS = ("model_version", "drafter_version", "sts_version", "cost_table_version")
+VERSIONS = ("contract", "model_version", "drafter_version", "sts_version", "cost_table_version")
 
 
 def ago(seconds: float) -> str:
@@ -37,6 +37,8 @@ def render() -> None:
     )
     cols[2].metric("Steps per second (fleet)", f"{frame['steps_per_s'].sum():.1f}")
     mixed = [v for v in VERSIONS if frame[v].nunique(dropna=False) > 1]
+    if "contract" in mixed:
+        st.warning("Replicas are on different contracts: the controller judges nothing until they agree.")
     if mixed:
         st.warning(f"Replicas disagree on {', '.join(mixed)}: figures mix versions.")
     if len(set(frame["revision"])) > 1:

@@ -18,7 +18,12 @@ Read from sgl-project/sglang:
   (``updated=False``); ``dspark_force_budget_frac`` must be in (0, 1] or null; a truthy
   ``dspark_clear_info_records`` clears the record buffer.
 - ``python/sglang/srt/entrypoints/http_server.py`` @ 0025436eab0556737d615b36a4dd3e1e26e82f3d: that
-  release serves the info at ``/get_server_info`` (later ones at ``/server_info``, the old path an alias).
+  release serves the info at ``/get_server_info`` (later ones at ``/server_info``, the old path an alias),
+  as ``{**dataclasses.asdict(server_args), **scheduler_info, "internal_states": ..., "version": ...}``:
+  every launch argument is a top-level key.
+- ``python/sglang/srt/server_args.py`` @ 001067ff: the launch arguments ``LAUNCH_ARGS`` holds (a subset,
+  at their names; ``speculative_dspark_confidence_sts_path`` and ``speculative_dspark_sps_table_path``
+  default to None).
 """
 
 from __future__ import annotations
@@ -50,6 +55,21 @@ RECORD_DEFAULTS: dict[str, Any] = {
     "target_verify_gpu_ms": None,
     "reqs": None,
 }
+LAUNCH_ARGS: dict[str, Any] = {
+    "model_path": "meta-llama/Llama-3.1-8B-Instruct",
+    "tokenizer_path": "meta-llama/Llama-3.1-8B-Instruct",
+    "revision": None,
+    "speculative_algorithm": "DSPARK",
+    "speculative_draft_model_path": "org/dspark-drafter-8b",
+    "speculative_draft_model_revision": None,
+    "speculative_num_draft_tokens": 5,
+    "speculative_dspark_block_size": 4,
+    "speculative_dspark_confidence_sts_path": "/models/sts.json",
+    "speculative_dspark_sps_table_path": "/models/sps.json",
+    "device": "cuda",
+    "tp_size": 1,
+    "dp_size": 1,
+}
 SERVER_ARGS = {
     "pp_max_micro_batch_size",
     "speculative_accept_threshold_single",
@@ -74,6 +94,7 @@ class Server:
         self.gamma, self.mode, self.simulate_acc_len = gamma, mode, simulate_acc_len
         self.info_path, self.refuse = info_path, refuse
         self.server_args: dict[str, Any] = {}
+        self.launch_args: dict[str, Any] = {**LAUNCH_ARGS, "dp_size": ranks}
         self.posted: list[dict] = []
         self.lock = threading.Lock()
 
@@ -86,7 +107,8 @@ class Server:
             info = {"mode": self.mode, "gamma": self.gamma, "verify_num_draft_tokens": self.gamma + 1,
                     "components": ["core", "reqs"], "simulate_acc_len": self.simulate_acc_len}  # fmt: skip
             states = [{"dspark_info_record": {**info, "records": list(buffer)}} for buffer in self.buffers]
-        return {"internal_states": states, "version": "0.5.0"}
+            launch = dict(self.launch_args)
+        return {**launch, "internal_states": states, "version": "0.5.0"}
 
     def set_internal_state(self, body: dict[str, Any]) -> tuple[int, Any]:
         args = body.get("server_args") or {}

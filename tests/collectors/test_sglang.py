@@ -90,6 +90,26 @@ def test_rows_are_the_requests_own_and_the_tier_is_the_padded_graph_key(store):
     assert tier_gate.value is None and tier_gate.samples == 0
 
 
+def test_records_carry_the_contract_the_server_was_launched_with(store):
+    """The fingerprint comes from the launch arguments /server_info carries at its top level: the same server
+    gives the same one poll after poll, a relaunch with another drafter or STS file a new one, and a new cost
+    table none (tables price windows, they do not change what a label means)."""
+    server = Server()
+    with running(server) as url:
+        poller = SGLangPoller(url, Ingestor(store), name="sg")
+        contracts = []
+        for change in ({}, {}, {"speculative_dspark_sps_table_path": "/models/other.json"},
+                       {"speculative_draft_model_path": "org/dspark-drafter-8b-v2"},
+                       {"speculative_dspark_confidence_sts_path": None}):  # fmt: skip
+            server.launch_args.update(change)
+            server.push(0, record(len(contracts) + 1, "compact", [req("a", 3, 1)]))
+            poller.poll_once()
+            contracts.append(store.query("SELECT arg_max(contract, step_id) AS c FROM steps").column("c")[0].as_py())
+    assert contracts[0] is not None and len(contracts[0]) == 16
+    assert contracts[0] == contracts[1] == contracts[2]
+    assert len({contracts[2], contracts[3], contracts[4]}) == 3
+
+
 def test_requests_without_rid_get_a_stable_identity_per_pool_slot(store):
     # omit_defaults: a ReqDetail whose rid is None carries no "rid" key at all.
     def anonymous(pool, prefix, correct):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
+from sparkgate.controller.contract import ContractReading
 from sparkgate.controller.gates import judge_all, judge_baseline
 from sparkgate.controller.metrics import Measurement
 from sparkgate.controller.rollout import (
@@ -255,3 +258,20 @@ def test_a_stage_the_policy_file_lost_is_reported(script):
     decision = fall_back(narrower, script.state, script.now, "stage not in the policy file")
     assert (decision.phase_to, decision.revision) == (Phase.FALLBACK, script.state.revision + 1)
     assert stage_of(narrower, Phase.FALLBACK, 0.0, "canary") is None
+
+
+def test_a_contract_change_keeps_a_pause_and_yields_to_a_critical_failure_and_to_fallback(script):
+    script.climb_to("canary")
+    script.act("pause")
+    paused = replace(script.state, contract="A")
+    changed = ContractReading("A", ("B",), (10,), ("drafter_version: a -> b",), in_baseline=True)
+    verdicts = judge_all(POLICY.gates_for("canary"), GOOD)
+    decision = decide(POLICY, paused, verdicts, script.now + 60, changed)
+    assert (decision.action, decision.phase_to, decision.stage, decision.contract) == ("reevaluate", "paused", 1, "B")
+    assert apply(paused, decision).contract == "B"
+    critical = judge_all(POLICY.gates_for("canary"), good(consistency_mismatches=Measurement(1.0, 1)))
+    rollback = decide(POLICY, paused, critical, script.now + 60, changed)
+    assert rollback.action == "rollback" and rollback.contract == "B"
+    fallback = apply(paused, decide(POLICY, paused, critical, script.now + 60))
+    held = decide(POLICY, fallback, verdicts, script.now + 120, changed)
+    assert (held.action, held.contract) == ("hold", "A")  # fallback is left only by resume

@@ -64,6 +64,9 @@ def steps(
     wire = _set_step(wire, "phase", [phase] * count)
     wire = _set_step(wire, "sts_version", [sts] * count)
     wire = _set_step(wire, "cost_table_version", ["ct-1"] * count)
+    # One contract for the whole fixture, so the controller judges (and rolls back) the mixed-STS interval;
+    # the Fleet page's contract warning is tested on a store of its own.
+    wire = _set_step(wire, "contract", ["contract-1"] * count)
     hit = np.arange(count) >= misses
     wire = _set_step(wire, "graph_hit", hit)
     wire = _set_step(wire, "miss_reason", [None if h else "over_max_tier" for h in hit])

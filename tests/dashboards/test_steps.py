@@ -49,6 +49,7 @@ def test_fleet_reports_each_replicas_newest_versions_and_rates(reader):
     fleet = steps.fleet(reader, reader.token).set_index("replica_id")
     assert list(fleet.index) == ["r0", "r1"]
     assert fleet.loc["r0", "sts_version"] == "sts-a" and pd.isna(fleet.loc["r1", "sts_version"])  # r1 runs without
+    assert list(fleet["contract"]) == ["contract-1", "contract-1"]
     assert list(fleet["steps"]) == [200, 100] and list(fleet["phase"]) == ["shadow", "shadow"]
     assert list(fleet["quarantined"]) == [0, 0]
     # All of a replica's steps fall within its last minute of data.

@@ -1,7 +1,9 @@
-"""The Fleet page against the fixture store: replicas, their versions and a warning on mixed STS."""
+"""The Fleet page: replicas, their versions and contracts, and warnings when they disagree."""
 
 from __future__ import annotations
 
+from sparkgate.collectors.store import Store
+from tests.conftest import T0, ingest_synthetic
 from tests.dashboards.known_store import metrics, run_app, snapshot_args
 
 
@@ -12,3 +14,16 @@ def test_fleet_lists_replicas_and_their_versions(monkeypatch, fixture_store):
     assert fleet.loc["r0", "sts_version"] == "sts-a" and fleet.loc["r1", "sts_version"] == "(none)"
     assert fleet.loc["r0", "steps"] == 200 and fleet.loc["r1", "steps"] == 100
     assert any("sts_version" in w.value for w in app.warning)
+
+
+def test_replicas_on_different_contracts_are_shown_and_warned_of(monkeypatch, tmp_path):
+    with Store(tmp_path / "events.duckdb") as store:
+        ingest_synthetic(store, 10, T0, replica="r0", contract="contract-a")
+        ingest_synthetic(store, 10, T0, replica="r1", contract="contract-b")
+        store.snapshot(tmp_path / "snapshots")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("{}\n")
+    app = run_app(monkeypatch, "--snapshot-dir", str(tmp_path / "snapshots"), "--policy", str(policy), page="fleet")
+    fleet = app.dataframe[0].value.set_index("replica_id")
+    assert list(fleet["contract"]) == ["contract-a", "contract-b"]
+    assert any("different contracts" in w.value for w in app.warning)

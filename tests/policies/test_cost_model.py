@@ -39,14 +39,17 @@ def write(tmp_path, obj, name="table.json"):
     return path
 
 
-def test_sglang_sps_table_parses_and_interpolates_step_time():
+def test_sglang_sps_table_is_read_as_a_floor_step_as_sglang_reads_it():
+    """SGLang looks the 1-D table up with ``bucketize(batch_tokens, probes, right=True) - 1`` clamped to the
+    probes (``speculative/dspark_components/dspark_scheduler.py`` @ 692c5f7d532f129424b57961c262bbd253b411dc):
+    no interpolation between probes, the first value below them, the last above."""
     table = parse_cost_table(SGLANG_SPS)
     assert isinstance(table, StepsPerSecondTable)
     assert table.predict_step_ms(4, 8) == pytest.approx(1.0)
-    assert table.predict_step_ms(4, 12) == pytest.approx((1 / 1000 + 1 / 950) / 2 * 1000)
-    assert table.predict_step_ms(4, 1) == pytest.approx(1.0)  # flat below the first probe
-    last_slope = (1 / 480 - 1 / 500) / 32
-    assert table.predict_step_ms(4, 96) == pytest.approx((1 / 480 + last_slope * 32) * 1000)
+    assert table.predict_step_ms(4, 12) == pytest.approx(1.0)  # between 8 and 16: the value at 8
+    assert table.predict_step_ms(4, 16) == pytest.approx(1000 / 950)
+    assert table.predict_step_ms(4, 1) == pytest.approx(1.0)  # the first value below the first probe
+    assert table.predict_step_ms(4, 96) == pytest.approx(1000 / 480)  # the last value above the last
     assert table.steps_per_sec(4, 64) == pytest.approx(480.0)
 
 
@@ -57,6 +60,14 @@ def test_sglang_additive_table_parses_and_adds_terms():
     assert table.predict_step_ms(32, 288) == pytest.approx((0.002 + 0.001 * 31 / 63 + 0.00225) * 1000)
     rows = torch.tensor([64.0, 512.0])
     assert table.step_seconds(1, rows).tolist() == pytest.approx([0.0025, 0.006])
+
+
+def test_sglang_additive_table_is_clamped_at_both_ends_as_sglang_reads_it():
+    """SGLang's ``_interp_clamped`` returns the end values outside the probes, for alpha at the batch size and
+    theta at the rows (``dspark_sps_table.py`` @ 692c5f7d532f129424b57961c262bbd253b411dc)."""
+    table = parse_cost_table(SGLANG_ADDITIVE)
+    assert table.predict_step_ms(64, 512) == pytest.approx((0.002 + 0.001 + 0.004) * 1000)
+    assert table.predict_step_ms(200, 2048) == pytest.approx((0.002 + 0.001 + 0.004) * 1000)  # both clamped
 
 
 def test_prediction_steps_at_tier_boundaries_and_runs_eager_above_the_largest():

@@ -16,13 +16,18 @@ from sparkgate.policies.window import (
 from tests.conftest import survivals
 
 FREE = StepsPerSecondTable(sample_batch_tokens=(1,), sample_steps_per_sec=(100.0,), max_batch_tokens=100_000)
-# T(bs, M) = 2 + M seconds: a fixed overhead plus a cost proportional to rows.
+# T(bs, M) = 2 + M seconds: a fixed overhead plus a cost proportional to rows (probed over every row count
+# the tests plan: tables are clamped beyond their last probe, as SGLang reads them).
 PROPORTIONAL = AdditiveCostTable(
-    bias_seconds=2.0, bs_probes=(1,), alpha_seconds=(0.0,), m_probes=(1, 2), theta_seconds=(1.0, 2.0)
+    bias_seconds=2.0, bs_probes=(1,), alpha_seconds=(0.0,), m_probes=(1, 1024), theta_seconds=(1.0, 1024.0)
 )
 # Rows are nearly free up to 64 (memory-bound), then every row costs (compute-bound).
 KNEE = AdditiveCostTable(
-    bias_seconds=0.01, bs_probes=(1,), alpha_seconds=(0.0,), m_probes=(1, 64, 128), theta_seconds=(0.0, 0.0005, 0.0105)
+    bias_seconds=0.01,
+    bs_probes=(1,),
+    alpha_seconds=(0.0,),
+    m_probes=(1, 64, 128, 1024),
+    theta_seconds=(0.0, 0.0005, 0.0105, 0.1505),
 )
 
 

@@ -276,3 +276,16 @@ def test_lagged_policies_see_the_survivals_of_two_steps_ago(target):
     (s0, l0), (s1, l1), (_, l2), (_, l3) = policy.seen
     assert torch.equal(l0, torch.ones_like(s0)) and torch.equal(l1, torch.ones_like(s1))
     assert torch.equal(l2, s0) and torch.equal(l3, s1)
+
+
+def test_steps_carry_the_joint_contract_and_a_new_sts_file_changes_it(target, drafter):
+    engine = Engine(target, drafter, EngineConfig(gamma=4, max_batch=2, sts_version="sts-1"))
+    engine.submit(Request("a", [1, 2], 2, stop_at_eos=False))
+    record = engine.step()
+    parts = engine.contract
+    assert record.contract == parts.fingerprint()
+    assert (parts.target, parts.drafter, parts.gamma, parts.sts) == (
+        record.model_version, record.drafter_version, 4, "sts-1"
+    )  # fmt: skip
+    engine.config.sts_version = "sts-2"
+    assert engine.step().contract != record.contract
