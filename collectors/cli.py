@@ -18,7 +18,7 @@ from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.sglang import SGLangPoller
 from sparkgate.collectors.store import Store
 from sparkgate.collectors.trtllm import TRTLLMScraper
-from sparkgate.collectors.vllm import VLLMScraper
+from sparkgate.collectors.vllm import VLLMScraper, read_responses
 from sparkgate.collectors.wire import Parsed, from_ndjson
 
 _SHOWN_PROBLEMS = 20
@@ -121,6 +121,13 @@ def prune(db: str, older_than_days: float) -> None:
     is_flag=True,
     help="The vLLM servers run adaptive verification: mark their per-position curves censored.",
 )
+@click.option(
+    "--vllm-responses",
+    "vllm_responses",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="JSONL of saved vLLM responses with per-request spec-decode metrics: print their survival curve once.",
+)
 @click.option("--trtllm", "trtllm_urls", multiple=True, help="trtllm-serve base URL (repeatable).")
 @click.option("--interval", default=1.0, show_default=True, help="Seconds between polls.")
 @click.option("--polls", default=0, show_default=True, help="Stop after this many polls (0: run until interrupted).")
@@ -136,6 +143,7 @@ def collect(
     sglang_urls: tuple[str, ...],
     vllm_urls: tuple[str, ...],
     vllm_adaptive: bool,
+    vllm_responses: tuple[str, ...],
     trtllm_urls: tuple[str, ...],
     interval: float,
     polls: int,
@@ -144,8 +152,15 @@ def collect(
 ) -> None:
     """Poll SGLang DSpark records into the store; print vLLM survival curves and TensorRT-LLM acceptance,
     one JSON line per server and poll."""
+    for path in vllm_responses:
+        try:
+            click.echo(json.dumps({"vllm_responses": path, **read_responses(path).to_dict()}))
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from exc
     if not sglang_urls and not vllm_urls and not trtllm_urls:
-        raise click.UsageError("give at least one --sglang, --vllm or --trtllm URL")
+        if vllm_responses:
+            return
+        raise click.UsageError("give at least one --sglang, --vllm, --vllm-responses or --trtllm URL")
     if sglang_urls and not db:
         raise click.UsageError("--sglang needs --db")
     store = Store(db) if db else None

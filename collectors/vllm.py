@@ -15,11 +15,28 @@ speculation schedules fewer tokens (``draft_tokens < drafts × positions``). Ada
 verification trims slots *after* scheduling and counts them as rejections, which the
 counters cannot show: tell the scraper (``adaptive=True``, ``collect --vllm-adaptive``).
 Either way the curve is marked ``censored`` with the reason.
+
+Per request (``response_curve``): a server started with
+``--per-request-spec-decode-metrics detailed`` returns, in the top-level
+``metrics.speculative_decoding`` of each completion (the final chunk when
+streaming), ``per_step_accepted`` and ``per_step_drafted``: per verify step, the
+drafts accepted (no bonus token) and the drafts proposed. That resolves the
+censoring the counters cannot: a step that proposed d drafts and accepted a < d
+observed depths 1..a+1 (the prefix failed at a+1, so deeper labels are 0); one
+that accepted all d < k observed 1..d and is censored beyond. ``S_k`` is then the
+product-limit (Kaplan-Meier) estimate over steps, exact when no step is
+censored. ``summary`` responses carry only ``acceptance_histogram`` (steps by
+drafts accepted): exact when every step proposed all k drafts
+(``num_draft_tokens == num_spec_steps * num_spec_tokens``), else a lower bound,
+marked censored.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -129,3 +146,87 @@ class VLLMScraper:
         current = parse_counters(response.text)
         interval, self._last = current.minus(self._last), current
         return survival_curve(interval, self.adaptive)
+
+
+def _speculative(response: Any, line: int) -> dict[str, Any] | None:
+    if not isinstance(response, dict):
+        raise ValueError(f"response {line}: expected a JSON object (a completion response or its final chunk)")
+    metrics = response.get("metrics")
+    spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    if spec is not None and not isinstance(spec, dict):
+        raise ValueError(f"response {line}: metrics.speculative_decoding: expected an object, got {spec!r}")
+    return spec
+
+
+def _steps(spec: dict[str, Any], line: int) -> list[tuple[int, int]] | None:
+    """(drafted, accepted) per verify step, or None when the response has no per-step arrays."""
+    accepted, drafted = spec.get("per_step_accepted"), spec.get("per_step_drafted")
+    if accepted is None and drafted is None:
+        return None
+    if not (isinstance(accepted, list) and isinstance(drafted, list) and len(accepted) == len(drafted)):
+        raise ValueError(f"response {line}: per_step_accepted and per_step_drafted must be lists of one length")
+    for a, d in zip(accepted, drafted):
+        if not (isinstance(a, int) and isinstance(d, int) and 0 <= a <= d):
+            raise ValueError(f"response {line}: a step accepted {a!r} of {d!r} drafts (need 0 <= accepted <= drafted)")
+    return list(zip(drafted, accepted))
+
+
+def response_curve(responses: Iterable[Any]) -> SurvivalCurve:
+    """The survival curve of decoded vLLM responses (one per request; those without speculative metrics,
+    n > 1 or no speculation, are skipped). Raises ``ValueError`` naming the line of a malformed one."""
+    at_risk: dict[int, int] = {}
+    failed: dict[int, int] = {}
+    hist: list[int] = []
+    steps = drafts = accepted_total = 0
+    k = 0
+    exact_hist = True
+    for line, response in enumerate(responses, 1):
+        spec = _speculative(response, line)
+        if spec is None:
+            continue
+        k = max(k, int(spec.get("num_spec_tokens") or 0))
+        per_step = _steps(spec, line)
+        if per_step is None:
+            counts = spec.get("acceptance_histogram") or []
+            hist = [x + y for x, y in zip(hist + [0] * len(counts), counts + [0] * len(hist))]
+            exact_hist &= spec.get("num_draft_tokens") == spec.get("num_spec_steps", 0) * spec.get("num_spec_tokens", 0)
+            per_step = []
+        for d, a in per_step:
+            for depth in range(1, min(a + 1, d) + 1):
+                at_risk[depth] = at_risk.get(depth, 0) + 1
+            if a < d:
+                failed[a + 1] = failed.get(a + 1, 0) + 1
+        steps += int(spec.get("num_spec_steps") or 0)
+        drafts += int(spec.get("num_draft_tokens") or 0)
+        accepted_total += int(spec.get("num_accepted_draft_tokens") or 0)
+    survival, running, censored = [], 1.0, None
+    if at_risk:
+        for depth in range(1, k + 1):
+            n = at_risk.get(depth, 0)
+            running *= 1 - failed.get(depth, 0) / n if n else 1.0
+            survival.append(running)
+    elif hist:
+        total = sum(hist)
+        survival = [sum(hist[j:]) / total for j in range(1, len(hist))]
+        if not exact_hist:
+            censored = "summary metrics only, and some steps proposed fewer drafts: deep positions are a lower bound"
+    return SurvivalCurve(
+        float(steps),
+        survival,
+        accepted_total / drafts if drafts else None,
+        accepted_total / steps if steps else None,
+        censored,
+    )
+
+
+def read_responses(path: str) -> SurvivalCurve:
+    """``response_curve`` of a JSONL file of saved vLLM responses."""
+    with open(path, encoding="utf-8") as lines:
+        decoded = []
+        for line, text in enumerate(lines, 1):
+            if text.strip():
+                try:
+                    decoded.append(json.loads(text))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}: line {line}: not JSON ({exc.msg})") from exc
+    return response_curve(decoded)

@@ -72,4 +72,4 @@ def test_collect_sglang_once(tmp_path):
 
 def test_collect_needs_a_source():
     result = CliRunner().invoke(main, ["collect"])
-    assert result.exit_code == 2 and "--sglang, --vllm or --trtllm" in result.output
+    assert result.exit_code == 2 and "--sglang, --vllm, --vllm-responses or --trtllm" in result.output

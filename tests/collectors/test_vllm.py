@@ -1,12 +1,14 @@
-"""The vLLM /metrics adapter against a loopback server: counters to a survival curve, intervals, resets."""
+"""The vLLM adapter: /metrics counters to a survival curve (intervals, resets), and per-request spec-decode
+metrics of saved responses to a curve that resolves censoring."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
-from sparkgate.collectors.vllm import VLLMScraper, parse_counters, survival_curve
+from sparkgate.collectors.vllm import VLLMScraper, parse_counters, read_responses, response_curve, survival_curve
 from tests.collectors.loopback import scripted_server
 
 METRICS_1 = """# TYPE vllm:spec_decode_num_drafts counter
@@ -66,3 +68,69 @@ def test_a_curve_whose_drafts_did_not_all_reach_the_deep_positions_is_marked_cen
     with scripted_server("/metrics", [METRICS_1], content_type="text/plain") as url:
         curve = VLLMScraper(url, adaptive=True).scrape()
     assert curve.censored.startswith("adaptive verification") and curve.to_dict()["censored"] == curve.censored
+
+
+# Per-request spec-decode metrics, shaped as vLLM writes them: ``PerRequestMetrics.speculative_decoding`` at the
+# top level of a completion response (``vllm/entrypoints/generate/base/protocol.py`` @ 567b35aa), filled by
+# ``build_spec_decoding_metrics`` (``vllm/entrypoints/generate/base/serving.py`` @ 015d1c9b). ``per_step_accepted``
+# counts accepted drafts without the bonus token; ``per_step_drafted`` the drafts proposed at that step;
+# ``acceptance_histogram[j]`` counts steps that accepted exactly j drafts. At ``summary`` the per-step arrays are
+# null (non-streaming) or absent (the final stream chunk is dumped with exclude_none).
+def spec(accepted, drafted, k=3, detailed=True):
+    body = {
+        "mean_acceptance_length": 1 + sum(accepted) / len(accepted),
+        "draft_acceptance_rate": sum(accepted) / sum(drafted),
+        "acceptance_histogram": [sum(a == j for a in accepted) for j in range(k + 1)],
+        "num_spec_steps": len(accepted),
+        "num_accepted_draft_tokens": sum(accepted),
+        "num_draft_tokens": sum(drafted),
+        "num_spec_tokens": k,
+        "per_step_accepted": accepted if detailed else None,
+        "per_step_drafted": drafted if detailed else None,
+    }
+    return {"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "…"}],
+            "usage": {"completion_tokens": 9}, "metrics": {"time_to_first_token_ms": None,
+                                                           "speculative_decoding": body}}  # fmt: skip
+
+
+def test_detailed_responses_resolve_the_censoring_of_short_drafts():
+    # Step A proposed 3, accepted 1 (depth 2 rejected, depth 3 known 0); step B proposed 1 and accepted it
+    # (censored past depth 1); step C proposed 3 and accepted all.
+    curve = response_curve([spec([1, 1], [3, 1]), spec([3], [3]), {"choices": [], "metrics": None}])
+    # Depth 1: 3 at risk, 0 fail. Depth 2: A and C at risk (B censored), A fails: 1/2. Depth 3: C only, survives.
+    assert curve.survival == pytest.approx([1.0, 0.5, 0.5])
+    assert curve.censored is None and curve.drafts == 3 and curve.acceptance_rate == pytest.approx(5 / 7)
+    naive = [sum(a >= k for a in (1, 1, 3)) / 3 for k in (1, 2, 3)]
+    assert naive == pytest.approx([1.0, 1 / 3, 1 / 3])  # what dividing by every step would have said
+
+
+def test_summary_responses_are_exact_only_when_every_step_proposed_every_draft():
+    full = response_curve([spec([0, 2, 3], [3, 3, 3], detailed=False)])
+    assert full.survival == pytest.approx([2 / 3, 2 / 3, 1 / 3]) and full.censored is None
+    short = response_curve([spec([0, 1], [3, 1], detailed=False)])
+    assert short.censored and "lower bound" in short.censored
+
+
+def test_saved_responses_are_read_from_jsonl_and_bad_ones_named(tmp_path):
+    path = tmp_path / "responses.jsonl"
+    path.write_text(json.dumps(spec([1], [3])) + "\n\n" + json.dumps(spec([3], [3])) + "\n")
+    assert read_responses(str(path)).survival == pytest.approx([1.0, 0.5, 0.5])
+    bad = spec([4], [3])
+    with pytest.raises(ValueError, match="response 1: a step accepted 4 of 3 drafts"):
+        response_curve([bad])
+    path.write_text("{not json\n")
+    with pytest.raises(ValueError, match="line 1: not JSON"):
+        read_responses(str(path))
+
+
+def test_collect_prints_the_curve_of_saved_responses(tmp_path):
+    from click.testing import CliRunner
+
+    from sparkgate.cli import main
+
+    path = tmp_path / "responses.jsonl"
+    path.write_text(json.dumps(spec([1], [3])) + "\n")
+    result = CliRunner().invoke(main, ["collect", "--vllm-responses", str(path)])
+    assert result.exit_code == 0, result.output
+    line = json.loads(result.output)
+    assert line["vllm_responses"] == str(path) and line["survival"] == pytest.approx([1.0, 0.0, 0.0])
