@@ -101,6 +101,24 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     ALTER TABLE decisions ADD COLUMN contract VARCHAR;
     """,
     ),
+    (
+        6,
+        "event schema v2: steps carry their switchback epoch and arm; request records",
+        """
+    ALTER TABLE steps ADD COLUMN epoch BIGINT;
+    ALTER TABLE steps ADD COLUMN arm VARCHAR;
+    CREATE TABLE request_records (
+        schema_version BIGINT NOT NULL, replica_id VARCHAR NOT NULL, request_id VARCHAR NOT NULL,
+        arrival_ts DOUBLE NOT NULL, first_token_ts DOUBLE, finish_ts DOUBLE NOT NULL,
+        finish_reason VARCHAR NOT NULL, prompt_tokens BIGINT NOT NULL, output_tokens BIGINT NOT NULL,
+        mode VARCHAR NOT NULL, phase VARCHAR NOT NULL, policy_revision BIGINT NOT NULL,
+        epoch BIGINT, arm VARCHAR, contract VARCHAR,
+        commit_offsets_ms DOUBLE[] NOT NULL, commit_tokens BIGINT[] NOT NULL,
+        ttft_ms DOUBLE, tpot_ms DOUBLE,
+        PRIMARY KEY (replica_id, request_id)
+    );
+    """,
+    ),
 )
 
 

@@ -1,4 +1,4 @@
-"""Event schema v1 (docs/design.md §4): the typed records shared by producer and consumer.
+"""Event schema v2 (docs/design.md §4): the typed step records shared by producer and consumer.
 
 One ``StepRecord`` per verify step per replica, holding one ``RequestRow`` per
 request in the batch. Field names are the wire names (JSON / Arrow).
@@ -11,6 +11,10 @@ Invariants a valid record holds (``validate`` enforces them):
   non-increasing with depth;
 - ``committed_tokens`` holds ``accepted + 1`` token ids (-1 where a producer,
   e.g. an SGLang server without draft-token logging, does not report the id).
+
+Version 2 adds the switchback ``epoch`` and ``arm`` a step was served in (both null
+outside switchback) and request records (``collectors.request_records``); version 1
+records, which have neither, are still read.
 
 The Arrow schemas below are the columnar forms of the same records: the wire form
 (a step with nested request rows) and the stored tables.
@@ -27,7 +31,8 @@ import pyarrow as pa
 
 from sparkgate.policies.vocabulary import MissReason, Mode, Status
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 # ``sts_version`` of records whose ``confidence`` was already calibrated where it was produced (an SGLang
 # server applies its STS temperatures before it dumps them): refitting STS on them would calibrate twice.
 CALIBRATED_AT_SOURCE = "calibrated-at-source"
@@ -113,6 +118,9 @@ class StepRecord:
     schema_version: int = SCHEMA_VERSION
     # The joint contract's fingerprint (``policies.contract``); None from producers that predate it.
     contract: str | None = None
+    # The switchback epoch and arm (``policies.switchback``) the step was served in; None outside switchback.
+    epoch: int | None = None
+    arm: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The wire form: one JSON object with ``requests`` as a list of objects."""
@@ -182,6 +190,8 @@ STEP_SCHEMA = pa.schema(
         pa.field("sts_version", pa.string()),
         pa.field("cost_table_version", pa.string()),
         pa.field("contract", pa.string()),
+        pa.field("epoch", pa.int64()),
+        pa.field("arm", pa.string()),
     ]
 )
 
@@ -216,5 +226,7 @@ LABEL_SCHEMA = pa.schema(
 )
 
 # Fields that may be null on the wire; every other field is required.
-NULLABLE_STEP_FIELDS = frozenset({"miss_reason", "predicted_step_ms", "sts_version", "cost_table_version", "contract"})
+NULLABLE_STEP_FIELDS = frozenset(
+    {"miss_reason", "predicted_step_ms", "sts_version", "cost_table_version", "contract", "epoch", "arm"}
+)
 NULLABLE_REQUEST_FIELDS = frozenset({"window_suggested", "full_accept"})

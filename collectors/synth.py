@@ -100,6 +100,8 @@ def synthetic_wire(
         "sts_version": pa.nulls(steps, pa.string()),
         "cost_table_version": pa.nulls(steps, pa.string()),
         "contract": pa.nulls(steps, pa.string()),
+        "epoch": pa.nulls(steps, pa.int64()),
+        "arm": pa.nulls(steps, pa.string()),
         "requests": requests,
     }
     return pa.table(

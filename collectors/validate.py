@@ -22,14 +22,15 @@ from sparkgate.collectors.schema import (
     MODES,
     NULLABLE_REQUEST_FIELDS,
     NULLABLE_STEP_FIELDS,
+    READABLE_VERSIONS,
     REQUEST_TYPE,
-    SCHEMA_VERSION,
     STEP_SCHEMA,
     TIER_UNREPORTED,
     Problem,
     StepRecord,
 )
 from sparkgate.collectors.wire import Flat, flatten, from_dicts
+from sparkgate.policies.vocabulary import Arm
 
 # Bounds the explode: a step yields batch rows x gamma depth labels.
 MAX_GAMMA = 64
@@ -126,9 +127,16 @@ def _check_steps(report: _Report, gamma: np.ndarray, n_requests: np.ndarray) -> 
             report.steps(_nulls(steps, name), name, "missing (required field)")
     version = _ints(steps, "schema_version")
     report.steps(
-        ~_nulls(steps, "schema_version") & (version != SCHEMA_VERSION),
+        ~_nulls(steps, "schema_version") & ~np.isin(version, READABLE_VERSIONS),
         "schema_version",
-        f"unknown schema_version; this collector reads {SCHEMA_VERSION}",
+        f"unknown schema_version; this collector reads {', '.join(map(str, READABLE_VERSIONS))}",
+    )
+    epoch_null, arm_null = _nulls(steps, "epoch"), _nulls(steps, "arm")
+    report.steps(epoch_null != arm_null, "arm", "epoch and arm are set together or not at all")
+    report.steps(~epoch_null & (_ints(steps, "epoch") < 0), "epoch", "must be >= 0")
+    arm = pc.fill_null(steps.column("arm"), str(Arm.TREATMENT))
+    report.steps(
+        ~pc.is_in(arm, pa.array(list(Arm))).to_numpy(zero_copy_only=False), "arm", f"expected one of {', '.join(Arm)}"
     )
     _check_id(report.steps, steps.column("replica_id"), "replica_id")
     for name in _NON_NEGATIVE:

@@ -80,6 +80,21 @@ assert get_args(OperatorAction) == OPERATOR_ACTIONS
 CHANGES_POLICY: frozenset[Action] = frozenset(Action) - {Action.HOLD}
 
 
+class Arm(StrEnum):
+    """Which side of a switchback comparison an epoch serves (§6)."""
+
+    TREATMENT = "treatment"  # the phase's policy
+    CONTROL = "control"  # the baseline's: every request static
+
+
+class FinishReason(StrEnum):
+    """Why a request stopped (§4 request records)."""
+
+    EOS = "eos"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+
+
 class CheckKind(StrEnum):
     """What a replica's consistency check compared (§3 invariants 1 and 4)."""
 
