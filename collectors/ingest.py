@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from opentelemetry.trace import Tracer
 
 from sparkgate.collectors.metrics import Metrics
+from sparkgate.collectors.request_ingest import PreparedRequests
 from sparkgate.collectors.schema import StepRecord
 from sparkgate.collectors.store import IngestResult, Store
 from sparkgate.collectors.tracing import emit_step_spans
@@ -39,6 +40,13 @@ class Ingestor:
         """Commit (batch, source) pairs in order, staging the next while one commits (``Store.ingest_stream``)."""
         for result in self.store.ingest_stream(batches):
             yield self._observe(result)
+
+    def ingest_requests(self, prepared: PreparedRequests, source: str) -> PreparedRequests:
+        """Commit request records (``Store.commit_requests``); returns what was committed."""
+        committed = self.store.commit_requests(prepared, source)
+        if self.metrics is not None:
+            self.metrics.observe_requests(committed, source)
+        return committed
 
     def _observe(self, result: IngestResult) -> IngestResult:
         if self.metrics is not None:

@@ -1,4 +1,5 @@
-"""HTTP ingestion: ``POST /v1/ingest`` with an NDJSON or Arrow IPC body (docs/design.md §4, §7).
+"""HTTP ingestion: ``POST /v1/ingest`` with an NDJSON or Arrow IPC body of step records, and
+``POST /v1/request-records`` with an NDJSON body of request records (docs/design.md §4, §7).
 
 Mount ``ingest_router(ingestor)`` in any FastAPI app. Responses:
 
@@ -18,7 +19,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
@@ -26,12 +28,14 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
 from sparkgate.collectors.ingest import Ingestor
+from sparkgate.collectors.request_ingest import prepare_requests
 from sparkgate.collectors.wire import Parsed, from_ipc, from_ndjson
 from sparkgate.collectors.writers import Refused, Writers
 
 NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/json")
 ARROW_TYPES = ("application/vnd.apache.arrow.stream",)
 DEFAULT_MAX_BODY = 64 << 20
+T = TypeVar("T")
 
 
 class _TooLarge(Exception):
@@ -61,49 +65,92 @@ def _parser(content_type: str):
     return None
 
 
+async def _accepted_body(request: Request, writers: Writers | None, kinds: tuple[str, ...], limit: int):
+    """(writer, body) of a write request, or the error response that refuses it."""
+    try:
+        writer = writers.identify(request.headers.get("authorization")) if writers is not None else None
+    except Refused as refused:
+        return JSONResponse({"error": refused.reason}, status_code=refused.status)
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() not in kinds:
+        return JSONResponse({"error": f"content-type must be one of {list(kinds)}"}, status_code=415)
+    try:
+        body = await _read_limited(request, limit)
+    except _TooLarge:
+        return JSONResponse({"error": f"body larger than {limit} bytes"}, status_code=413)
+    if not body.strip():
+        return JSONResponse({"error": "empty body"}, status_code=400)
+    return writer, body
+
+
+async def _commit(commit: Callable[[], T]) -> T | JSONResponse:
+    try:
+        return await run_in_threadpool(commit)
+    except Refused as refused:
+        return JSONResponse({"error": refused.reason}, status_code=refused.status)
+    except Exception as exc:
+        # Bad input never gets here (it is quarantined); what does is the store's (a full disk, a closed
+        # store): nothing was written, and a retry can succeed once the cause is gone.
+        cause = f"{type(exc).__name__}: {exc}"
+        return JSONResponse({"error": f"not committed: {cause}"}, status_code=503, headers={"Retry-After": "1"})
+
+
 def ingest_router(
     ingestor: Ingestor, max_body_bytes: int = DEFAULT_MAX_BODY, writers: Writers | None = None
 ) -> APIRouter:
-    """A router with ``POST /v1/ingest`` committing into ``ingestor``; ``writers`` (when given) must sign it."""
+    """A router with ``POST /v1/ingest`` (step records) and ``POST /v1/request-records`` (request records,
+    NDJSON) committing into ``ingestor``; ``writers`` (when given) must sign them."""
     router = APIRouter()
+
+    def permit(writer, replicas) -> None:
+        if writers is not None and writer is not None:
+            writers.permit(writer, set(replicas))
 
     @router.post("/v1/ingest")
     async def ingest(request: Request) -> Response:
-        try:
-            writer = writers.identify(request.headers.get("authorization")) if writers is not None else None
-        except Refused as refused:
-            return JSONResponse({"error": refused.reason}, status_code=refused.status)
+        accepted = await _accepted_body(request, writers, NDJSON_TYPES + ARROW_TYPES, max_body_bytes)
+        if isinstance(accepted, Response):
+            return accepted
+        writer, body = accepted
         parse = _parser(request.headers.get("content-type", ""))
-        if parse is None:
-            return JSONResponse(
-                {"error": f"content-type must be one of {list(NDJSON_TYPES + ARROW_TYPES)}"}, status_code=415
-            )
-        try:
-            body = await _read_limited(request, max_body_bytes)
-        except _TooLarge:
-            return JSONResponse({"error": f"body larger than {max_body_bytes} bytes"}, status_code=413)
-        if not body.strip():
-            return JSONResponse({"error": "empty body"}, status_code=400)
         source = f"http:{request.client.host if request.client else 'unknown'}"
 
         def commit():
             parsed: Parsed = parse(body)
-            if writers is not None and writer is not None:
-                writers.permit(writer, set(parsed.wire.column("replica_id").to_pylist()))
+            permit(writer, parsed.wire.column("replica_id").to_pylist())
             return ingestor.ingest(parsed, source)
 
-        try:
-            result = await run_in_threadpool(commit)
-        except Refused as refused:
-            return JSONResponse({"error": refused.reason}, status_code=refused.status)
-        except Exception as exc:
-            # Bad input never gets here (it is quarantined); what does is the store's (a full disk, a closed
-            # store): nothing was written, and a retry can succeed once the cause is gone.
-            cause = f"{type(exc).__name__}: {exc}"
-            return JSONResponse({"error": f"not committed: {cause}"}, status_code=503, headers={"Retry-After": "1"})
+        result = await _commit(commit)
+        if isinstance(result, JSONResponse):
+            return result
         payload = result.summary()
         if result.quarantined:
             payload["problems"] = [q.to_dict() for q in result.prepared.quarantined]
+            return JSONResponse(payload, status_code=422)
+        return JSONResponse(payload)
+
+    @router.post("/v1/request-records")
+    async def request_records(request: Request) -> Response:
+        accepted = await _accepted_body(request, writers, NDJSON_TYPES, max_body_bytes)
+        if isinstance(accepted, Response):
+            return accepted
+        writer, body = accepted
+        source = f"http:{request.client.host if request.client else 'unknown'}"
+
+        def commit():
+            prepared = prepare_requests(body)
+            permit(
+                writer,
+                prepared.rows.column("replica_id").to_pylist()
+                + [q.replica_id for q in prepared.quarantined if q.replica_id],
+            )
+            return ingestor.ingest_requests(prepared, source)
+
+        committed = await _commit(commit)
+        if isinstance(committed, JSONResponse):
+            return committed
+        payload = committed.summary()
+        if committed.quarantined:
+            payload["problems"] = [q.to_dict() for q in committed.quarantined]
             return JSONResponse(payload, status_code=422)
         return JSONResponse(payload)
 

@@ -21,11 +21,14 @@ from prometheus_client import (
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.batch import Prepared, prepare
 from sparkgate.collectors.labels import ACCEPTED, CENSORED, REJECTED, mode_codes
+from sparkgate.collectors.request_ingest import PreparedRequests
 from sparkgate.collectors.schema import MODES, STATUSES, TIER_UNREPORTED, StepRecord
 from sparkgate.collectors.wire import from_records
 from sparkgate.policies.vocabulary import Phase
 
 # Steps take milliseconds; Prometheus' defaults start at 5 ms and would lump them together.
+# Request latencies: 1 ms (a token's time on an accelerator) to 16 s (a first token behind a long queue).
+LATENCY_BUCKETS = tuple(0.001 * 2**i for i in range(15))
 STEP_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024)
 _STEP_PARTS = ("draft", "schedule", "verify", "accept")
 
@@ -85,6 +88,17 @@ class Metrics:
         self.phase = Gauge(
             "sparkgate_rollout_phase", "1 for the current rollout phase, else 0.", ("phase",), registry=r
         )
+        self.request_records = Counter(
+            "sparkgate_ingested_request_records_total", "Request records committed.", registry=r
+        )
+        self.ttft = Histogram(
+            "sparkgate_request_ttft_seconds", "Time to first token of committed request records.", ("arm",),
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.tpot = Histogram(
+            "sparkgate_request_tpot_seconds", "Time per output token after the first, per request record.", ("arm",),
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
         self.writer_refusals = Counter(
             "sparkgate_writer_refusals_total",
             "Writer requests refused: no or a wrong credential, or a replica the writer may not post for.",
@@ -103,6 +117,19 @@ class Metrics:
             self._count_depths(labels)
         if steps.num_rows:
             self._count_steps(steps)
+
+    def observe_requests(self, prepared: PreparedRequests, source: str) -> None:
+        """Count committed request records and their quarantined lines; observe TTFT and TPOT by arm."""
+        if prepared.quarantined:
+            self.quarantined.labels(source).inc(len(prepared.quarantined))
+        rows = prepared.rows
+        self.request_records.inc(rows.num_rows)
+        for arm, ttft, tpot in zip(*(rows.column(c).to_pylist() for c in ("arm", "ttft_ms", "tpot_ms"))):
+            label = arm or "none"
+            if ttft is not None:
+                self.ttft.labels(label).observe(ttft / 1000)
+            if tpot is not None:
+                self.tpot.labels(label).observe(tpot / 1000)
 
     def observe_records(self, records: Sequence[StepRecord], source: str) -> None:
         """Count step records this process produced (a replica's own ``/metrics``), as if ingested."""

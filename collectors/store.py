@@ -36,9 +36,12 @@ import pyarrow as pa
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.batch import Prepared, prepare
 from sparkgate.collectors.migrations import migrate
+from sparkgate.collectors.request_ingest import PreparedRequests
 from sparkgate.collectors.wire import Flat, Parsed, flatten
 
-EVENT_TABLES = ("steps", "requests", "depth_labels")
+# Event tables and the unix-seconds column retention and exports partition them by.
+EVENT_TIME = {"steps": "ts", "requests": "ts", "depth_labels": "ts", "request_records": "finish_ts"}
+EVENT_TABLES = tuple(EVENT_TIME)
 SNAPSHOT_TABLES = EVENT_TABLES + ("quarantine", "decisions", "consistency_checks", "aggregates")
 # Snapshot generations kept, so a reader that opened the previous one can finish.
 _KEEP_GENERATIONS = 2
@@ -54,8 +57,11 @@ CONSISTENCY_SCHEMA = pa.schema(
         pa.field("got", pa.int64()),
     ]
 )
-# UTC calendar date of a unix time, without depending on the session time zone.
-_DATE = "(DATE '1970-01-01' + CAST(floor(ts / 86400) AS INTEGER))"
+
+
+def _date(column: str) -> str:
+    """UTC calendar date of a unix time column, without depending on the session time zone."""
+    return f"(DATE '1970-01-01' + CAST(floor({column} / 86400) AS INTEGER))"
 
 
 @dataclass(frozen=True)
@@ -246,11 +252,33 @@ class Store:
                         self._con.unregister("incoming")
         return IngestResult(prepared, source)
 
+    def commit_requests(self, prepared: PreparedRequests, source: str) -> PreparedRequests:
+        """Commit request records (``collectors.request_ingest``) as one transaction: the valid ones not yet
+        stored, and quarantine rows for the rest. Returns what was committed."""
+        with self._lock:
+            self._con.register("incoming_keys", prepared.rows.select(["replica_id", "request_id"]))
+            try:
+                stored = self._con.execute(
+                    "SELECT k.replica_id, k.request_id FROM incoming_keys k JOIN request_records r "
+                    "ON r.replica_id = k.replica_id AND r.request_id = k.request_id"
+                ).fetchall()
+            finally:
+                self._con.unregister("incoming_keys")
+            prepared = prepared.without(set(stored))
+            tables = {"request_records": prepared.rows, "quarantine": prepared.quarantine_table(source, time.time())}
+            with self._transaction():
+                for name, table in tables.items():
+                    if table.num_rows:
+                        self._con.register("incoming", table)
+                        self._con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM incoming")
+                        self._con.unregister("incoming")
+        return prepared
+
     def delete_before(self, cutoff_ts: float) -> dict[str, int]:
         """Retention: drop events, quarantine rows received and aggregates ending before ``cutoff_ts``, atomically."""
         deleted = {}
         with self._lock, self._transaction():
-            for table, column in [(t, "ts") for t in EVENT_TABLES] + [
+            for table, column in list(EVENT_TIME.items()) + [
                 ("quarantine", "received_at"),
                 ("aggregates", "interval_end"),
             ]:
@@ -268,14 +296,15 @@ class Store:
         """
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        where = "" if since_ts is None else f"WHERE ts >= {float(since_ts // 86400 * 86400)!r}"
+        since = None if since_ts is None else float(since_ts // 86400 * 86400)
         staging = out / f".staging-{time.time_ns()}"
         staging.mkdir()
         written = {}
         with self._lock:
-            for table in EVENT_TABLES:
+            for table, column in EVENT_TIME.items():
+                where = "" if since is None else f"WHERE {column} >= {since!r}"
                 written[table] = self._con.execute(
-                    f"COPY (SELECT *, {_DATE} AS date FROM {table} {where}) TO {_sql_path(staging / table)} "
+                    f"COPY (SELECT *, {_date(column)} AS date FROM {table} {where}) TO {_sql_path(staging / table)} "
                     "(FORMAT parquet, PARTITION_BY (date, replica_id))"
                 ).fetchall()[0][0]
         for partition in sorted(staging.glob("*/date=*/replica_id=*")):

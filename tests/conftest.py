@@ -71,6 +71,15 @@ def policy_payload(phase: str, compact_fraction: float = 0.0, **changes) -> Poli
     return PolicyPayload(phase=phase, compact_fraction=compact_fraction, **fields)
 
 
+def request_record(**changes) -> dict:
+    """A valid request record (schema v2): 3 tokens in two commits, 400 ms to the first."""
+    base = {"replica_id": "r0", "request_id": "q0", "arrival_ts": T0, "first_token_ts": T0 + 0.4,
+            "finish_ts": T0 + 0.5, "finish_reason": "eos", "prompt_tokens": 12, "output_tokens": 3,
+            "mode": "static", "phase": "shadow", "policy_revision": 1, "commit_offsets_ms": [400.0, 500.0],
+            "commit_tokens": [2, 1], "epoch": None, "arm": None, "contract": None, "schema_version": 2}  # fmt: skip
+    return {**base, **changes}
+
+
 def with_columns(wire: pa.Table, **values) -> pa.Table:
     """``wire`` with step columns replaced by one value each (e.g. phase, batch_size)."""
     for name, value in values.items():

@@ -12,12 +12,13 @@ import threading
 import httpx
 
 from sparkgate.collectors.ingest import Ingestor
-from sparkgate.collectors.ingest_api import ingest_app, serve_in_thread
+from sparkgate.collectors.ingest_api import ARROW_TYPES, ingest_app, serve_in_thread
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import to_ipc
 from tests.collectors.strategies import compact_row, ndjson, step
+from tests.conftest import request_record
 
 
 def test_http_ingest_ndjson_arrow_problems_and_limits(store):
@@ -55,7 +56,7 @@ def test_http_ingest_ndjson_arrow_problems_and_limits(store):
             http.post("/v1/ingest", content=b" ", headers={"content-type": "application/x-ndjson"}).status_code == 400
         )
         scrape = http.get("/metrics").text
-    assert store.counts() == {"steps": 7, "requests": 21, "depth_labels": 64, "quarantine": 1}
+    assert store.counts() == {"steps": 7, "requests": 21, "depth_labels": 64, "request_records": 0, "quarantine": 1}
     assert "sparkgate_ingested_steps_total 7.0" in scrape
     assert 'sparkgate_quarantined_total{source="http:127.0.0.1"} 1.0' in scrape
 
@@ -63,7 +64,7 @@ def test_http_ingest_ndjson_arrow_problems_and_limits(store):
 WRITER = """
 import sys, time
 from sparkgate.collectors.ingest import Ingestor
-from sparkgate.collectors.ingest_api import ingest_app, serve_in_thread
+from sparkgate.collectors.ingest_api import ARROW_TYPES, ingest_app, serve_in_thread
 from sparkgate.collectors.store import Store
 with serve_in_thread(ingest_app(Ingestor(Store(sys.argv[1])))) as url:
     print(url, flush=True)
@@ -114,3 +115,24 @@ def test_sigkill_mid_stream_loses_no_acknowledged_batch(tmp_path):
     assert all(per_batch.get(b) == full for b in acked)  # every acknowledged batch, whole
     assert all(n == full for n in per_batch.values())  # nothing half there
     assert steps == 40 * len(per_batch)
+
+
+def test_request_records_over_http_stored_or_quarantined_with_their_problems(store):
+    ingestor = Ingestor(store, Metrics())
+    good = json.dumps(request_record(epoch=4, arm="control")).encode()
+    bad = json.dumps(request_record(request_id="q1", commit_tokens=[1])).encode()
+    with serve_in_thread(ingest_app(ingestor)) as url, httpx.Client(base_url=url) as http:
+        ok = http.post("/v1/request-records", content=good + b"\n", headers={"content-type": "application/x-ndjson"})
+        assert ok.status_code == 200 and ok.json() == {"request_records": 1, "quarantined": 0}
+        mixed = http.post("/v1/request-records", content=good + b"\n" + bad + b"\n",
+                          headers={"content-type": "application/x-ndjson"})  # fmt: skip
+        assert mixed.status_code == 422
+        problems = mixed.json()["problems"]
+        assert [p["position"] for p in problems] == [0, 1]  # the repeat of q0 and the bad q1
+        assert {f["field"] for f in problems[1]["problems"]} == {"commit_tokens"}
+        arrow = http.post("/v1/request-records", content=b"x", headers={"content-type": ARROW_TYPES[0]})
+        assert arrow.status_code == 415
+        scrape = http.get("/metrics").text
+    assert "sparkgate_ingested_request_records_total 1.0" in scrape
+    assert 'sparkgate_request_ttft_seconds_count{arm="control"} 1.0' in scrape
+    assert store.counts()["request_records"] == 1 and store.counts()["quarantine"] == 2

@@ -16,16 +16,18 @@ from hypothesis import strategies as st
 
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import explode
+from sparkgate.collectors.request_ingest import prepare_requests
 from sparkgate.collectors.store import IntervalOverlap, Store, open_snapshot, stage
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import flatten, from_dicts, from_ndjson, from_records
 from tests.collectors.strategies import compact_row, step, step_records
+from tests.conftest import request_record
 
 
 def test_batch_rows_land_in_every_table(store):
     result = store.ingest(from_records([step(1, requests=[compact_row()]), step(2, requests=[compact_row()])]), "t")
     assert result.summary() == {"steps": 2, "requests": 2, "depth_labels": 8, "quarantined": 0}
-    assert store.counts() == {"steps": 2, "requests": 2, "depth_labels": 8, "quarantine": 0}
+    assert store.counts() == {"steps": 2, "requests": 2, "depth_labels": 8, "request_records": 0, "quarantine": 0}
     row = store.query('SELECT mode, "window", accepted, full_accept, survival FROM requests LIMIT 1').to_pylist()[0]
     assert row == {
         "mode": "compact",
@@ -39,7 +41,7 @@ def test_batch_rows_land_in_every_table(store):
 def test_invalid_steps_are_quarantined_whole_and_valid_ones_kept(store):
     bad = step(2, requests=[compact_row(), compact_row(window=9, request_id="r2")])
     result = store.ingest(from_records([step(1, requests=[compact_row()]), bad]), "unit")
-    assert store.counts() == {"steps": 1, "requests": 1, "depth_labels": 4, "quarantine": 1}
+    assert store.counts() == {"steps": 1, "requests": 1, "depth_labels": 4, "request_records": 0, "quarantine": 1}
     q = store.query("SELECT source, position, replica_id, step_id, reason, problems, payload FROM quarantine")
     row = q.to_pylist()[0]
     assert (row["source"], row["position"], row["replica_id"], row["step_id"]) == ("unit", 1, "replica-a", 2)
@@ -104,7 +106,7 @@ def test_a_batch_staged_before_its_key_was_committed_is_rechecked(store):
     store.ingest(from_records([step(2, requests=[compact_row()])]), "first")
     result = store.commit(staged, "late")
     assert (result.steps, result.quarantined) == (1, 1)
-    assert store.counts() == {"steps": 2, "requests": 2, "depth_labels": 8, "quarantine": 1}
+    assert store.counts() == {"steps": 2, "requests": 2, "depth_labels": 8, "request_records": 0, "quarantine": 1}
 
 
 def test_untypeable_records_are_quarantined(store):
@@ -121,7 +123,7 @@ def test_a_failed_commit_writes_nothing(store):
     store._con.execute("CREATE TABLE depth_labels (unrelated INTEGER)")
     with pytest.raises(duckdb.Error):
         store.ingest(from_records([step(1, requests=[compact_row()]), step(2, requests=[compact_row()])]), "t")
-    assert store.counts() == {"steps": 0, "requests": 0, "depth_labels": 0, "quarantine": 0}
+    assert store.counts() == {"steps": 0, "requests": 0, "depth_labels": 0, "request_records": 0, "quarantine": 0}
     store._con.execute("DROP TABLE depth_labels")
     store._con.execute("ALTER TABLE depth_labels_real RENAME TO depth_labels")
     assert store.ingest(from_records([step(1, requests=[compact_row()])]), "t").steps == 1
@@ -137,10 +139,15 @@ def test_retention_deletes_old_rows_everywhere(store):
     flat = flatten(synthetic_wire(2, 2, 3))
     for end in (120.0, 220.0):
         store.record_aggregate("r0", end - 20, end, Aggregate.from_tables(flat.requests, explode(flat), 3))
+    for request_id, finish in (("old", 140.0), ("new", 160.0)):
+        body = json.dumps(request_record(request_id=request_id, arrival_ts=finish - 1, first_token_ts=finish - 0.5,
+                                         finish_ts=finish, commit_offsets_ms=[500.0, 1000.0])).encode()  # fmt: skip
+        assert store.commit_requests(prepare_requests(body), "test").rows.num_rows == 1
     assert store.delete_before(150.0) == {
         "steps": 1,
         "requests": 1,
         "depth_labels": 4,
+        "request_records": 1,
         "quarantine": 0,
         "aggregates": 1,
     }
@@ -195,7 +202,7 @@ def test_export_is_hive_partitioned_and_reexport_does_not_duplicate(store, tmp_p
         "t",
     )
     out = tmp_path / "export"
-    assert store.export(out) == {"steps": 2, "requests": 2, "depth_labels": 8}
+    assert store.export(out) == {"steps": 2, "requests": 2, "depth_labels": 8, "request_records": 0}
     store.export(out, since_ts=day + 10)  # rounds down to the day: rewrites both partitions whole
     partitions = sorted(
         p.relative_to(out / "depth_labels").as_posix() for p in (out / "depth_labels").glob("date=*/replica_id=*")

@@ -59,7 +59,13 @@ def test_unsigned_and_forged_writes_are_refused_and_nothing_is_stored(guarded):
         assert http.post("/v1/consistency", json=check, headers=bearer("operator")).status_code == 403
         aggregate = {"replica_id": "replica-a1", "interval_start": 0, "interval_end": 1, "aggregate": {}}
         assert http.post("/v1/aggregates", json=aggregate).status_code == 401
-    assert controller.store.counts() == {"steps": 0, "requests": 0, "depth_labels": 0, "quarantine": 0}
+    assert controller.store.counts() == {
+        "steps": 0,
+        "requests": 0,
+        "depth_labels": 0,
+        "request_records": 0,
+        "quarantine": 0,
+    }
     assert controller.tick().phase_to == "baseline"  # nothing forged reached the gates
     exposition = metrics.exposition().decode()
     assert 'sparkgate_writer_refusals_total{reason="unauthenticated",writer="unauthenticated"} 3.0' in exposition

@@ -1,0 +1,96 @@
+"""Request records (schema v2) from an NDJSON body to one store transaction (docs/design.md §4).
+
+``prepare_requests`` validates every line without the database: a line is
+stored whole or quarantined whole, with every problem and its bytes; a key
+repeated inside the body keeps its first line. ``Store.commit_requests`` then
+quarantines, under the writer lock, the lines whose key is already stored, so
+a replica that re-posts what it cannot tell was acknowledged stores nothing twice.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from sparkgate.collectors.batch import QUARANTINE_SCHEMA, Quarantined
+from sparkgate.collectors.request_records import REQUEST_RECORD_SCHEMA, to_table, validate
+from sparkgate.collectors.schema import Problem
+
+
+@dataclass(frozen=True)
+class PreparedRequests:
+    """Valid rows (``rows``, with ``positions`` their line numbers) and the quarantined lines."""
+
+    rows: pa.Table
+    positions: list[int]
+    quarantined: list[Quarantined]
+
+    def without(self, stored: set[tuple[str, str]]) -> PreparedRequests:
+        """The same batch with the rows whose key is in ``stored`` moved to quarantine."""
+        if not stored:
+            return self
+        keep = [key not in stored for key in self._keys()]
+        dropped = [
+            Quarantined(p, key[0], None, [Problem("request_id", key[1], "already stored for this replica")], b"")
+            for p, key, k in zip(self.positions, self._keys(), keep)
+            if not k
+        ]
+        return PreparedRequests(
+            self.rows.filter(pa.array(keep)),
+            [p for p, k in zip(self.positions, keep) if k],
+            sorted(self.quarantined + dropped, key=lambda q: q.position),
+        )
+
+    def _keys(self) -> list[tuple[str, str]]:
+        return list(zip(self.rows.column("replica_id").to_pylist(), self.rows.column("request_id").to_pylist()))
+
+    def quarantine_table(self, source: str, received_at: float) -> pa.Table:
+        q = self.quarantined
+        return pa.table(
+            {
+                "received_at": pa.array([received_at] * len(q), pa.float64()),
+                "source": pa.array([source] * len(q), pa.string()),
+                "position": pa.array([r.position for r in q], pa.int64()),
+                "replica_id": pa.array([r.replica_id for r in q], pa.string()),
+                "step_id": pa.nulls(len(q), pa.int64()),
+                "reason": pa.array(["; ".join(str(p) for p in r.problems) for r in q], pa.string()),
+                "problems": pa.array([json.dumps([p.to_dict() for p in r.problems], default=repr) for r in q]),
+                "payload": pa.array([r.payload for r in q], pa.binary()),
+            },
+            schema=QUARANTINE_SCHEMA,
+        )
+
+    def summary(self) -> dict:
+        return {"request_records": self.rows.num_rows, "quarantined": len(self.quarantined)}
+
+
+def prepare_requests(body: bytes) -> PreparedRequests:
+    """Every non-empty line of ``body`` validated (no database access; safe on any thread)."""
+    valid: list[dict] = []
+    positions: list[int] = []
+    quarantined: list[Quarantined] = []
+    seen: set[tuple[Any, Any]] = set()
+    for position, line in enumerate(body.splitlines()):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            problems = validate(obj)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            obj, problems = None, [Problem("line", line[:80].decode(errors="replace"), f"not a JSON object ({exc})")]
+        record = obj if isinstance(obj, dict) else {}
+        replica = record.get("replica_id") if isinstance(record.get("replica_id"), str) else None
+        key = record.get("replica_id"), record.get("request_id")
+        if not problems and key in seen:
+            problems = [Problem("request_id", key[1], "appears more than once in this body")]
+        if problems:
+            quarantined.append(Quarantined(position, replica, None, problems, line))
+            continue
+        seen.add(key)
+        valid.append(obj)
+        positions.append(position)
+    rows = to_table(valid) if valid else REQUEST_RECORD_SCHEMA.empty_table()
+    return PreparedRequests(rows, positions, quarantined)
