@@ -1,7 +1,8 @@
 """The continuous-batching decode loop: admit, prefill, draft, schedule, verify, accept, commit.
 
 Each ``step`` advances every active request by ``accepted + 1`` tokens and emits
-one ``StepRecord`` (docs/design.md §4) to the sink. Request state lives in the KV cache
+one ``StepRecord`` (docs/design.md §4) to the sink; each request that finishes, or
+is cancelled (``cancel``), emits one ``RequestRecord`` to the request sink. Request state lives in the KV cache
 (committed rows) and in ``Request.history`` (committed tokens, the last one
 pending: its K/V is written by the next verify step).
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sparkgate.collectors.request_records import RequestRecord
 from sparkgate.collectors.schema import RequestRow, StepRecord
 from sparkgate.policies.contract import Contract, hardware_text
 from sparkgate.policies.cost_profile import hardware_fingerprint
@@ -26,6 +28,7 @@ from .drafters import DraftContext, Drafter, temperature_probs
 from .kv_cache import KVCache
 from .model import EOS, Transformer, model_version
 from .modes import labels, mode_codes, verify_plan
+from .request_log import request_record
 from .rng import ACCEPT, SAMPLE, uniform
 from .tiers import TierGrid
 from .timing import StageClock
@@ -48,6 +51,15 @@ class Request:
     past_survival: list[torch.Tensor] = field(default_factory=list)  # for lagged policies, oldest first
     slot: int = -1
     finish_reason: str | None = None
+    arrival_ts: float | None = None  # unix seconds; None: when it is submitted
+    # Per commit: unix time and the output length after it (before a finish trims past EOS or the limit).
+    commit_ts: list[float] = field(default_factory=list)
+    commit_len: list[int] = field(default_factory=list)
+    first_mode: str | None = None
+    epoch: int | None = None  # the switchback epoch it arrived in
+    arm: str | None = None
+    spans_epochs: bool = False
+    finish_ts: float | None = None
 
 
 @dataclass
@@ -61,6 +73,8 @@ class EngineConfig:
     default_mode: str = "static"
     sts_version: str | None = None
     cost_table_version: str | None = None
+    epoch: int | None = None  # the switchback epoch and arm being served (None: no switchback)
+    arm: str | None = None
     # CPU intra-op threads while prefilling (llama.cpp's threads-batch): a prompt batch has
     # thousands of rows, where a second core nearly halves the time, while decode steps have
     # tens to hundreds and keep torch's setting. None: prefill with torch's setting too.
@@ -68,6 +82,7 @@ class EngineConfig:
 
 
 Sink = Callable[[StepRecord], None]
+RequestSink = Callable[[RequestRecord], None]
 
 
 class Engine:
@@ -79,6 +94,7 @@ class Engine:
         *,
         policy: WindowPolicy | None = None,
         sink: Sink | None = None,
+        request_sink: RequestSink | None = None,
         calibrate: Callable[[torch.Tensor], torch.Tensor] | None = None,
         mode_for: Callable[[Request], str] | None = None,
         tiers: TierGrid | None = None,
@@ -100,7 +116,7 @@ class Engine:
             self.schedule_graphs = ScheduleGraphs(self.config.max_batch, self.config.gamma, self.device)
         self.runner = TargetRunner(model, self.cache, grid, runner_graphs)
         self.policy = policy or FixedWindow(self.config.gamma)
-        self.sink = sink
+        self.sink, self.request_sink = sink, request_sink
         # Without STS the survival is the plain running product of raw confidences.
         self.calibrate = calibrate or (lambda conf: conf.cumprod(-1))
         if self.schedule_graphs is not None:
@@ -134,7 +150,33 @@ class Engine:
             )
         if request.max_new_tokens < 1:
             raise ValueError(f"request {request.request_id!r} has max_new_tokens={request.max_new_tokens} (< 1)")
+        if request.arrival_ts is None:
+            request.arrival_ts = time.time()
+        request.epoch, request.arm = self.config.epoch, self.config.arm
         self.queue.append(request)
+
+    def cancel(self, request_id: str) -> bool:
+        """Stop a waiting or running request now: its cache slot and lagged survivals go with it, and its
+        record (``finish_reason`` cancelled, the commits it had) is emitted. False when it is not here."""
+        for request in self.queue:
+            if request.request_id == request_id:
+                self.queue.remove(request)
+                self._finish(request, "cancelled")
+                return True
+        for request in self.active:
+            if request.request_id == request_id:
+                self.active.remove(request)
+                self.cache.release(request.slot)
+                request.past_survival = []
+                self._finish(request, "cancelled")
+                return True
+        return False
+
+    def _finish(self, request: Request, reason: str) -> None:
+        request.finish_reason, request.finish_ts = reason, time.time()
+        self.finished[request.request_id] = request
+        if self.request_sink is not None:
+            self.request_sink(request_record(request, self.config, self.contract.fingerprint()))
 
     def _admit(self) -> None:
         admitted = []
@@ -260,6 +302,7 @@ class Engine:
         clock.mark()
 
         rows = []
+        committed_at = time.time()
         suggested, windows = decision.windows.tolist(), limit.tolist()
         conf_rows, surv_rows = confidence.tolist(), survival.tolist()
         for i, r in enumerate(reqs):
@@ -268,6 +311,10 @@ class Engine:
             self._keep_hidden(r, out.hidden[i, : accepted[i] + 1])
             r.history.extend(committed)
             r.output.extend(committed)
+            r.commit_ts.append(committed_at)
+            r.commit_len.append(len(r.output))
+            r.first_mode = r.first_mode or modes[i]
+            r.spans_epochs = r.spans_epochs or r.epoch != self.config.epoch
             window, full_accept, cap_trim = labels(modes[i], windows[i], accepted[i], full[i], gamma)
             rows.append(
                 RequestRow(
@@ -315,6 +362,8 @@ class Engine:
             cost_table_version=self.config.cost_table_version,
             requests=rows,
             contract=self.contract.fingerprint(),
+            epoch=self.config.epoch,
+            arm=self.config.arm,
         )
         self.step_id += 1
         if self.sink is not None:
@@ -332,7 +381,7 @@ class Engine:
                 r.finish_reason = "length"
             if r.finish_reason:
                 self.cache.release(r.slot)
-                self.finished[r.request_id] = r
+                self._finish(r, r.finish_reason)
             else:
                 still.append(r)
         self.active = still
