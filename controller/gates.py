@@ -3,14 +3,17 @@
 A verdict is ``pass``, ``fail`` or ``inconclusive``: inconclusive when the value
 is missing, when it rests on fewer than ``min_samples`` samples, or when the data
 is stale — except that a critical gate's failure stands even on stale data.
-Equality with the threshold passes. ``dry_run`` gates get verdicts like
+Equality with the threshold passes. A measurement with an interval (a comparison
+gate's) is judged by the interval, not the estimate: pass when the whole interval
+is on the good side of the threshold, fail when it is wholly on the bad side,
+inconclusive (collect more) when it straddles it. ``dry_run`` gates get verdicts like
 any other but never decide; ``interval_outcome`` folds the deciding verdicts of
 one evaluation interval into the one outcome the state machine acts on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -19,8 +22,8 @@ from sparkgate.policies.vocabulary import Outcome
 
 from .metrics import Measurement
 
-# Metrics that compare with the baseline; their min_samples size the reference baseline must collect.
-BASELINE_METRICS = ("p99_step_ratio", "tokens_per_s_ratio")
+# Metrics that compare with what baseline recorded; their min_samples size the reference it must collect.
+BASELINE_METRICS = ("accepted_length_ratio",)
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,9 @@ class Verdict:
     critical: bool
     dry_run: bool
     note: str
+    low: float | None = None
+    high: float | None = None
+    method: str | None = None
 
     @property
     def decides(self) -> bool:
@@ -64,12 +70,17 @@ def judge(gate: Gate, measurement: Measurement | None, stale: str | None = None)
             gate.critical,
             gate.dry_run,
             note,
+            m.low,
+            m.high,
+            m.method,
         )
 
     if m.value is None:
         return verdict(Outcome.INCONCLUSIVE, stale or "no data")
     if m.samples < gate.min_samples:
         return verdict(Outcome.INCONCLUSIVE, f"{m.samples} samples < min_samples {gate.min_samples}")
+    if m.method is not None:
+        return _judge_interval(gate, m, stale, verdict)
     failed = f"{m.value:.6g} not {_symbol(gate.direction)} {gate.threshold:g}"
     if not gate.passes(m.value) and gate.critical:
         return verdict(Outcome.FAIL, failed)  # evidence of a correctness bug counts whatever the age of the steps
@@ -78,6 +89,20 @@ def judge(gate: Gate, measurement: Measurement | None, stale: str | None = None)
     if gate.passes(m.value):
         return verdict(Outcome.PASS, f"{m.value:.6g} {_symbol(gate.direction)} {gate.threshold:g}")
     return verdict(Outcome.FAIL, failed)
+
+
+def _judge_interval(gate: Gate, m: Measurement, stale: str | None, verdict: Callable[[str, str], Verdict]) -> Verdict:
+    if m.low is None or m.high is None:
+        return verdict(Outcome.INCONCLUSIVE, f"{m.samples} samples are too few for an interval: collect more")
+    span = f"[{m.low:.4g}, {m.high:.4g}]"
+    good, bad = (m.high, m.low) if gate.direction == "at_most" else (m.low, m.high)
+    if stale is not None:
+        return verdict(Outcome.INCONCLUSIVE, stale)
+    if gate.passes(good):
+        return verdict(Outcome.PASS, f"interval {span} wholly {_symbol(gate.direction)} {gate.threshold:g}")
+    if not gate.passes(bad):
+        return verdict(Outcome.FAIL, f"interval {span} wholly beyond {gate.threshold:g}")
+    return verdict(Outcome.INCONCLUSIVE, f"interval {span} straddles {gate.threshold:g}: collect more")
 
 
 def _symbol(direction: str) -> str:

@@ -10,8 +10,9 @@ ECE and AUROC come from ``controller.calibration``.
 
 Gated figures use uncensored traffic only (static, shadow, cap_accept); the
 compact view is reported apart under ``compact_censored`` with its censored
-label count. Latency ratios compare each load bucket with the same bucket of
-the baseline phase and weight buckets by their step count.
+label count. Latency and throughput are gated against a concurrent control
+(``controller.comparison``); the per-bucket latency of the window and of the
+baseline phase are reported beside them, never gated.
 """
 
 from __future__ import annotations
@@ -38,13 +39,20 @@ INTERVAL_LEVEL = 0.95
 
 @dataclass(frozen=True)
 class Measurement:
-    """A gate input: ``value`` (None when there is nothing to compute it from) and its sample count."""
+    """A gate input: ``value`` (None when there is nothing to compute it from) and its sample count; a
+    comparison adds its interval (``low``, ``high``) and how it was computed (``method``)."""
 
     value: float | None
     samples: int
+    low: float | None = None
+    high: float | None = None
+    method: str | None = None
 
     def to_dict(self) -> dict:
-        return {"value": self.value, "samples": self.samples}
+        out: dict = {"value": self.value, "samples": self.samples}
+        if self.method is not None:
+            out.update(low=self.low, high=self.high, method=self.method)
+        return out
 
 
 @dataclass
@@ -73,7 +81,6 @@ class Evaluation:
         ece, samples = stats.ece(), stats.samples()
         upper = {d: hi for d, (_, hi) in self.intervals["survival"].items()}
         least = min(samples.values(), default=0)
-        p99, tokens = self._ratios()
         checks = {kind: self.consistency.get(kind, {"checks": 0, "mismatches": 0}) for kind in CheckKind}
         tier_steps = self._total("tier_steps")  # steps whose engine reports graph hits and misses
         return {
@@ -81,8 +88,6 @@ class Evaluation:
             "survival_ece_upper": Measurement(max(upper.values(), default=None), least),
             "upper_bound_utilization": self._utilization("shadow" if phase == "shadow" else "cap_accept"),
             "tier_miss_rate": Measurement(self._total("misses") / tier_steps if tier_steps else None, tier_steps),
-            "p99_step_ratio": p99,
-            "tokens_per_s_ratio": tokens,
             "accepted_length_ratio": self._accepted_length_ratio(),
             # A count with no checks is 0 of 0: min_samples decides whether that suffices.
             "consistency_mismatches": Measurement(
@@ -115,19 +120,6 @@ class Evaluation:
 
     def _total(self, column: str) -> int:
         return int(sum(self.steps.column(column).to_pylist())) if self.steps is not None else 0
-
-    def _ratios(self) -> tuple[Measurement, Measurement]:
-        """(p99 step time, committed tokens/s) over the baseline's, per matched load bucket, step-weighted."""
-        if self.steps is None or self.baseline is None:
-            return Measurement(None, 0), Measurement(None, 0)
-        base = {r["bucket"]: r for r in self.baseline.to_pylist()}
-        matched = [(r, base[r["bucket"]]) for r in self.steps.to_pylist() if r["bucket"] in base]
-        weight = sum(r["steps"] for r, _ in matched)
-        if not weight:
-            return Measurement(None, 0), Measurement(None, 0)
-        p99 = sum(r["steps"] * r["p99_ms"] / b["p99_ms"] for r, b in matched if b["p99_ms"]) / weight
-        tps = sum(r["steps"] * _tokens_per_s(r) / _tokens_per_s(b) for r, b in matched if _tokens_per_s(b)) / weight
-        return Measurement(p99, weight), Measurement(tps, weight)
 
     # -- report --------------------------------------------------------------
     def report(self, phase: str | None = None) -> dict:

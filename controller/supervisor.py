@@ -21,10 +21,12 @@ from dataclasses import dataclass
 
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store
-from sparkgate.policies.payload import PolicyPayload
+from sparkgate.policies.payload import PolicyPayload, SwitchbackSpec
 from sparkgate.policies.rollout import RolloutPolicy
+from sparkgate.policies.vocabulary import SWITCHBACK_PHASES
 
 from . import contract, ledger, promql, rollout
+from .comparison import Epochs, comparisons
 from .exporter import ControllerMetrics
 from .gates import Verdict, judge_all, judge_baseline
 from .metrics import Evaluation, Measurement, evaluate
@@ -111,6 +113,12 @@ class Controller:
     def policy_payload(self) -> PolicyPayload:
         """``GET /v1/policy`` (docs/design.md §6)."""
         state = self.state
+        spec = self.policy.comparison
+        switchback = (
+            SwitchbackSpec(seed=spec.seed, epoch_s=spec.epoch_s, origin=state.entered_at)
+            if state.phase in SWITCHBACK_PHASES
+            else None
+        )
         return PolicyPayload(
             revision=state.revision,
             phase=state.phase,
@@ -120,6 +128,7 @@ class Controller:
             gamma=self.policy.gamma,
             cost_table_version=self.versions.cost_table_version,
             sts_version=self.versions.sts_version,
+            switchback=switchback,
         )
 
     def _actuate(self) -> None:
@@ -144,6 +153,10 @@ class Controller:
             return [judge_baseline(self.policy, steps, stale)]
         gates = self.policy.gates_for(phase) if state.stage is not None else self.policy.gates
         measured = evaluation.measurements(phase)
+        since = evaluation.window.since if evaluation.window.since is not None else state.entered_at
+        measured.update(
+            comparisons(self.store, Epochs(state.revision, state.entered_at, since), self.policy.comparison)
+        )
         measured.update({g.name: self._promql(g.promql) for g in gates if g.promql})
         return judge_all(gates, measured, stale)
 

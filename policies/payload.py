@@ -10,11 +10,22 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sparkgate.policies.switchback import Switchback
 from sparkgate.policies.vocabulary import Phase
 
 # Where a replica (or any writer) finds the bearer token it signs its records with; the server's
 # ``collectors.writers`` reads the same variable for its one default writer.
 WRITER_TOKEN_ENV = "SPARKGATE_WRITER_TOKEN"
+
+
+class SwitchbackSpec(BaseModel):
+    """``policies.switchback.Switchback`` on the wire: epoch 0 starts at ``origin`` (unix seconds)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seed: int
+    epoch_s: float = Field(gt=0)
+    origin: float
 
 
 class PolicyPayload(BaseModel):
@@ -35,3 +46,10 @@ class PolicyPayload(BaseModel):
     gamma: int = Field(ge=1)
     cost_table_version: str | None
     sts_version: str | None
+    switchback: SwitchbackSpec | None = Field(
+        description="The epoch schedule replicas alternate treatment and control on (null: no control)."
+    )
+
+    def schedule(self) -> Switchback | None:
+        spec = self.switchback
+        return None if spec is None else Switchback(spec.seed, spec.epoch_s, spec.origin)

@@ -45,8 +45,11 @@ METRICS = {
     "survival_ece_upper": "bootstrap upper bound of survival_ece",
     "upper_bound_utilization": "sum(a) / sum(min(a*, gamma)) over cap-accept samples (shadow: suggested)",
     "tier_miss_rate": "steps that ran eager / all steps",
-    "p99_step_ratio": "p99 step time / baseline p99 at matched batch size",
-    "tokens_per_s_ratio": "committed tokens per second / baseline",
+    "p99_step_ratio": "p99 step time, treatment / control switchback epochs (with its interval)",
+    "tokens_per_s_ratio": "committed tokens per busy second, treatment / control epochs (with its interval)",
+    "p99_tpot_ratio": "p99 time per output token, treatment / control epochs (with its interval)",
+    "p99_ttft_ratio": "p99 time to first token, treatment / control epochs (with its interval)",
+    "goodput_ratio": "requests meeting comparison.ttft_slo_ms and tpot_slo_ms, treatment / control epochs",
     "accepted_length_ratio": "mean full-block a* / the shadow reference's (baseline's without shadow)",
     "consistency_mismatches": "greedy compact-vs-static replay mismatches",
     "state_rollback_failures": "state-after-rollback check failures",
@@ -128,8 +131,10 @@ DEFAULT_GATES = (
     Gate(metric="survival_ece_upper", threshold=0.08, direction="at_most", min_samples=2000),
     Gate(metric="upper_bound_utilization", threshold=0.85, direction="at_least", min_samples=500),
     Gate(metric="tier_miss_rate", threshold=0.02, direction="at_most", min_samples=200),
-    Gate(metric="p99_step_ratio", threshold=1.10, direction="at_most", min_samples=200),
-    Gate(metric="tokens_per_s_ratio", threshold=0.98, direction="at_least", min_samples=200),
+    Gate(metric="p99_tpot_ratio", threshold=1.10, direction="at_most", min_samples=10),
+    Gate(metric="p99_ttft_ratio", threshold=1.20, direction="at_most", min_samples=10),
+    Gate(metric="tokens_per_s_ratio", threshold=0.98, direction="at_least", min_samples=10),
+    Gate(metric="goodput_ratio", threshold=0.95, direction="at_least", min_samples=10),
     Gate(metric="consistency_mismatches", threshold=0, direction="at_most", critical=True),
     Gate(metric="state_rollback_failures", threshold=0, direction="at_most", critical=True),
 )
@@ -174,6 +179,37 @@ class Stage:
     compact_fraction: float
 
 
+class Comparison(BaseModel):
+    """How the comparison gates get their concurrent control (``comparison:``, docs/design.md §6): each
+    replica alternates treatment and control epochs of ``epoch_s`` on a schedule drawn from ``seed``; the
+    first ``burn_in_s`` of every epoch is left out (the other arm's batch is still draining); intervals are
+    two-sided at ``level``; goodput counts requests within both SLOs."""
+
+    model_config = _FROZEN
+
+    epoch_s: Float = Field(10.0, description="Seconds per switchback epoch.")
+    burn_in_s: Float = Field(1.0, description="Seconds at the start of each epoch left out of comparisons.")
+    seed: Int = Field(0, description="Seed of the epoch schedule.")
+    level: Float = Field(0.95, description="Two-sided confidence level of the comparison intervals.")
+    ttft_slo_ms: Float = Field(2000.0, description="Time-to-first-token SLO of goodput.")
+    tpot_slo_ms: Float = Field(200.0, description="Time-per-output-token SLO of goodput.")
+
+    @model_validator(mode="after")
+    def _check(self) -> Comparison:
+        problems = []
+        if not (math.isfinite(self.epoch_s) and self.epoch_s > 0):
+            problems.append(_want("epoch_s", self.epoch_s, "a finite number of seconds > 0"))
+        if not (0 <= self.burn_in_s < self.epoch_s):
+            problems.append(_want("burn_in_s", self.burn_in_s, f"seconds in [0, epoch_s={self.epoch_s})"))
+        if not (0.5 <= self.level < 1):
+            problems.append(_want("level", self.level, "a confidence level in [0.5, 1)"))
+        for key in ("ttft_slo_ms", "tpot_slo_ms"):
+            if not (math.isfinite(getattr(self, key)) and getattr(self, key) > 0):
+                problems.append(_want(key, getattr(self, key), "a finite number of milliseconds > 0"))
+        _raise_all(problems)
+        return self
+
+
 class RolloutPolicy(BaseModel):
     """The whole file. Invariants (checked on construction):
 
@@ -203,6 +239,7 @@ class RolloutPolicy(BaseModel):
     fallback_window: Int | None = Field(None, description="Window served in fallback; null: static (gamma).")
     gates: tuple[Gate, ...] = Field(DEFAULT_GATES, description="The checks every evaluation interval runs.")
     notify: tuple[Webhook, ...] = Field((), description="Webhooks told of every decision that changes the policy.")
+    comparison: Comparison = Field(Comparison(), description="Switchback epochs and SLOs of the comparison gates.")
 
     @model_validator(mode="after")
     def _check(self) -> RolloutPolicy:
@@ -298,7 +335,7 @@ def _message(error: Mapping[str, Any]) -> list[str]:
     if kind == "missing":
         return [f"{key}: missing"]
     if kind == "extra_forbidden":
-        nested: dict[str, type[BaseModel]] = {"gates": Gate, "notify": Webhook}
+        nested: dict[str, type[BaseModel]] = {"gates": Gate, "notify": Webhook, "comparison": Comparison}
         model = nested.get(str(loc[0]), RolloutPolicy) if len(loc) > 1 else RolloutPolicy
         return [f"{key}: unknown key (known: {', '.join(model.model_fields)})"]
     if kind == "literal_error":

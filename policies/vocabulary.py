@@ -56,6 +56,8 @@ class Phase(StrEnum):
 LADDER: tuple[Phase, ...] = (Phase.BASELINE, Phase.SHADOW, Phase.CANARY, Phase.COMPACT, Phase.ADAPTIVE)
 # Phases gates judge; baseline only measures the reference they compare with.
 SERVING_PHASES: tuple[Phase, ...] = LADDER[1:]
+# Phases whose replicas alternate treatment and control epochs (in shadow that is an A/A comparison).
+SWITCHBACK_PHASES: tuple[Phase, ...] = SERVING_PHASES
 
 
 class Action(StrEnum):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import math
 import random
+import time
 from collections.abc import Callable, Iterator
 
 from .engine import Request
@@ -56,10 +57,13 @@ class Arrivals:
 
     def _arrive(self) -> None:
         now = self.clock()
+        wall = time.time() - now  # the unix time of this clock's zero: arrivals are stamped when they arrived
         while self.next_at <= now:
             self.arrived += 1
             if len(self.waiting) < self.backlog:
-                self.waiting.append(next(self.source))
+                request = next(self.source)
+                request.arrival_ts = wall + self.next_at  # waiting in the backlog counts toward its TTFT
+                self.waiting.append(request)
             else:
                 self.shed += 1
             self.next_at += self._gap(self.next_at)

@@ -9,9 +9,16 @@ static once their records are stored, every ``state_every`` steps one active
 request's cache state is checked against a dense replay, and both kinds of
 comparison are posted to ``POST /v1/consistency``.
 
+Under a payload with a switchback schedule the replica alternates epochs: in a
+control epoch every request is verified static (the baseline), in a treatment
+epoch as the phase says; steps carry the epoch and arm. Every request that
+finishes or is cancelled becomes a request record, posted to
+``POST /v1/request-records`` beside the step records.
+
 When the controller cannot be reached the replica keeps serving under the last
 policy it received; unsent records wait in its ``spool`` (on disk, replayed in
-order, ``spool.Spool``), or without one a bounded number wait in memory.
+order, ``spool.Spool``; request records in its ``requests/`` folder), or without
+one a bounded number wait in memory.
 """
 
 from __future__ import annotations
@@ -25,9 +32,11 @@ from typing import Any
 
 import httpx
 
+from sparkgate.collectors.request_records import RequestRecord
 from sparkgate.collectors.schema import StepRecord
 from sparkgate.policies.payload import WRITER_TOKEN_ENV, PolicyPayload
-from sparkgate.policies.vocabulary import Mode, Phase
+from sparkgate.policies.switchback import Switchback
+from sparkgate.policies.vocabulary import Arm, Mode, Phase
 from sparkgate.policies.window import FixedWindow, WindowPolicy
 
 from .consistency import GreedyReplay, state_check, unit_hash, wanted
@@ -36,6 +45,7 @@ from .spool import Spool, ndjson
 
 log = logging.getLogger(__name__)
 MAX_PENDING_RECORDS = 10_000
+REQUEST_RECORDS_ROUTE = "/v1/request-records"
 
 
 def mode_for(request_id: str, policy: PolicyPayload) -> Mode:
@@ -84,9 +94,13 @@ class ControllerClient:
         """Post records as NDJSON. A 422 (some records quarantined, the rest stored) is not retried."""
         return self.post_body(ndjson(records))
 
-    def post_body(self, body: bytes) -> dict:
-        """Post an NDJSON body of step records (a spool segment, or ``post_records``'s)."""
-        response = self.http.post("/v1/records", content=body, headers={"content-type": "application/x-ndjson"})
+    def post_request_records(self, records: list[RequestRecord]) -> dict:
+        return self.post_body(ndjson(records), REQUEST_RECORDS_ROUTE)
+
+    def post_body(self, body: bytes, route: str = "/v1/records") -> dict:
+        """Post an NDJSON body of step records (a spool segment, or ``post_records``'s), or of request records
+        to ``/v1/request-records``."""
+        response = self.http.post(route, content=body, headers={"content-type": "application/x-ndjson"})
         if response.status_code == 422:
             log.warning("controller quarantined records: %s", response.text[:500])
             return response.json()
@@ -126,14 +140,22 @@ class Replica:
             clock,
         )
         self.spool = spool  # where records wait while the controller is unreachable
+        self.request_spool = Spool(spool.dir / "requests", spool.max_bytes) if spool is not None else None
         self.payload: PolicyPayload | None = None
+        self.schedule: Switchback | None = None
         self.pending: list[StepRecord] = []
+        self.pending_requests: list[RequestRecord] = []
         self.compact_ids: set[str] = set()
         self.to_check: list[Request] = []
         self.checked: list[dict] = []  # state checks waiting to be posted
-        self.stats = {"steps": 0, "finished": 0, "posted": 0, "dropped": 0, "checks": 0, "mismatches": 0}
+        self.stats = {"steps": 0, "finished": 0, "posted": 0, "dropped": 0, "checks": 0, "mismatches": 0,
+                      "request_records": 0, "requests_dropped": 0}  # fmt: skip
         self._last_poll = float("-inf")
         engine.sink = self._keep
+        engine.request_sink = self._keep_request
+
+    def _keep_request(self, record: RequestRecord) -> None:
+        self.pending_requests.append(record)  # not a bound append: flush replaces the list
 
     def _keep(self, record: StepRecord) -> None:
         self.pending.append(record)
@@ -150,8 +172,19 @@ class Replica:
             )
         config.phase, config.policy_revision = payload.phase, payload.revision
         self.engine.policy = FixedWindow(payload.fallback_window) if payload.phase is Phase.FALLBACK else self.scheduler
-        self.engine.mode_for = lambda request: mode_for(request.request_id, payload)
-        self.payload = payload
+        self.engine.mode_for = lambda request: (
+            Mode.STATIC if config.arm == Arm.CONTROL else mode_for(request.request_id, payload)
+        )
+        self.payload, self.schedule = payload, payload.schedule()
+        self.switch()
+
+    def switch(self, now: float | None = None) -> None:
+        """Serve the epoch and arm the schedule holds at ``now`` (unix seconds); none without a schedule."""
+        config, schedule = self.engine.config, self.schedule
+        epoch = schedule.epoch(time.time() if now is None else now) if schedule is not None else -1
+        config.epoch, config.arm = (
+            (epoch, schedule.arm(config.replica_id, epoch)) if schedule and epoch >= 0 else (None, None)
+        )
 
     def poll(self, force: bool = False) -> None:
         if not force and self.clock() - self._last_poll < self.poll_s:
@@ -169,29 +202,52 @@ class Replica:
 
     # -- records and checks ----------------------------------------------------
     def flush(self) -> None:
-        """Post what the spool holds, then pending records, then check the sampled requests whose records
-        are now stored. While the controller is unreachable pending records go to the spool (with one, in
-        order behind what it holds); without one at most ``MAX_PENDING_RECORDS`` wait in memory."""
+        """Post what the spools hold, then pending step and request records, then check the sampled requests
+        whose records are now stored. While the controller is unreachable pending records go to the spool
+        (with one, in order behind what it holds); without one at most ``MAX_PENDING_RECORDS`` of each
+        kind wait in memory."""
+        client = self.client
+        self.pending, steps_ok = self._deliver(
+            self.pending, self.spool, client.post_records, client.post_body, ("posted", "dropped")
+        )
+        self.pending_requests, _ = self._deliver(
+            self.pending_requests,
+            self.request_spool,
+            client.post_request_records,
+            lambda body: client.post_body(body, REQUEST_RECORDS_ROUTE),
+            ("request_records", "requests_dropped"),
+        )
+        if steps_ok:
+            self._check()
+
+    def _deliver(
+        self,
+        records: list,
+        spool: Spool | None,
+        post_records: Callable[[list], object],
+        post_body: Callable[[bytes], object],
+        counters: tuple[str, str],
+    ) -> tuple[list, bool]:
+        """Post ``spool``'s segments, then ``records``; returns (what still waits in memory, delivered)."""
+        posted, dropped = counters
         try:
-            if self.spool is not None:
-                self.stats["posted"] += self.spool.replay(self.client.post_body)
-            if self.pending:
-                self.client.post_records(self.pending)
-                self.stats["posted"] += len(self.pending)
-                self.pending = []
+            if spool is not None:
+                self.stats[posted] += spool.replay(post_body)
+            if records:
+                post_records(records)
+                self.stats[posted] += len(records)
+            return [], True
         except httpx.HTTPError as exc:
-            log.warning("posting %d records failed (%s); will retry", len(self.pending), exc)
-            if self.spool is not None:
-                self.spool.append(self.pending)
-                self.pending = []
-                self.stats["dropped"] = self.spool.dropped
-                return
-            overflow = len(self.pending) - MAX_PENDING_RECORDS
+            log.warning("posting %d records failed (%s); will retry", len(records), exc)
+            if spool is not None:
+                spool.append(records)
+                self.stats[dropped] = spool.dropped
+                return [], False
+            overflow = len(records) - MAX_PENDING_RECORDS
             if overflow > 0:
-                self.stats["dropped"] += overflow
-                del self.pending[:overflow]
-            return
-        self._check()
+                self.stats[dropped] += overflow
+                records = records[overflow:]
+            return records, False
 
     def _check(self) -> None:
         replica_id = self.engine.config.replica_id
@@ -237,6 +293,7 @@ class Replica:
             if not (self.engine.queue or self.engine.active):
                 break
             self.poll()
+            self.switch()
             self.engine.step()
             self.stats["steps"] += 1
             self._check_state()

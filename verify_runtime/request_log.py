@@ -9,16 +9,40 @@ finished inside one switchback epoch, so a comparison never mixes arms.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sparkgate.collectors.request_records import RequestRecord
 from sparkgate.policies.vocabulary import FinishReason
 
-if TYPE_CHECKING:
-    from .engine import EngineConfig, Request
+
+class Served(Protocol):
+    """What the record reads of an ``engine.Request``."""
+
+    request_id: str
+    prompt: list[int]
+    output: list[int]
+    arrival_ts: float | None
+    finish_ts: float | None
+    finish_reason: str | None
+    commit_ts: list[float]
+    commit_len: list[int]
+    first_mode: str | None
+    epoch: int | None
+    arm: str | None
+    spans_epochs: bool
 
 
-def request_record(request: Request, config: EngineConfig, contract: str | None) -> RequestRecord:
+class Serving(Protocol):
+    """What the record reads of an ``engine.EngineConfig``."""
+
+    replica_id: str
+    default_mode: str
+    phase: str
+    policy_revision: int
+    epoch: int | None
+
+
+def request_record(request: Served, config: Serving, contract: str | None) -> RequestRecord:
     """The record of a finished or cancelled ``request`` served under ``config``."""
     assert request.arrival_ts is not None and request.finish_ts is not None, "submitted and finished"
     offsets, tokens, before = [], [], 0

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
-from sparkgate.collectors.schema import StepRecord
+
+class Record(Protocol):
+    def to_dict(self) -> dict[str, Any]: ...
 
 
-def ndjson(records: list[StepRecord]) -> bytes:
-    """Records as the NDJSON body ``POST /v1/records`` takes."""
+def ndjson(records: Sequence[Record]) -> bytes:
+    """Records (step or request records) as the NDJSON body their route takes."""
     return b"".join(json.dumps(r.to_dict()).encode() + b"\n" for r in records)
 
 
@@ -38,7 +41,7 @@ class Spool:
     def segments(self) -> list[Path]:
         return sorted(self.dir.glob("seg-*.ndjson"))
 
-    def append(self, records: list[StepRecord]) -> None:
+    def append(self, records: Sequence[Record]) -> None:
         """Keep ``records`` for a later ``replay``, dropping (and counting) the oldest past ``max_bytes``."""
         if not records:
             return

@@ -137,9 +137,22 @@ def _labels(store: Store) -> dict:
     }
 
 
-def _stage_figures(store: Store, stage: Stage, t0: float) -> dict:
+def _comparisons(decisions: list[Decision], stage: Stage) -> dict[str, dict]:
+    """The comparison verdicts of the stage's last decision: estimate, interval, pairs and outcome, as judged."""
+    judged = [d for d in decisions if stage.start < d.decided_at <= stage.end and d.phase_from == stage.phase]
+    if not judged:
+        return {}
+    return {
+        v["gate"]: {k: v[k] for k in ("value", "low", "high", "samples", "outcome", "method")}
+        for v in judged[-1].reasons[1:]
+        if v.get("method")
+    }
+
+
+def _stage_figures(store: Store, stage: Stage, t0: float, decisions: list[Decision]) -> dict:
     evaluation = evaluate(store, Window(stage.start, stage.end), resamples=SUMMARY_RESAMPLES)
-    report, gates = evaluation.report(), evaluation.measurements(stage.phase)
+    report = evaluation.report()
+    comparisons = _comparisons(decisions, stage)
     modes = {m: a["requests"] for m, a in report["acceptance"].items()}
     return {
         "stage": stage.label,
@@ -151,9 +164,9 @@ def _stage_figures(store: Store, stage: Stage, t0: float) -> dict:
         "fault": stage.faulted,
         "request_rows": modes,
         "tokens_per_s": report["throughput"]["tokens_per_s"],
-        # The gates' comparison: against the baseline at matched load, so the load swing cancels out.
-        "tokens_per_s_vs_baseline": gates["tokens_per_s_ratio"].value,
-        "p99_vs_baseline": gates["p99_step_ratio"].value,
+        # The gates' comparisons: treatment against control epochs of the same replicas at the same time.
+        "comparisons": comparisons,
+        "tokens_per_s_vs_control": comparisons.get("tokens_per_s_ratio", {}).get("value"),
         "mean_accepted": {m: a["mean_accepted"] for m, a in report["acceptance"].items()},
         "ece_by_depth": {d: c["ece"] for d, c in report["calibration"]["survival"].items()},
         "utilization": report["utilization"]["upper_bound"]["value"],
@@ -193,7 +206,7 @@ def summarize(store: Store, started_at: float, ended_at: float, fault: str, faul
         "fallback_reason": fallback_reason(decisions),
         "tokens_per_s_by_phase": {p: f["tokens_per_s"] for p, f in by_phase.items()},
         "by_phase": by_phase,
-        "stages": [_stage_figures(store, s, started_at) for s in stages_of(decisions, ended_at, fault_at)],
+        "stages": [_stage_figures(store, s, started_at, decisions) for s in stages_of(decisions, ended_at, fault_at)],
         "labels": _labels(store),
         "decisions": _decision_log(decisions, started_at),
         "counts": store.counts(),
@@ -212,19 +225,25 @@ def render(summary: dict) -> str:
     stages = summary["stages"]
     lines = [
         "",
-        "Stages (tok/s: committed tokens per busy replica-second; x base: the same against the baseline",
-        "at matched load; ECE: worst depth, uncensored traffic; util: cap-accept, or shadow's suggestion)",
-        f"  {'stage':<20}{'from':>6}{'to':>6}{'tok/s':>8}{'x base':>8}{'ECE':>7}{'util':>7}{'miss':>7}{'p99 ms':>8}",
+        "Stages (tok/s: committed tokens per busy replica-second; x ctl: the same against the control epochs",
+        "as the gate judged it; ECE: worst depth, uncensored traffic; util: cap-accept, or shadow's suggestion)",
+        f"  {'stage':<20}{'from':>6}{'to':>6}{'tok/s':>8}{'x ctl':>8}{'ECE':>7}{'util':>7}{'miss':>7}{'p99 ms':>8}",
     ]
     for s in stages:
         worst = max(s["ece_by_depth"].values(), default=None)
         utilization = s["shadow_utilization"] if s["phase"] == "shadow" else s["utilization"]
         lines.append(
             f"  {s['stage']:<20}{s['start_s']:>6.0f}{s['end_s']:>6.0f}{_number(s['tokens_per_s'], '.0f'):>8}"
-            f"{_number(s['tokens_per_s_vs_baseline'], '.2f'):>8}{_number(worst, '.3f'):>7}"
+            f"{_number(s['tokens_per_s_vs_control'], '.2f'):>8}{_number(worst, '.3f'):>7}"
             f"{_number(utilization, '.2f'):>7}{_number(s['miss_rate'], '.1%'):>7}"
             f"{_number(s['p99_ms'], '.1f'):>8}"
         )
+    lines += ["", "Comparison gates, treatment / control epochs: estimate [interval] over epoch pairs, as judged"]
+    for s in stages:
+        for gate, c in s["comparisons"].items():
+            span = f"[{_number(c['low'], '.3f')}, {_number(c['high'], '.3f')}]"
+            lines.append(f"  {s['stage']:<20}{gate:<20}{_number(c['value'], '.3f'):>7} {span:<16} "
+                         f"n={c['samples']:<4} {c['outcome']}")  # fmt: skip
     depths = sorted({d for s in stages for d in s["ece_by_depth"]}, key=int)
     lines += [
         "",

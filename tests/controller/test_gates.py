@@ -50,11 +50,11 @@ def test_a_promql_gate_reads_its_name_and_a_store_gate_its_metric():
     assert [(v.gate, v.outcome) for v in judge_all(gates, measured)] == [("survival_ece", "pass"), ("prom_p99", "fail")]
 
 
-def test_baseline_waits_for_the_reference_the_latency_gates_need_and_never_fails():
+def test_baseline_waits_for_the_reference_its_gates_need_and_never_fails():
     policy = parse_rollout_policy(
         {
             "gates": [
-                {"metric": "p99_step_ratio", "threshold": 1.2, "direction": "at_most", "min_samples": 40},
+                {"metric": "accepted_length_ratio", "threshold": 0.9, "direction": "at_least", "min_samples": 40},
                 {"metric": "tokens_per_s_ratio", "threshold": 0.9, "direction": "at_least", "min_samples": 25},
                 {"metric": "survival_ece", "threshold": 0.05, "direction": "at_most", "min_samples": 5000},
             ]
@@ -68,6 +68,28 @@ def test_baseline_waits_for_the_reference_the_latency_gates_need_and_never_fails
     ]
     assert judge_baseline(policy, 10**6, "no steps for 900 s").outcome == "inconclusive"
     assert judge_baseline(parse_rollout_policy({"gates": []}), 1).outcome == "pass"
+
+
+@pytest.mark.parametrize(
+    ("direction", "low", "high", "outcome"),
+    [
+        ("at_most", 0.95, 1.08, "pass"),  # wholly <= 1.10
+        ("at_most", 1.00, 1.10, "pass"),  # equality passes
+        ("at_most", 1.05, 1.20, "inconclusive"),  # straddles: collect more
+        ("at_most", 1.11, 1.30, "fail"),  # wholly beyond
+        ("at_least", 1.10, 1.20, "pass"),
+        ("at_least", 1.00, 1.20, "inconclusive"),
+        ("at_least", 0.90, 1.09, "fail"),
+        ("at_most", None, None, "inconclusive"),  # too few pairs for an interval at the level
+    ],
+)
+def test_a_comparison_is_judged_by_its_interval_not_its_estimate(direction, low, high, outcome):
+    gate = Gate(metric="p99_tpot_ratio", threshold=1.10, direction=direction, min_samples=5)
+    # The estimate (1.0) is on the good side of an at_most 1.10 in every case: only the interval decides.
+    verdict = judge(gate, Measurement(1.0, 12, low, high, "sign test"))
+    assert verdict.outcome == outcome, verdict.note
+    assert (verdict.low, verdict.high, verdict.method, verdict.samples) == (low, high, "sign test", 12)
+    assert judge(gate, Measurement(1.0, 12, 0.9, 1.0, "sign test"), "stale").outcome == "inconclusive"
 
 
 def _verdict(value: float | None, critical: bool = False, dry_run: bool = False, samples: int = 10):

@@ -53,7 +53,7 @@ def test_report_keeps_the_censored_compact_view_apart(store):
     assert report["gates"]["survival_ece"]["samples"] == uncensored
 
 
-def test_tier_misses_padding_latency_and_baseline_ratios(store):
+def test_tier_misses_padding_and_latency_beside_the_baseline(store):
     base = ingest_synthetic(store, 50, T0, phase="baseline")
     slow = with_columns(base, phase="canary", ts=T0 + 10, step_id=1000)
     slow = slow.set_column(
@@ -71,10 +71,9 @@ def test_tier_misses_padding_latency_and_baseline_ratios(store):
     assert gates["tier_miss_rate"].value == pytest.approx(2 / 52)
     base_p99 = float(np.quantile(base.column("step_ms").to_numpy(), 0.99))
     assert report["baseline"]["latency"]["32-63"]["p99_ms"] == pytest.approx(base_p99)
-    # Same committed tokens in twice the time, and the two miss steps only move the ratios a little.
-    assert gates["p99_step_ratio"].value == pytest.approx(2.0, rel=0.1)
-    assert gates["tokens_per_s_ratio"].value == pytest.approx(0.5, rel=0.1)
-    assert gates["p99_step_ratio"].samples == 52
+    # Reported beside the window, never gated: latency gates compare with a concurrent control.
+    assert report["latency"]["32-63"]["p99_ms"] == pytest.approx(2 * base_p99, rel=0.1)
+    assert "p99_step_ratio" not in gates and "tokens_per_s_ratio" not in gates
 
 
 def test_consistency_checks_are_counted_per_kind(store):

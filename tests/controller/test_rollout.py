@@ -37,8 +37,11 @@ GOOD = {
     "survival_ece_upper": Measurement(0.04, 5000),
     "upper_bound_utilization": Measurement(0.95, 1000),
     "tier_miss_rate": Measurement(0.0, 1000),
-    "p99_step_ratio": Measurement(1.0, 1000),
-    "tokens_per_s_ratio": Measurement(1.1, 1000),
+    # Comparisons with their intervals, wholly on the good side of every default threshold.
+    "p99_tpot_ratio": Measurement(1.0, 40, 0.97, 1.04, "sign test"),
+    "p99_ttft_ratio": Measurement(1.0, 40, 0.95, 1.08, "sign test"),
+    "tokens_per_s_ratio": Measurement(1.1, 40, 1.05, 1.15, "sign test"),
+    "goodput_ratio": Measurement(1.0, 40, 0.98, 1.02, "sign test"),
     "consistency_mismatches": Measurement(0.0, 10),
     "state_rollback_failures": Measurement(0.0, 10),
 }

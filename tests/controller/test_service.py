@@ -66,6 +66,7 @@ def test_policy_records_status_and_decisions(service):
         "gamma": 7,
         "cost_table_version": None,
         "sts_version": None,
+        "switchback": None,
     }
     response = http.post("/v1/records", content=ndjson(5), headers={"content-type": "application/x-ndjson"})
     assert response.status_code == 200 and response.json()["steps"] == 5

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from sparkgate.policies.payload import PolicyPayload
+from sparkgate.policies.payload import PolicyPayload, SwitchbackSpec
 from sparkgate.policies.vocabulary import Phase
 
 GOOD = {
@@ -19,6 +19,7 @@ GOOD = {
     "gamma": 7,
     "cost_table_version": "ct-1",
     "sts_version": None,
+    "switchback": None,
 }
 
 
@@ -57,5 +58,7 @@ def test_every_valid_payload_survives_the_wire(phase, fraction, gamma):
     payload = PolicyPayload(
         revision=1, phase=phase, compact_fraction=fraction, observe_fraction=0.5, fallback_window=gamma,
         gamma=gamma, cost_table_version=None, sts_version="s",
+        switchback=SwitchbackSpec(seed=gamma, epoch_s=fraction + 0.5, origin=1.75e9),
     )  # fmt: skip
+    assert payload.schedule() is not None and payload.schedule().epoch_s == fraction + 0.5
     assert PolicyPayload.model_validate_json(payload.model_dump_json()) == payload

@@ -31,8 +31,9 @@ def test_default_gates_follow_the_design():
         "at_least",
     )
     assert gates["tier_miss_rate"].threshold == 0.02
-    assert gates["p99_step_ratio"].threshold == 1.10
-    assert gates["tokens_per_s_ratio"].threshold == 0.98
+    assert (gates["p99_tpot_ratio"].threshold, gates["p99_ttft_ratio"].threshold) == (1.10, 1.20)
+    assert (gates["tokens_per_s_ratio"].threshold, gates["goodput_ratio"].threshold) == (0.98, 0.95)
+    assert gates["p99_tpot_ratio"].min_samples == 10  # epoch pairs
     assert gates["consistency_mismatches"].critical and gates["consistency_mismatches"].threshold == 0
     assert [g.name for g in DEFAULT_GATES if g.critical] == ["consistency_mismatches", "state_rollback_failures"]
 

@@ -33,6 +33,8 @@ POLICY = parse_rollout_policy(
         "canary_steps": [0.5],
         "observe_fraction": 0.2,
         "gates": [{"metric": "consistency_mismatches", "threshold": 0, "direction": "at_most", "critical": True}],
+        # Epochs short enough that one test run serves several of each arm.
+        "comparison": {"epoch_s": 0.1, "burn_in_s": 0.0},
     }
 )
 
@@ -100,9 +102,14 @@ def test_replica_follows_the_policy_and_its_records_are_stored(controller):
     canary = replica.serve(requests("c", 24))
     assert canary["phase"] == "canary" and canary["revision"] == 3
     modes = ctl.store.query(
-        "SELECT mode::VARCHAR AS m, count(*) AS n FROM requests WHERE step_id >= ? GROUP BY 1", [baseline["steps"]]
+        "SELECT s.arm, list(DISTINCT r.mode::VARCHAR) AS m FROM requests r JOIN steps s USING (replica_id, step_id) "
+        "WHERE s.step_id >= ? GROUP BY 1",
+        [baseline["steps"]],
     ).to_pylist()
-    assert {r["m"] for r in modes} >= {"compact", "shadow"}
+    by_arm = {r["arm"]: set(r["m"]) for r in modes}
+    assert by_arm["control"] == {"static"} and by_arm["treatment"] >= {"compact", "shadow"}  # switchback epochs
+    served = ctl.store.query("SELECT count(*) AS n FROM request_records WHERE request_id LIKE 'c-%'")
+    assert served.column("n")[0].as_py() == 24  # every request posted its record
     assert canary["checks"] > 0 and canary["mismatches"] == 0
     checks = ctl.store.query(
         "SELECT kind, count(*) AS n, count(mismatch_at) AS bad FROM consistency_checks GROUP BY kind ORDER BY kind"
@@ -139,6 +146,7 @@ def test_a_replica_spools_through_an_outage_and_loses_nothing(controller, tmp_pa
     ctl, url = controller
     replica = make_replica(url)
     replica.spool = Spool(tmp_path / "spool")
+    replica.request_spool = Spool(tmp_path / "spool" / "requests")
     client = replica.client
     real_records, real_body = client.post_records, client.post_body
 
@@ -150,8 +158,8 @@ def test_a_replica_spools_through_an_outage_and_loses_nothing(controller, tmp_pa
     assert served["posted"] == 0 and served["dropped"] == 0 and replica.spool.waiting == served["steps"] > 0
     assert ctl.store.counts()["steps"] == 0
 
-    def lost_answer(body):  # the controller commits, then the connection drops before the answer
-        real_body(body)
+    def lost_answer(body, *route):  # the controller commits, then the connection drops before the answer
+        real_body(body, *route)
         raise httpx.ReadError("connection reset")
 
     client.post_body = lost_answer
@@ -163,3 +171,5 @@ def test_a_replica_spools_through_an_outage_and_loses_nothing(controller, tmp_pa
     steps = ctl.store.query("SELECT step_id FROM steps ORDER BY step_id").column("step_id").to_pylist()
     assert steps == list(range(served["steps"]))  # every step once, in order
     assert ctl.store.counts()["quarantine"] > 0  # the repeats of the segment whose answer was lost
+    assert replica.request_spool.waiting == 0 and replica.stats["request_records"] == 8
+    assert ctl.store.counts()["request_records"] == 8  # each request's record once, through the same outage

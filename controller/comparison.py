@@ -1,0 +1,133 @@
+"""Comparison gates (docs/design.md §6): treatment against a control measured at the same time.
+
+Replicas alternate treatment and control switchback epochs (``policies.switchback``).
+The unit of evidence is an epoch pair: epochs ``2k`` and ``2k + 1`` of one replica,
+one of each arm, a few seconds apart, so load swings slower than a pair and
+noisy neighbours hit both. Per pair and metric, ``d = ln(treatment / control)``;
+the estimate is ``exp(median d)`` and the interval the sign-test interval for
+that median (order statistics of the d's, binomial coverage): exact at any
+distribution of d, conservative for a finite n, and assuming only that pairs
+are independent. Too few pairs for an interval at the level leaves it open, and
+the gate inconclusive.
+
+What an epoch contributes, after its first ``burn_in_s`` (the other arm's batch
+is still draining) and only from the revision in force (a replica picks a new
+policy up within its poll interval):
+- ``p99_step_ratio``, ``tokens_per_s_ratio``: step records (p99 step time;
+  committed tokens per busy second);
+- ``p99_tpot_ratio``, ``p99_ttft_ratio``, ``goodput_ratio``: request records served
+  wholly inside the epoch and not cancelled (goodput: those within both SLOs;
+  both epochs of a pair last as long, so the ratio of counts is the ratio of rates).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from sparkgate.collectors.store import Store
+from sparkgate.policies.rollout import Comparison
+from sparkgate.policies.vocabulary import Arm, FinishReason
+
+from .metrics import Measurement
+
+COMPARISON_METRICS = ("p99_step_ratio", "tokens_per_s_ratio", "p99_tpot_ratio", "p99_ttft_ratio", "goodput_ratio")
+
+
+@dataclass(frozen=True)
+class Epochs:
+    """Which epochs a window compares: those of ``revision``, whose epoch 0 began at ``origin``."""
+
+    revision: int
+    origin: float
+    since: float
+
+
+def sign_interval(d: np.ndarray, level: float) -> tuple[float | None, float | None]:
+    """The distribution-free interval for the median of ``d`` with coverage >= ``level`` (None, None when
+    ``len(d)`` is too small for one)."""
+    n = len(d)
+    alpha = 1 - level
+    # The largest j with P(Binomial(n, 1/2) < j) <= alpha / 2: [d_(j), d_(n-j+1)] covers the median.
+    j, tail = 0, 0.0
+    while j < n and tail + math.comb(n, j) / 2**n <= alpha / 2:
+        tail += math.comb(n, j) / 2**n
+        j += 1
+    if j == 0:
+        return None, None
+    ordered = np.sort(d)
+    return float(ordered[j - 1]), float(ordered[n - j])
+
+
+def paired(per_epoch: dict[tuple[str, int, str], float]) -> np.ndarray:
+    """``ln(treatment / control)`` of every epoch pair with a positive value in both arms."""
+    out = []
+    for (replica, epoch, arm), value in per_epoch.items():
+        if arm != Arm.TREATMENT:
+            continue
+        partner = epoch + 1 if epoch % 2 == 0 else epoch - 1
+        control = per_epoch.get((replica, partner, str(Arm.CONTROL)))
+        if control is not None and value > 0 and control > 0:
+            out.append(math.log(value / control))
+    return np.array(out)
+
+
+def measure(d: np.ndarray, level: float) -> Measurement:
+    if not len(d):
+        return Measurement(None, 0)
+    low, high = sign_interval(d, level)
+    method = f"sign-test interval of the median paired log ratio, {len(d)} epoch pairs, {level:.0%}"
+    return Measurement(
+        math.exp(float(np.median(d))),
+        len(d),
+        None if low is None else math.exp(low),
+        None if high is None else math.exp(high),
+        method,
+    )
+
+
+def _epoch_filter(alias: str, ts: str) -> str:
+    return (
+        f"{alias}.policy_revision = ? AND {alias}.epoch IS NOT NULL AND {alias}.{ts} >= ? "
+        f"AND {alias}.{ts} - (? + {alias}.epoch * ?) >= ?"
+    )
+
+
+def per_epoch(store: Store, epochs: Epochs, spec: Comparison) -> dict[str, dict[tuple[str, int, str], float]]:
+    """Per comparison metric: its value in each (replica, epoch, arm) of the window."""
+    params = [epochs.revision, epochs.since, epochs.origin, spec.epoch_s, spec.burn_in_s]
+    steps = store.query(
+        f"""WITH s AS (SELECT * FROM steps s WHERE {_epoch_filter("s", "ts")}),
+        c AS (SELECT r.replica_id, r.step_id, sum(r.accepted + 1) AS tokens FROM requests r
+              JOIN s ON r.replica_id = s.replica_id AND r.step_id = s.step_id GROUP BY ALL)
+        SELECT s.replica_id, s.epoch, s.arm, quantile_cont(s.step_ms, 0.99) AS p99_step,
+               sum(c.tokens) / (sum(s.step_ms) / 1000) AS tokens_per_s
+        FROM s JOIN c ON c.replica_id = s.replica_id AND c.step_id = s.step_id GROUP BY ALL""",
+        params,
+    ).to_pylist()
+    requests = store.query(
+        f"""SELECT r.replica_id, r.epoch, r.arm, quantile_cont(r.tpot_ms, 0.99) AS p99_tpot,
+               quantile_cont(r.ttft_ms, 0.99) AS p99_ttft,
+               count(*) FILTER (WHERE r.ttft_ms <= ? AND coalesce(r.tpot_ms, 0) <= ?) AS good
+        FROM request_records r WHERE {_epoch_filter("r", "arrival_ts")} AND r.finish_reason <> ?
+        GROUP BY ALL""",
+        [spec.ttft_slo_ms, spec.tpot_slo_ms, *params, str(FinishReason.CANCELLED)],
+    ).to_pylist()
+    columns = {
+        "p99_step_ratio": (steps, "p99_step"),
+        "tokens_per_s_ratio": (steps, "tokens_per_s"),
+        "p99_tpot_ratio": (requests, "p99_tpot"),
+        "p99_ttft_ratio": (requests, "p99_ttft"),
+        "goodput_ratio": (requests, "good"),
+    }
+    return {
+        metric: {(r["replica_id"], r["epoch"], r["arm"]): float(r[column]) for r in rows if r[column] is not None}
+        for metric, (rows, column) in columns.items()
+    }
+
+
+def comparisons(store: Store, epochs: Epochs, spec: Comparison) -> dict[str, Measurement]:
+    """Every comparison metric's estimate, interval and pair count over the window."""
+    return {metric: measure(paired(values), spec.level) for metric, values in per_epoch(store, epochs, spec).items()}

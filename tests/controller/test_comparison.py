@@ -1,0 +1,81 @@
+"""Comparison gates: the sign-test interval's coverage, A/A data, and epoch pairs read from a real store."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from sparkgate.collectors.request_ingest import prepare_requests
+from sparkgate.controller.comparison import Epochs, comparisons, measure, sign_interval
+from sparkgate.controller.gates import judge
+from sparkgate.policies.rollout import Comparison, Gate
+from sparkgate.policies.switchback import Switchback
+from tests.conftest import T0, ingest_synthetic, request_record
+
+
+@pytest.mark.parametrize("level", [0.9, 0.95])
+def test_the_sign_interval_covers_the_median_at_least_at_its_level_for_every_n(level):
+    for n in range(1, 60):
+        low, high = sign_interval(np.arange(n, dtype=float), level)
+        if low is None:
+            assert 1 - 2 * 0.5**n < level  # even [min, max] would cover too rarely
+            continue
+        j = int(low) + 1  # [d_(j), d_(n-j+1)] holds the median unless >= n-j+1 of n fall on one side
+        coverage = 1 - 2 * sum(math.comb(n, i) for i in range(j)) / 2**n
+        assert coverage >= level and high == n - j
+
+
+def test_on_aa_data_intervals_hold_one_and_gates_fail_no_more_than_their_level():
+    rng = np.random.default_rng(0)
+    gate = Gate(metric="p99_tpot_ratio", threshold=1.0, direction="at_most", min_samples=6)
+    runs, covered, failed = 2000, 0, 0
+    for _ in range(runs):
+        # Heavy-tailed noise, the same in both arms: a noisy machine, no effect.
+        d = rng.standard_t(3, size=int(rng.integers(6, 40))) * 0.1
+        m = measure(d, 0.95)
+        covered += m.low <= 1.0 <= m.high
+        failed += judge(gate, m).outcome == "fail"
+    assert covered / runs >= 0.95
+    assert failed / runs <= 0.025 + 0.01  # one side of a 95% interval, and sampling error of 2,000 runs
+
+
+def steps_in(store, schedule, epoch, replica, first_step, step_ms, revision=3, at=0.3, count=20):
+    arm = schedule.arm(replica, epoch)
+    ingest_synthetic(store, count, schedule.start(epoch) + at, phase="shadow", replica=replica, first_step=first_step,
+                     epoch=epoch, arm=str(arm), policy_revision=revision,
+                     step_ms=step_ms * (2.0 if arm == "treatment" else 1.0))  # fmt: skip
+    return arm
+
+
+def test_epoch_pairs_read_from_the_store_compare_treatment_with_control(store):
+    schedule, spec = Switchback(5, 1.0, T0), Comparison(epoch_s=1.0, burn_in_s=0.2)
+    step = 0
+    for replica in ("r0", "r1"):
+        for epoch in range(8):
+            steps_in(store, schedule, epoch, replica, step, 10.0)
+            # The burn-in and another revision's steps would say 100x: they must not count.
+            steps_in(store, schedule, epoch, replica, step + 100, 1000.0, at=0.05, count=2)
+            steps_in(store, schedule, epoch, replica, step + 200, 1000.0, revision=2, count=2)
+            step += 1000
+    lines = []
+    for epoch in range(8):
+        arm = str(schedule.arm("r0", epoch))
+        slow = 1.5 if arm == "treatment" else 1.0
+        for i in range(3):
+            start = schedule.start(epoch) + 0.3 + 0.1 * i
+            lines.append(request_record(request_id=f"e{epoch}-{i}", arrival_ts=start, first_token_ts=start + 0.04 * slow,
+                                        finish_ts=start + 0.05 * slow, commit_offsets_ms=[40.0 * slow, 50.0 * slow],
+                                        epoch=epoch, arm=arm, policy_revision=3))  # fmt: skip
+    store.commit_requests(prepare_requests("\n".join(map(json.dumps, lines)).encode()), "test")
+    found = comparisons(store, Epochs(revision=3, origin=T0, since=T0), spec)
+    assert found["p99_step_ratio"].value == pytest.approx(2.0)
+    assert found["p99_step_ratio"].samples == 8  # 4 pairs on each of two replicas
+    assert found["tokens_per_s_ratio"].value == pytest.approx(0.5, rel=0.05)  # about as many tokens in twice the time
+    assert found["p99_ttft_ratio"].value == pytest.approx(1.5) and found["p99_ttft_ratio"].samples == 4
+    assert found["p99_tpot_ratio"].value == pytest.approx(1.5)
+    assert found["goodput_ratio"].value == pytest.approx(1.0)  # all within the SLOs in both arms
+    assert found["p99_step_ratio"].low == pytest.approx(2.0) and "sign-test" in found["p99_step_ratio"].method
+    assert comparisons(store, Epochs(revision=4, origin=T0, since=T0), spec)["p99_step_ratio"].samples == 0
