@@ -66,9 +66,10 @@ def test_epoch_pairs_read_from_the_store_compare_treatment_with_control(store):
         slow = 1.5 if arm == "treatment" else 1.0
         for i in range(3):
             start = schedule.start(epoch) + 0.3 + 0.1 * i
-            lines.append(request_record(request_id=f"e{epoch}-{i}", arrival_ts=start, first_token_ts=start + 0.04 * slow,
-                                        finish_ts=start + 0.05 * slow, commit_offsets_ms=[40.0 * slow, 50.0 * slow],
-                                        epoch=epoch, arm=arm, policy_revision=3))  # fmt: skip
+            timeline = {"first_token_ts": start + 0.04 * slow, "finish_ts": start + 0.05 * slow,
+                        "commit_offsets_ms": [40.0 * slow, 50.0 * slow]}  # fmt: skip
+            lines.append(request_record(request_id=f"e{epoch}-{i}", arrival_ts=start, epoch=epoch, arm=arm,
+                                        policy_revision=3, **timeline))  # fmt: skip
     store.commit_requests(prepare_requests("\n".join(map(json.dumps, lines)).encode()), "test")
     found = comparisons(store, Epochs(revision=3, origin=T0, since=T0), spec)
     assert found["p99_step_ratio"].value == pytest.approx(2.0)
