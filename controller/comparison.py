@@ -10,6 +10,16 @@ distribution of d, conservative for a finite n, and assuming only that pairs
 are independent. Too few pairs for an interval at the level leaves it open, and
 the gate inconclusive.
 
+Replicas are judged apart, because a regression on one replica of many would
+barely move a fleet-wide median: each replica gets its own interval at level
+``1 - (1 - level) / R`` (Bonferroni over the R replicas compared, so a healthy
+fleet fails a gate no more often than a single comparison would), and the
+fleet's bounds are the worst replica's: for a metric that is bad when high,
+``[max low, max high]``, so an ``at_most`` gate passes only when every replica's
+interval is below the threshold and fails as soon as one is wholly above it
+(mirrored for metrics bad when low). ``samples`` is the fewest pairs of any
+replica; the estimate is the worst replica's.
+
 What an epoch contributes, after its first ``burn_in_s`` (the other arm's batch
 is still draining) and only from the revision in force (a replica picks a new
 policy up within its poll interval):
@@ -34,6 +44,8 @@ from sparkgate.policies.vocabulary import Arm, FinishReason
 from .metrics import Measurement
 
 COMPARISON_METRICS = ("p99_step_ratio", "tokens_per_s_ratio", "p99_tpot_ratio", "p99_ttft_ratio", "goodput_ratio")
+# Metrics whose ratio is bad when high (latencies); the others are bad when low (rates).
+BAD_WHEN_HIGH = frozenset({"p99_step_ratio", "p99_tpot_ratio", "p99_ttft_ratio"})
 
 
 @dataclass(frozen=True)
@@ -61,24 +73,25 @@ def sign_interval(d: np.ndarray, level: float) -> tuple[float | None, float | No
     return float(ordered[j - 1]), float(ordered[n - j])
 
 
-def paired(per_epoch: dict[tuple[str, int, str], float]) -> np.ndarray:
-    """``ln(treatment / control)`` of every epoch pair with a positive value in both arms."""
-    out = []
+def paired(per_epoch: dict[tuple[str, int, str], float]) -> dict[str, np.ndarray]:
+    """Per replica: ``ln(treatment / control)`` of every epoch pair with a positive value in both arms."""
+    out: dict[str, list[float]] = {}
     for (replica, epoch, arm), value in per_epoch.items():
         if arm != Arm.TREATMENT:
             continue
         partner = epoch + 1 if epoch % 2 == 0 else epoch - 1
         control = per_epoch.get((replica, partner, str(Arm.CONTROL)))
         if control is not None and value > 0 and control > 0:
-            out.append(math.log(value / control))
-    return np.array(out)
+            out.setdefault(replica, []).append(math.log(value / control))
+    return {replica: np.array(d) for replica, d in sorted(out.items())}
 
 
 def measure(d: np.ndarray, level: float) -> Measurement:
+    """One replica's estimate and interval."""
     if not len(d):
         return Measurement(None, 0)
     low, high = sign_interval(d, level)
-    method = f"sign-test interval of the median paired log ratio, {len(d)} epoch pairs, {level:.0%}"
+    method = f"sign-test interval of the median paired log ratio, {len(d)} epoch pairs, {level:.2%}"
     return Measurement(
         math.exp(float(np.median(d))),
         len(d),
@@ -128,6 +141,33 @@ def per_epoch(store: Store, epochs: Epochs, spec: Comparison) -> dict[str, dict[
     }
 
 
+def fleet(parts: dict[str, Measurement], bad_when_high: bool, level: float) -> Measurement:
+    """The fleet's bounds from each replica's (see the module docstring)."""
+    if not parts:
+        return Measurement(None, 0)
+    pick = max if bad_when_high else min
+    worst = pick(parts, key=lambda r: parts[r].value or 0.0)
+    lows, highs = [m.low for m in parts.values()], [m.high for m in parts.values()]
+    open_ = None in lows or None in highs
+    method = (
+        f"per replica ({len(parts)}, each at {1 - (1 - level) / len(parts):.2%}): sign-test interval of the median "
+        f"paired log ratio over switchback epoch pairs; the worst replica's bounds ({worst})"
+    )
+    return Measurement(
+        parts[worst].value,
+        min(m.samples for m in parts.values()),
+        None if open_ else pick(lows),  # type: ignore[type-var]
+        None if open_ else pick(highs),  # type: ignore[type-var]
+        method,
+    )
+
+
 def comparisons(store: Store, epochs: Epochs, spec: Comparison) -> dict[str, Measurement]:
-    """Every comparison metric's estimate, interval and pair count over the window."""
-    return {metric: measure(paired(values), spec.level) for metric, values in per_epoch(store, epochs, spec).items()}
+    """Every comparison metric's estimate, bounds and pair count over the window."""
+    out = {}
+    for metric, values in per_epoch(store, epochs, spec).items():
+        by_replica = paired(values)
+        level = 1 - (1 - spec.level) / max(len(by_replica), 1)
+        parts = {replica: measure(d, level) for replica, d in by_replica.items()}
+        out[metric] = fleet(parts, metric in BAD_WHEN_HIGH, spec.level)
+    return out

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sparkgate.collectors.request_ingest import prepare_requests
-from sparkgate.controller.comparison import Epochs, comparisons, measure, sign_interval
+from sparkgate.controller.comparison import Epochs, comparisons, fleet, measure, sign_interval
 from sparkgate.controller.gates import judge
 from sparkgate.policies.rollout import Comparison, Gate
 from sparkgate.policies.switchback import Switchback
@@ -54,14 +54,14 @@ def test_epoch_pairs_read_from_the_store_compare_treatment_with_control(store):
     schedule, spec = Switchback(5, 1.0, T0), Comparison(epoch_s=1.0, burn_in_s=0.2)
     step = 0
     for replica in ("r0", "r1"):
-        for epoch in range(8):
+        for epoch in range(16):
             steps_in(store, schedule, epoch, replica, step, 10.0)
             # The burn-in and another revision's steps would say 100x: they must not count.
             steps_in(store, schedule, epoch, replica, step + 100, 1000.0, at=0.05, count=2)
             steps_in(store, schedule, epoch, replica, step + 200, 1000.0, revision=2, count=2)
             step += 1000
     lines = []
-    for epoch in range(8):
+    for epoch in range(16):
         arm = str(schedule.arm("r0", epoch))
         slow = 1.5 if arm == "treatment" else 1.0
         for i in range(3):
@@ -73,10 +73,22 @@ def test_epoch_pairs_read_from_the_store_compare_treatment_with_control(store):
     store.commit_requests(prepare_requests("\n".join(map(json.dumps, lines)).encode()), "test")
     found = comparisons(store, Epochs(revision=3, origin=T0, since=T0), spec)
     assert found["p99_step_ratio"].value == pytest.approx(2.0)
-    assert found["p99_step_ratio"].samples == 8  # 4 pairs on each of two replicas
+    assert found["p99_step_ratio"].samples == 8  # 8 pairs on each of two replicas
     assert found["tokens_per_s_ratio"].value == pytest.approx(0.5, rel=0.05)  # about as many tokens in twice the time
-    assert found["p99_ttft_ratio"].value == pytest.approx(1.5) and found["p99_ttft_ratio"].samples == 4
+    assert found["p99_ttft_ratio"].value == pytest.approx(1.5) and found["p99_ttft_ratio"].samples == 8
     assert found["p99_tpot_ratio"].value == pytest.approx(1.5)
     assert found["goodput_ratio"].value == pytest.approx(1.0)  # all within the SLOs in both arms
-    assert found["p99_step_ratio"].low == pytest.approx(2.0) and "sign-test" in found["p99_step_ratio"].method
+    assert found["p99_step_ratio"].low == pytest.approx(2.0) and "per replica (2" in found["p99_step_ratio"].method
     assert comparisons(store, Epochs(revision=4, origin=T0, since=T0), spec)["p99_step_ratio"].samples == 0
+
+
+def test_a_regression_on_one_replica_of_three_fails_the_gate_a_fleet_median_would_never_fail():
+    rng = np.random.default_rng(1)
+    healthy = {f"r{i}": measure(rng.normal(0.0, 0.02, 12), 1 - 0.05 / 3) for i in range(2)}
+    slow = {"r2": measure(rng.normal(math.log(1.2), 0.02, 12), 1 - 0.05 / 3)}
+    combined = fleet({**healthy, **slow}, bad_when_high=True, level=0.95)
+    gate = Gate(metric="p99_tpot_ratio", threshold=1.10, direction="at_most", min_samples=10)
+    assert judge(gate, combined).outcome == "fail" and combined.value == pytest.approx(1.2, rel=0.05)
+    everything = np.concatenate([rng.normal(0.0, 0.02, 24), rng.normal(math.log(1.2), 0.02, 12)])
+    assert judge(gate, measure(everything, 0.95)).outcome != "fail"  # what one median over all pairs says
+    assert judge(gate, fleet(healthy, bad_when_high=True, level=0.95)).outcome == "pass"
