@@ -24,7 +24,10 @@ What an epoch contributes, after its first ``burn_in_s`` (the other arm's batch
 is still draining) and only from the revision in force (a replica picks a new
 policy up within its poll interval):
 - ``p99_step_ratio``, ``tokens_per_s_ratio``: step records (p99 step time;
-  committed tokens per busy second);
+  committed tokens per busy second), compared load bucket by load bucket (batch
+  sizes in powers of two) within the pair: under open-loop traffic an epoch's
+  batch sizes are as random as its arrivals, and tokens per busy second grow
+  several-fold with the batch, so unmatched epochs would compare load, not arms;
 - ``p99_tpot_ratio``, ``p99_ttft_ratio``, ``goodput_ratio``: request records served
   wholly inside the epoch and not cancelled (goodput: those within both SLOs;
   both epochs of a pair last as long, so the ratio of counts is the ratio of rates).
@@ -42,6 +45,7 @@ from sparkgate.policies.rollout import Comparison
 from sparkgate.policies.vocabulary import Arm, FinishReason
 
 from .metrics import Measurement
+from .queries import LOAD_BUCKET_SQL
 
 COMPARISON_METRICS = ("p99_step_ratio", "tokens_per_s_ratio", "p99_tpot_ratio", "p99_ttft_ratio", "goodput_ratio")
 # Metrics whose ratio is bad when high (latencies); the others are bad when low (rates).
@@ -73,19 +77,6 @@ def sign_interval(d: np.ndarray, level: float) -> tuple[float | None, float | No
     return float(ordered[j - 1]), float(ordered[n - j])
 
 
-def paired(per_epoch: dict[tuple[str, int, str], float]) -> dict[str, np.ndarray]:
-    """Per replica: ``ln(treatment / control)`` of every epoch pair with a positive value in both arms."""
-    out: dict[str, list[float]] = {}
-    for (replica, epoch, arm), value in per_epoch.items():
-        if arm != Arm.TREATMENT:
-            continue
-        partner = epoch + 1 if epoch % 2 == 0 else epoch - 1
-        control = per_epoch.get((replica, partner, str(Arm.CONTROL)))
-        if control is not None and value > 0 and control > 0:
-            out.setdefault(replica, []).append(math.log(value / control))
-    return {replica: np.array(d) for replica, d in sorted(out.items())}
-
-
 def measure(d: np.ndarray, level: float) -> Measurement:
     """One replica's estimate and interval."""
     if not len(d):
@@ -108,15 +99,19 @@ def _epoch_filter(alias: str, ts: str) -> str:
     )
 
 
-def per_epoch(store: Store, epochs: Epochs, spec: Comparison) -> dict[str, dict[tuple[str, int, str], float]]:
-    """Per comparison metric: its value in each (replica, epoch, arm) of the window."""
+def per_epoch(store: Store, epochs: Epochs, spec: Comparison) -> dict[str, dict]:
+    """Per comparison metric: its value in each (replica, epoch, arm) of the window; for step metrics, per
+    (replica, epoch, arm, load bucket), with the bucket's step count."""
     params = [epochs.revision, epochs.since, epochs.origin, spec.epoch_s, spec.burn_in_s]
+    # Step metrics at matched load: within each epoch, per batch-size bucket (a power of two); an epoch's
+    # value is its buckets' figures weighted by the steps the pair shares in each, so a pair compares the
+    # two arms at the batch sizes both served, not a busy epoch with an idle one.
     steps = store.query(
-        f"""WITH s AS (SELECT * FROM steps s WHERE {_epoch_filter("s", "ts")}),
+        f"""WITH s AS (SELECT *, {LOAD_BUCKET_SQL} AS bucket FROM steps s WHERE {_epoch_filter("s", "ts")}),
         c AS (SELECT r.replica_id, r.step_id, sum(r.accepted + 1) AS tokens FROM requests r
               JOIN s ON r.replica_id = s.replica_id AND r.step_id = s.step_id GROUP BY ALL)
-        SELECT s.replica_id, s.epoch, s.arm, quantile_cont(s.step_ms, 0.99) AS p99_step,
-               sum(c.tokens) / (sum(s.step_ms) / 1000) AS tokens_per_s
+        SELECT s.replica_id, s.epoch, s.arm, s.bucket, count(*) AS steps,
+               quantile_cont(s.step_ms, 0.99) AS p99_step, sum(c.tokens) / (sum(s.step_ms) / 1000) AS tokens_per_s
         FROM s JOIN c ON c.replica_id = s.replica_id AND c.step_id = s.step_id GROUP BY ALL""",
         params,
     ).to_pylist()
@@ -128,17 +123,44 @@ def per_epoch(store: Store, epochs: Epochs, spec: Comparison) -> dict[str, dict[
         GROUP BY ALL""",
         [spec.ttft_slo_ms, spec.tpot_slo_ms, *params, str(FinishReason.CANCELLED)],
     ).to_pylist()
-    columns = {
-        "p99_step_ratio": (steps, "p99_step"),
-        "tokens_per_s_ratio": (steps, "tokens_per_s"),
-        "p99_tpot_ratio": (requests, "p99_tpot"),
-        "p99_ttft_ratio": (requests, "p99_ttft"),
-        "goodput_ratio": (requests, "good"),
+    columns = {"p99_tpot_ratio": "p99_tpot", "p99_ttft_ratio": "p99_ttft", "goodput_ratio": "good"}
+    out: dict[str, dict] = {
+        metric: {(r["replica_id"], r["epoch"], r["arm"]): float(r[c]) for r in requests if r[c] is not None}
+        for metric, c in columns.items()
     }
-    return {
-        metric: {(r["replica_id"], r["epoch"], r["arm"]): float(r[column]) for r in rows if r[column] is not None}
-        for metric, (rows, column) in columns.items()
-    }
+    for metric, c in (("p99_step_ratio", "p99_step"), ("tokens_per_s_ratio", "tokens_per_s")):
+        out[metric] = {
+            (r["replica_id"], r["epoch"], r["arm"], r["bucket"]): (float(r[c]), r["steps"])
+            for r in steps
+            if r[c] is not None
+        }
+    return out
+
+
+def _partner(epoch: int) -> int:
+    return epoch + 1 if epoch % 2 == 0 else epoch - 1
+
+
+def paired(per_epoch: dict) -> dict[str, np.ndarray]:
+    """Per replica: ``ln(treatment / control)`` of every epoch pair with a positive value in both arms. Keys
+    with a fourth part (a load bucket, values ``(value, steps)``) are matched bucket by bucket: a pair's
+    log ratio is the mean over the buckets both epochs served, weighted by the fewer steps of the two."""
+    out: dict[str, list[float]] = {}
+    by_pair: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for key, value in per_epoch.items():
+        replica, epoch, arm = key[:3]
+        if arm != Arm.TREATMENT:
+            continue
+        control = per_epoch.get((replica, _partner(epoch), str(Arm.CONTROL), *key[3:]))
+        if control is None:
+            continue
+        (t, tw), (c, cw) = (value, 1) if len(key) == 3 else value, (control, 1) if len(key) == 3 else control
+        if t > 0 and c > 0:
+            by_pair.setdefault((replica, epoch // 2), []).append((math.log(t / c), min(tw, cw)))
+    for (replica, _), parts in sorted(by_pair.items()):
+        weights = sum(w for _, w in parts)
+        out.setdefault(replica, []).append(sum(d * w for d, w in parts) / weights)
+    return {replica: np.array(d) for replica, d in out.items()}
 
 
 def fleet(parts: dict[str, Measurement], bad_when_high: bool, level: float) -> Measurement:

@@ -153,10 +153,10 @@ class Controller:
             return [judge_baseline(self.policy, steps, stale)]
         gates = self.policy.gates_for(phase) if state.stage is not None else self.policy.gates
         measured = evaluation.measurements(phase)
-        since = evaluation.window.since if evaluation.window.since is not None else state.entered_at
-        measured.update(
-            comparisons(self.store, Epochs(state.revision, state.entered_at, since), self.policy.comparison)
-        )
+        # Comparisons read every epoch pair since the stage began (the window bounds the other gates): pairs
+        # are the scarce evidence, and every one was measured against its own concurrent control.
+        epochs = Epochs(state.revision, state.entered_at, state.entered_at)
+        measured.update(comparisons(self.store, epochs, self.policy.comparison))
         measured.update({g.name: self._promql(g.promql) for g in gates if g.promql})
         return judge_all(gates, measured, stale)
 

@@ -7,17 +7,23 @@
   fingerprint check, with the graph tiers it was measured at: verification looks
   free to the scheduler, which verifies whole blocks, and every step over the
   table's 32-row tiers runs eager (a tier miss).
+- ``slow-verify`` makes the treatment's verification slower on this replica: after
+  each verify call in a treatment epoch the replica busy-waits for
+  ``SLOW_VERIFY_EXTRA`` of the time the call took, so the extra cost scales with
+  the rows verified, as a slower kernel's would. Control epochs run untouched,
+  so only a comparison against a concurrent control can tell.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from enum import StrEnum
 from pathlib import Path
 
 from sparkgate.policies.cost_model import FingerprintMismatch, load_cost_table
 from sparkgate.policies.cost_profile import hardware_fingerprint
-from sparkgate.policies.vocabulary import Phase
+from sparkgate.policies.vocabulary import Arm, Phase
 from sparkgate.policies.window import CostAwareScheduler
 
 from .arrivals import Arrivals
@@ -30,6 +36,12 @@ class Fault(StrEnum):
     NONE = "none"
     DRIFT = "drift"
     COST_TABLE = "cost-table"
+    SLOW_VERIFY = "slow-verify"
+
+
+# The slow-verify fault's extra verify time, a fraction of what the call took (verification about 25%
+# slower, about 15% slower steps on this CPU, where verification is most of a step).
+SLOW_VERIFY_EXTRA = 0.25
 
 
 # A table measured on an accelerator: verifying a whole block costs about what one row does,
@@ -64,6 +76,9 @@ def fire(fault: Fault, node: Replica, arrivals: Arrivals | None, drift_temperatu
             raise ValueError("the drift fault needs an arrival process (--rate)")
         arrivals.temperature = drift_temperature
         return f"drift: new requests sample at temperature {drift_temperature}"
+    if fault is Fault.SLOW_VERIFY:
+        slow_verify(node.engine)
+        return f"slow-verify: treatment verification {SLOW_VERIFY_EXTRA:.0%} slower"
     path = (out_dir or Path(".")) / "foreign_cost_table.json"
     path.write_text(json.dumps(FOREIGN_COST_TABLE, indent=2) + "\n")
     engine = node.engine
@@ -81,3 +96,19 @@ def fire(fault: Fault, node: Replica, arrivals: Arrivals | None, drift_temperatu
     if node.payload is not None and node.payload.phase is not Phase.FALLBACK:
         engine.policy = node.scheduler
     return f"cost-table: {path} {refused}"
+
+
+def slow_verify(engine, extra: float = SLOW_VERIFY_EXTRA) -> None:
+    """Wrap ``engine``'s verify so that treatment epochs take ``1 + extra`` times as long."""
+    verify = engine.runner.verify
+
+    def slower(*args, **kwargs):
+        start = time.perf_counter()
+        out = verify(*args, **kwargs)
+        if engine.config.arm == Arm.TREATMENT:
+            until = time.perf_counter() + extra * (time.perf_counter() - start)
+            while time.perf_counter() < until:  # a busy wait: the core is taken, as by a slower kernel
+                pass
+        return out
+
+    engine.runner.verify = slower

@@ -30,3 +30,29 @@ def test_the_foreign_table_is_refused_here_unless_forced(tmp_path):
     with pytest.raises(FingerprintMismatch):
         load_cost_table(path, hardware=hardware_fingerprint("cpu"), model="this-model")
     assert load_cost_table(path, force=True).meta.tiers == (8, 16, 24, 32)
+
+
+def test_slow_verify_slows_treatment_epochs_only(monkeypatch):
+    from types import SimpleNamespace
+
+    from sparkgate.verify_runtime import faults
+
+    clock = SimpleNamespace(now=0.0)
+
+    def perf_counter():  # a clock the busy wait advances by 1 ms per read: the wait is counted, not timed
+        clock.now += 0.001
+        return clock.now
+
+    def verify():
+        clock.now += 0.010  # every verify call takes 10 ms
+        return "verified"
+
+    monkeypatch.setattr(faults.time, "perf_counter", perf_counter)
+    engine = SimpleNamespace(runner=SimpleNamespace(verify=verify), config=SimpleNamespace(arm="control"))
+    faults.slow_verify(engine, extra=0.5)
+    spent = {}
+    for arm in ("control", "treatment"):
+        engine.config.arm, start = arm, clock.now
+        assert engine.runner.verify() == "verified"
+        spent[arm] = clock.now - start
+    assert spent["control"] < 0.015 and 0.015 <= spent["treatment"] < 0.025  # 10 ms, then 10 ms + half of it
