@@ -103,10 +103,11 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     ),
     (
         6,
-        "event schema v2: steps carry their switchback epoch and arm; request records",
+        "event schema v2: steps carry their switchback epoch and arm and CPU time; request records",
         """
     ALTER TABLE steps ADD COLUMN epoch BIGINT;
     ALTER TABLE steps ADD COLUMN arm VARCHAR;
+    ALTER TABLE steps ADD COLUMN step_cpu_ms DOUBLE;
     CREATE TABLE request_records (
         schema_version BIGINT NOT NULL, replica_id VARCHAR NOT NULL, request_id VARCHAR NOT NULL,
         arrival_ts DOUBLE NOT NULL, first_token_ts DOUBLE, finish_ts DOUBLE NOT NULL,

@@ -121,6 +121,9 @@ class StepRecord:
     # The switchback epoch and arm (``policies.switchback``) the step was served in; None outside switchback.
     epoch: int | None = None
     arm: str | None = None
+    # CPU time the producing process spent on the step (all its threads); None where not measured. On a
+    # shared CPU it is the step's cost without the neighbours' share of the cores in it.
+    step_cpu_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The wire form: one JSON object with ``requests`` as a list of objects."""
@@ -192,6 +195,7 @@ STEP_SCHEMA = pa.schema(
         pa.field("contract", pa.string()),
         pa.field("epoch", pa.int64()),
         pa.field("arm", pa.string()),
+        pa.field("step_cpu_ms", pa.float64()),
     ]
 )
 
@@ -227,6 +231,6 @@ LABEL_SCHEMA = pa.schema(
 
 # Fields that may be null on the wire; every other field is required.
 NULLABLE_STEP_FIELDS = frozenset(
-    {"miss_reason", "predicted_step_ms", "sts_version", "cost_table_version", "contract", "epoch", "arm"}
+    {"miss_reason", "predicted_step_ms", "sts_version", "cost_table_version", "contract", "epoch", "arm", "step_cpu_ms"}
 )
 NULLABLE_REQUEST_FIELDS = frozenset({"window_suggested", "full_accept"})

@@ -102,6 +102,7 @@ def synthetic_wire(
         "contract": pa.nulls(steps, pa.string()),
         "epoch": pa.nulls(steps, pa.int64()),
         "arm": pa.nulls(steps, pa.string()),
+        "step_cpu_ms": pa.nulls(steps, pa.float64()),
         "requests": requests,
     }
     return pa.table(

@@ -28,6 +28,8 @@ policy up within its poll interval):
   sizes in powers of two) within the pair: under open-loop traffic an epoch's
   batch sizes are as random as its arrivals, and tokens per busy second grow
   several-fold with the batch, so unmatched epochs would compare load, not arms;
+  ``comparison.step_time: cpu`` reads the replica's CPU time per step instead of
+  wall time, for replicas that share a CPU (on a GPU wall time is the cost);
 - ``p99_tpot_ratio``, ``p99_ttft_ratio``, ``goodput_ratio``: request records served
   wholly inside the epoch and not cancelled (goodput: those within both SLOs;
   both epochs of a pair last as long, so the ratio of counts is the ratio of rates).
@@ -103,6 +105,7 @@ def per_epoch(store: Store, epochs: Epochs, spec: Comparison) -> dict[str, dict]
     """Per comparison metric: its value in each (replica, epoch, arm) of the window; for step metrics, per
     (replica, epoch, arm, load bucket), with the bucket's step count."""
     params = [epochs.revision, epochs.since, epochs.origin, spec.epoch_s, spec.burn_in_s]
+    cost = "step_cpu_ms" if spec.step_time == "cpu" else "step_ms"
     # Step metrics at matched load: within each epoch, per batch-size bucket (a power of two); an epoch's
     # value is its buckets' figures weighted by the steps the pair shares in each, so a pair compares the
     # two arms at the batch sizes both served, not a busy epoch with an idle one.
@@ -111,7 +114,7 @@ def per_epoch(store: Store, epochs: Epochs, spec: Comparison) -> dict[str, dict]
         c AS (SELECT r.replica_id, r.step_id, sum(r.accepted + 1) AS tokens FROM requests r
               JOIN s ON r.replica_id = s.replica_id AND r.step_id = s.step_id GROUP BY ALL)
         SELECT s.replica_id, s.epoch, s.arm, s.bucket, count(*) AS steps,
-               quantile_cont(s.step_ms, 0.99) AS p99_step, sum(c.tokens) / (sum(s.step_ms) / 1000) AS tokens_per_s
+               quantile_cont(s.{cost}, 0.99) AS p99_step, sum(c.tokens) / (sum(s.{cost}) / 1000) AS tokens_per_s
         FROM s JOIN c ON c.replica_id = s.replica_id AND c.step_id = s.step_id GROUP BY ALL""",
         params,
     ).to_pylist()

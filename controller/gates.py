@@ -152,19 +152,21 @@ def interval_outcome(verdicts: Iterable[Verdict]) -> str:
 
 def verdict_table(verdicts: Iterable[Mapping[str, Any]], indent: str = "    ") -> str:
     """Stored verdicts (``Verdict.to_dict()``) as an aligned text table: the demo's log and notifications."""
-    rows = [("gate", "value", "threshold", "samples", "verdict")]
+    rows = [("gate", "value", "interval", "threshold", "samples", "verdict")]
     for v in verdicts:
         value = "-" if v["value"] is None else f"{v['value']:.3f}"
+        low, high = v.get("low"), v.get("high")
+        interval = f"[{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
         bound = f"{'<=' if v['direction'] == 'at_most' else '>='} {v['threshold']:g}"
         verdict = (
             v["outcome"]
             + (" (dry run)" if v.get("dry_run") else "")
             + (" CRITICAL" if v["critical"] and v["outcome"] == Outcome.FAIL else "")
         )
-        rows.append((v["gate"], value, bound, f"{v['samples']:,}", verdict))
+        rows.append((v["gate"], value, interval, bound, f"{v['samples']:,}", verdict))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(
         indent
-        + "  ".join(c.ljust(w) if i in (0, 4) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+        + "  ".join(c.ljust(w) if i in (0, 5) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
         for r in rows
     )

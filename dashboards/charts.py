@@ -151,3 +151,28 @@ def step_cost(frame: pd.DataFrame) -> ChartType:
     return alt.layer(spread, measured, predicted).properties(
         height=280, title="step time vs verify rows (blue: measured p50, p10-p90; orange: cost table)"
     )
+
+
+def comparison_frame(verdicts: list[dict]) -> pd.DataFrame:
+    """The comparison verdicts that have an interval, for ``charts.comparison_intervals``."""
+    rows = [
+        {k: v[k] for k in ("gate", "value", "low", "high", "threshold", "samples")} | {"verdict": v["outcome"]}
+        for v in verdicts
+        if v.get("low") is not None and v.get("high") is not None and v["value"] is not None
+    ]
+    return pd.DataFrame(rows, columns=["gate", "value", "low", "high", "threshold", "samples", "verdict"])
+
+
+def comparison_intervals(frame: pd.DataFrame) -> ChartType:
+    """Each comparison gate's estimate and interval (treatment / control), with its threshold: the gate
+    passes only when the whole bar is on the good side of the red tick. Columns: gate, value, low, high,
+    threshold, verdict."""
+    base = alt.Chart(frame).encode(y=alt.Y("gate:N", title=None))
+    bars = base.mark_rule(strokeWidth=3).encode(
+        x=alt.X("low:Q", title="treatment / control", scale=alt.Scale(zero=False)), x2="high:Q",
+        color=alt.Color("verdict:N", scale=alt.Scale(domain=["pass", "fail", "inconclusive"],
+                                                      range=["#2e7d32", "#c62828", "#9e9e9e"])),
+    )  # fmt: skip
+    points = base.mark_point(filled=True, color="black").encode(x="value:Q", tooltip=list(frame.columns))
+    thresholds = base.mark_tick(color="#c62828", thickness=2, size=18).encode(x="threshold:Q")
+    return (bars + points + thresholds).properties(title="Comparison gates: estimate, interval and threshold")

@@ -191,6 +191,9 @@ class Comparison(BaseModel):
     burn_in_s: Float = Field(1.0, description="Seconds at the start of each epoch left out of comparisons.")
     seed: Int = Field(0, description="Seed of the epoch schedule.")
     level: Float = Field(0.95, description="Two-sided confidence level of the comparison intervals.")
+    step_time: Literal["wall", "cpu"] = Field(
+        "wall", description="Step cost the step comparisons read: wall time, or the replica's CPU time (shared CPUs)."
+    )
     ttft_slo_ms: Float = Field(2000.0, description="Time-to-first-token SLO of goodput.")
     tpot_slo_ms: Float = Field(200.0, description="Time-per-output-token SLO of goodput.")
 

@@ -254,7 +254,7 @@ class Engine:
         if not self.active:
             return None
         reqs, gamma, dev = self.active, self.config.gamma, self.device
-        clock = StageClock(dev)
+        clock, cpu_start = StageClock(dev), time.process_time()
         syncs = 0
         positions = torch.tensor([self.cache.lengths[r.slot] for r in reqs], device=dev)
         seeds = torch.tensor([r.seed for r in reqs], device=dev)
@@ -364,6 +364,7 @@ class Engine:
             contract=self.contract.fingerprint(),
             epoch=self.config.epoch,
             arm=self.config.arm,
+            step_cpu_ms=(time.process_time() - cpu_start) * 1000,
         )
         self.step_id += 1
         if self.sink is not None:

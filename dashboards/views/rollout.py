@@ -22,6 +22,7 @@ def gate_table(verdicts: list[dict]) -> pd.DataFrame:
                 "gate": v["gate"],
                 "metric": v["metric"],
                 "value": v["value"],
+                "interval": f"[{v['low']:.4g}, {v['high']:.4g}]" if v.get("low") is not None else "",
                 "threshold": f"{SYMBOL.get(v['direction'], v['direction'])} {v['threshold']:g}",
                 "samples": v["samples"],
                 "min samples": v["min_samples"],
@@ -145,6 +146,14 @@ def render() -> None:
             width="stretch",
             column_config={"value": st.column_config.NumberColumn(format="%.6g")},
         )
+        compared = charts.comparison_frame(verdicts)
+        if len(compared):
+            st.altair_chart(charts.comparison_intervals(compared), width="stretch")
+            st.caption(
+                "Treatment over control switchback epochs of the same replicas; a bar is the worst replica's "
+                "interval over its epoch pairs. A gate passes only when the whole bar is on the good side of "
+                "its threshold (red tick) and fails only when the whole bar is on the bad side."
+            )
 
     st.subheader("Timeline")
     end = max(ctx.overview.newest or 0.0, decisions[-1]["decided_at"]) if ctx.overview else decisions[-1]["decided_at"]

@@ -52,6 +52,15 @@ def test_reliability_frames_carry_intervals_and_every_chart_builds():
         {"verify_rows": [8, 16], "cost_table_version": ["ct"] * 2, "steps": [3, 4]}
         | {"p10_ms": [1.0, 2.0], "p50_ms": [1.5, 2.5], "p90_ms": [2.0, 3.0], "predicted_ms": [1.4, 2.6]}
     )
+    comparisons = charts.comparison_frame(
+        [
+            {"gate": "p99_tpot_ratio", "value": 1.02, "low": 0.97, "high": 1.08, "threshold": 1.1, "samples": 12,
+             "outcome": "pass"},
+            {"gate": "survival_ece", "value": 0.02, "low": None, "high": None, "threshold": 0.05, "samples": 9,
+             "outcome": "pass"},
+        ]
+    )  # fmt: skip
+    assert list(comparisons["gate"]) == ["p99_tpot_ratio"]  # only verdicts with an interval are drawn
     built = [
         charts.reliability(frame, "depth 1"),
         charts.lines(series, "ece", "depth", "ECE", threshold=0.05),
@@ -61,6 +70,7 @@ def test_reliability_frames_carry_intervals_and_every_chart_builds():
             pd.DataFrame({"depth": [1], "value": [0.5], "task": ["code"], "source": ["observed"], "samples": [9]}), "c"
         ),
         charts.step_cost(steps),
+        charts.comparison_intervals(comparisons),
     ]
     for chart in built:
         spec = chart.to_dict()
