@@ -176,3 +176,22 @@ def comparison_intervals(frame: pd.DataFrame) -> ChartType:
     points = base.mark_point(filled=True, color="black").encode(x="value:Q", tooltip=list(frame.columns))
     thresholds = base.mark_tick(color="#c62828", thickness=2, size=18).encode(x="threshold:Q")
     return (bars + points + thresholds).properties(title="Comparison gates: estimate, interval and threshold")
+
+
+def latency_distributions(frame: pd.DataFrame) -> ChartType:
+    """TTFT and TPOT histograms (log-spaced bins) per arm, one panel per measure. Columns: measure, arm,
+    ms, requests."""
+    return (
+        alt.Chart(frame)
+        .mark_line(point=True, interpolate="step-after")
+        .encode(
+            x=alt.X("ms:Q", scale=alt.Scale(type="log"), title="milliseconds"),
+            y=alt.Y("requests:Q"),
+            color=alt.Color("arm:N"),
+            tooltip=list(frame.columns),
+        )
+        .properties(height=180)
+        .facet(row=alt.Row("measure:N", title=None))
+        .resolve_scale(x="independent")
+        .properties(title="Request latency by switchback arm")
+    )

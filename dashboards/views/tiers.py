@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from sparkgate.dashboards import charts, series, steps
+from sparkgate.dashboards import charts, requests, series, steps
 from sparkgate.dashboards.context import windowed_page
 
 
@@ -108,6 +108,24 @@ def latency(report: dict) -> None:
         st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
 
 
+def request_latency(ctx) -> None:
+    st.subheader("Request latency by arm")
+    table = requests.latency_by_arm(ctx.source, ctx.token, ctx.since, ctx.until)
+    if not len(table):
+        st.info("No request records in this window (replicas post one per finished request).")
+        return
+    st.dataframe(table, hide_index=True, width="stretch")
+    st.altair_chart(
+        charts.latency_distributions(requests.latency_histogram(ctx.source, ctx.token, ctx.since, ctx.until)),
+        width="stretch",
+    )
+    st.caption(
+        "What clients saw: time to first token (queueing included) and time per output token after it, for "
+        "requests served inside one switchback epoch, by that epoch's arm; the comparison gates judge the "
+        "same records pair by pair (Rollout page)."
+    )
+
+
 def render() -> None:
     page = windowed_page("Tiers and cost")
     if page is None:
@@ -119,6 +137,7 @@ def render() -> None:
         histogram(ctx)
         over_time(ctx)
         cost(ctx)
+        request_latency(ctx)
     latency(report)
 
 

@@ -71,6 +71,9 @@ def test_reliability_frames_carry_intervals_and_every_chart_builds():
         ),
         charts.step_cost(steps),
         charts.comparison_intervals(comparisons),
+        charts.latency_distributions(
+            pd.DataFrame({"measure": ["TTFT", "TPOT"], "arm": ["control"] * 2, "ms": [100.0, 20.0], "requests": [3, 3]})
+        ),
     ]
     for chart in built:
         spec = chart.to_dict()
