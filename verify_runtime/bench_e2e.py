@@ -230,6 +230,16 @@ def run_e2e(
     help="torch intra-op threads while prefilling prompts (CPU; EngineConfig.prefill_threads).",
 )
 @device_options
+@click.option(
+    "--goodput-rates",
+    default="",
+    help="Also sweep these Poisson arrival rates (requests/s, comma-separated) for the goodput curve.",
+)
+@click.option("--goodput-requests", default=24, show_default=True, help="Requests per rate and arm.")
+@click.option("--goodput-max-new-tokens", default=32, show_default=True)
+@click.option("--goodput-rounds", default=3, show_default=True, help="Interleaved rounds of the sweep.")
+@click.option("--goodput-batch", default=32, show_default=True, help="max_batch of the engine in the sweep.")
+@click.option("--tpot-slo-ms", type=float, default=None, help="The sweep's SLO [default: 3x static's light-load TPOT].")
 @click.option("--json", "as_json", is_flag=True)
 def bench_e2e(
     batches,
@@ -243,6 +253,12 @@ def bench_e2e(
     prefill_threads,
     device,
     graphs,
+    goodput_rates,
+    goodput_requests,
+    goodput_max_new_tokens,
+    goodput_rounds,
+    goodput_batch,
+    tpot_slo_ms,
     as_json,
 ):
     """Committed tokens/s: static vs fixed short window vs cost-aware compact."""
@@ -259,7 +275,7 @@ def bench_e2e(
     target = default_target().to(device)
     drafter = default_drafter(target)
     table, table_source = default_cost_table(target, drafter, cost_table_path, graphs=graphs)
-    batch_sizes = tuple(int(b) for b in batches.split(","))
+    batch_sizes = tuple(int(b) for b in batches.split(",") if b.strip())
     results = run_e2e(
         target,
         drafter,
@@ -285,6 +301,19 @@ def bench_e2e(
         "prefill_threads": prefill_threads,
         "batches": results,
     }
+    if goodput_rates:
+        from .bench_goodput import Sweep, run_goodput
+
+        sweep = Sweep(
+            tuple(sorted(float(r) for r in goodput_rates.split(","))),
+            goodput_requests,
+            goodput_max_new_tokens,
+            goodput_rounds,
+            goodput_batch,
+            gamma,
+            tpot_slo_ms,
+        )
+        summary["goodput"] = run_goodput(target, drafter, table, sweep, calibrate=default_calibration(drafter))
     if not as_json:
         for batch, row in results.items():
             cost = row["cost_aware"]
