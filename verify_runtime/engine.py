@@ -60,6 +60,8 @@ class Request:
     arm: str | None = None
     spans_epochs: bool = False
     finish_ts: float | None = None
+    # A load generator's client who walks away after this many output tokens (None: stays to the end).
+    cancel_after: int | None = None
 
 
 @dataclass

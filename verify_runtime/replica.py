@@ -149,7 +149,7 @@ class Replica:
         self.to_check: list[Request] = []
         self.checked: list[dict] = []  # state checks waiting to be posted
         self.stats = {"steps": 0, "finished": 0, "posted": 0, "dropped": 0, "checks": 0, "mismatches": 0,
-                      "request_records": 0, "requests_dropped": 0}  # fmt: skip
+                      "request_records": 0, "requests_dropped": 0, "cancelled": 0}  # fmt: skip
         self._last_poll = float("-inf")
         engine.sink = self._keep
         engine.request_sink = self._keep_request
@@ -270,6 +270,18 @@ class Replica:
             request = self.engine.active[self.stats["steps"] // self.state_every % len(self.engine.active)]
             self.checked.append(state_check(self.engine, request).to_dict())
 
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a waiting or running request (``Engine.cancel``); its record is posted like any other."""
+        cancelled = self.engine.cancel(request_id)
+        self.stats["cancelled"] += cancelled
+        return cancelled
+
+    def _walk_away(self) -> None:
+        """Cancel the running requests whose client leaves now (``Request.cancel_after``)."""
+        for request in list(self.engine.active):
+            if request.cancel_after is not None and len(request.output) >= request.cancel_after:
+                self.cancel(request.request_id)
+
     def _finished(self) -> None:
         for request_id, request in list(self.engine.finished.items()):
             mode = "compact" if request_id in self.compact_ids else "other"
@@ -296,6 +308,7 @@ class Replica:
             self.switch()
             self.engine.step()
             self.stats["steps"] += 1
+            self._walk_away()
             self._check_state()
             self._finished()
             if len(self.pending) >= self.flush_steps:
@@ -306,13 +319,17 @@ class Replica:
 
 
 def workload_requests(
-    replica_id: str, count: int, max_new_tokens: int, temperature: float, seed: int
+    replica_id: str, count: int, max_new_tokens: int, temperature: float, seed: int, cancel_fraction: float = 0.0
 ) -> Iterator[Request]:
-    """Requests over the mixed workload (``count`` 0: endless), ids unique per replica."""
+    """Requests over the mixed workload (``count`` 0: endless), ids unique per replica; a stable
+    ``cancel_fraction`` of them is cancelled by its client after a uniform share of its tokens."""
     from .workload import mixed_workload
 
     prompts = mixed_workload(256, seed)
     numbers = itertools.count() if count == 0 else range(count)
     for i in numbers:
-        prompt = prompts[i % len(prompts)]
-        yield Request(f"{replica_id}-{i}", prompt.tokens, max_new_tokens, temperature, seed + i, task=prompt.task)
+        prompt, request_id = prompts[i % len(prompts)], f"{replica_id}-{i}"
+        leaves = unit_hash(request_id, "cancel") < cancel_fraction
+        after = 1 + int(unit_hash(request_id, "cancel-at") * max(max_new_tokens - 1, 1)) if leaves else None
+        yield Request(request_id, prompt.tokens, max_new_tokens, temperature, seed + i, task=prompt.task,
+                      cancel_after=after)  # fmt: skip

@@ -140,6 +140,13 @@ def warm_engine(
 @click.option("--requests", "count", default=0, show_default=True, help="Requests to serve (0: until stopped).")
 @click.option("--max-new-tokens", default=48, show_default=True)
 @click.option("--max-batch", default=16, show_default=True)
+@click.option(
+    "--cancel-fraction",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(0, 1),
+    help="Share of requests whose client cancels them partway (a stable hash of the id).",
+)
 @click.option("--temperature", default=0.0, show_default=True, help="0 is greedy (consistency checks need it).")
 @click.option("--seed", default=0, show_default=True)
 @click.option(
@@ -215,6 +222,7 @@ def replica(
     count: int,
     max_new_tokens: int,
     max_batch: int,
+    cancel_fraction: float,
     temperature: float,
     seed: int,
     window: int | None,
@@ -298,7 +306,7 @@ def replica(
             spool=spool,
         )
         node.poll(force=True)  # raises with a clear message when the policy's gamma is not this replica's
-        workload = workload_requests(replica_id, count, max_new_tokens, temperature, seed)
+        workload = workload_requests(replica_id, count, max_new_tokens, temperature, seed, cancel_fraction)
         arrivals = Arrivals(workload, load, time.monotonic, seed) if load is not None else None
         source: Iterator[Request] = arrivals if arrivals is not None else workload
         log.info(

@@ -21,7 +21,7 @@ from sparkgate.verify_runtime.consistency import (
 )
 from sparkgate.verify_runtime.drafters import ModelDrafter
 from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
-from sparkgate.verify_runtime.replica import ControllerClient, Replica, mode_for
+from sparkgate.verify_runtime.replica import ControllerClient, Replica, mode_for, workload_requests
 from sparkgate.verify_runtime.spool import Spool
 from tests.conftest import policy_payload, tiny_model
 
@@ -173,3 +173,28 @@ def test_a_replica_spools_through_an_outage_and_loses_nothing(controller, tmp_pa
     assert ctl.store.counts()["quarantine"] > 0  # the repeats of the segment whose answer was lost
     assert replica.request_spool.waiting == 0 and replica.stats["request_records"] == 8
     assert ctl.store.counts()["request_records"] == 8  # each request's record once, through the same outage
+
+
+def test_cancelled_requests_free_their_state_and_post_whole_records(controller):
+    ctl, url = controller
+    replica = make_replica(url, replica_id="rep-c")
+    batch = requests("leave", 8)
+    for r in batch[::2]:
+        r.cancel_after = 3  # these clients walk away after three tokens
+    served = replica.serve(batch)
+    assert served["cancelled"] == 4 and served["finished"] == 8 and not replica.engine.active
+    assert replica.engine.cache.free_slots == replica.engine.config.max_batch
+    rows = ctl.store.query(
+        "SELECT finish_reason, count(*) AS n, max(output_tokens) AS most FROM request_records "
+        "WHERE replica_id = 'rep-c' GROUP BY 1 ORDER BY 1"
+    ).to_pylist()
+    assert [(r["finish_reason"], r["n"]) for r in rows] == [("cancelled", 4), ("length", 4)]
+    assert rows[0]["most"] < 10 and ctl.store.counts()["quarantine"] == 0  # partial, whole, and valid
+
+
+def test_the_workload_cancels_a_stable_share_of_its_requests():
+    ids = list(workload_requests("w", 400, 16, 0.0, 0, cancel_fraction=0.25))
+    leaving = [r for r in ids if r.cancel_after is not None]
+    assert 70 < len(leaving) < 130 and all(1 <= r.cancel_after < 16 for r in leaving)
+    again = list(workload_requests("w", 400, 16, 0.0, 0, cancel_fraction=0.25))
+    assert [r.cancel_after for r in again] == [r.cancel_after for r in ids]
