@@ -61,20 +61,24 @@ class Prepared:
     quarantined: list[Quarantined]
 
     def quarantine_table(self, source: str, received_at: float) -> pa.Table:
-        q = self.quarantined
-        return pa.table(
-            {
-                "received_at": pa.array([received_at] * len(q), pa.float64()),
-                "source": pa.array([source] * len(q), pa.string()),
-                "position": pa.array([r.position for r in q], pa.int64()),
-                "replica_id": pa.array([r.replica_id for r in q], pa.string()),
-                "step_id": pa.array([r.step_id for r in q], pa.int64()),
-                "reason": pa.array(["; ".join(str(p) for p in r.problems) for r in q], pa.string()),
-                "problems": pa.array([json.dumps([p.to_dict() for p in r.problems], default=repr) for r in q]),
-                "payload": pa.array([r.payload for r in q], pa.binary()),
-            },
-            schema=QUARANTINE_SCHEMA,
-        )
+        return quarantine_table(self.quarantined, source, received_at)
+
+
+def quarantine_table(q: list[Quarantined], source: str, received_at: float) -> pa.Table:
+    """Quarantined records as rows of the ``quarantine`` table."""
+    return pa.table(
+        {
+            "received_at": pa.array([received_at] * len(q), pa.float64()),
+            "source": pa.array([source] * len(q), pa.string()),
+            "position": pa.array([r.position for r in q], pa.int64()),
+            "replica_id": pa.array([r.replica_id for r in q], pa.string()),
+            "step_id": pa.array([r.step_id for r in q], pa.int64()),
+            "reason": pa.array(["; ".join(str(p) for p in r.problems) for r in q], pa.string()),
+            "problems": pa.array([json.dumps([p.to_dict() for p in r.problems], default=repr) for r in q]),
+            "payload": pa.array([r.payload for r in q], pa.binary()),
+        },
+        schema=QUARANTINE_SCHEMA,
+    )
 
 
 def subset(flat: Flat, keep: np.ndarray) -> Flat:

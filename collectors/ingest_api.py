@@ -27,6 +27,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
+from sparkgate.collectors.batch import Quarantined
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.request_ingest import prepare_requests
 from sparkgate.collectors.wire import Parsed, from_ipc, from_ndjson
@@ -94,6 +95,13 @@ async def _commit(commit: Callable[[], T]) -> T | JSONResponse:
         return JSONResponse({"error": f"not committed: {cause}"}, status_code=503, headers={"Retry-After": "1"})
 
 
+def _reply(summary: dict, quarantined: list[Quarantined]) -> JSONResponse:
+    """200 with what was committed, or 422 with every quarantined record's problems beside it."""
+    if quarantined:
+        return JSONResponse(summary | {"problems": [q.to_dict() for q in quarantined]}, status_code=422)
+    return JSONResponse(summary)
+
+
 def ingest_router(
     ingestor: Ingestor, max_body_bytes: int = DEFAULT_MAX_BODY, writers: Writers | None = None
 ) -> APIRouter:
@@ -122,11 +130,7 @@ def ingest_router(
         result = await _commit(commit)
         if isinstance(result, JSONResponse):
             return result
-        payload = result.summary()
-        if result.quarantined:
-            payload["problems"] = [q.to_dict() for q in result.prepared.quarantined]
-            return JSONResponse(payload, status_code=422)
-        return JSONResponse(payload)
+        return _reply(result.summary(), result.prepared.quarantined)
 
     @router.post("/v1/request-records")
     async def request_records(request: Request) -> Response:
@@ -148,11 +152,7 @@ def ingest_router(
         committed = await _commit(commit)
         if isinstance(committed, JSONResponse):
             return committed
-        payload = committed.summary()
-        if committed.quarantined:
-            payload["problems"] = [q.to_dict() for q in committed.quarantined]
-            return JSONResponse(payload, status_code=422)
-        return JSONResponse(payload)
+        return _reply(committed.summary(), committed.quarantined)
 
     return router
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sparkgate.collectors.batch import QUARANTINE_SCHEMA, Quarantined
+from sparkgate.collectors.batch import Quarantined, quarantine_table
 from sparkgate.collectors.request_records import REQUEST_RECORD_SCHEMA, to_table, validate
 from sparkgate.collectors.schema import Problem
 
@@ -48,20 +48,7 @@ class PreparedRequests:
         return list(zip(self.rows.column("replica_id").to_pylist(), self.rows.column("request_id").to_pylist()))
 
     def quarantine_table(self, source: str, received_at: float) -> pa.Table:
-        q = self.quarantined
-        return pa.table(
-            {
-                "received_at": pa.array([received_at] * len(q), pa.float64()),
-                "source": pa.array([source] * len(q), pa.string()),
-                "position": pa.array([r.position for r in q], pa.int64()),
-                "replica_id": pa.array([r.replica_id for r in q], pa.string()),
-                "step_id": pa.nulls(len(q), pa.int64()),
-                "reason": pa.array(["; ".join(str(p) for p in r.problems) for r in q], pa.string()),
-                "problems": pa.array([json.dumps([p.to_dict() for p in r.problems], default=repr) for r in q]),
-                "payload": pa.array([r.payload for r in q], pa.binary()),
-            },
-            schema=QUARANTINE_SCHEMA,
-        )
+        return quarantine_table(self.quarantined, source, received_at)
 
     def summary(self) -> dict:
         return {"request_records": self.rows.num_rows, "quarantined": len(self.quarantined)}

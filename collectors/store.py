@@ -244,13 +244,17 @@ class Store:
                 "depth_labels": prepared.labels,
                 "quarantine": prepared.quarantine_table(source, time.time()),
             }
-            with self._transaction():
-                for name, table in tables.items():
-                    if table.num_rows:
-                        self._con.register("incoming", table)
-                        self._con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM incoming")
-                        self._con.unregister("incoming")
+            self._insert(tables)
         return IngestResult(prepared, source)
+
+    def _insert(self, tables: dict[str, pa.Table]) -> None:
+        """Insert every non-empty table in one transaction (the caller holds the lock)."""
+        with self._transaction():
+            for name, table in tables.items():
+                if table.num_rows:
+                    self._con.register("incoming", table)
+                    self._con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM incoming")
+                    self._con.unregister("incoming")
 
     def commit_requests(self, prepared: PreparedRequests, source: str) -> PreparedRequests:
         """Commit request records (``collectors.request_ingest``) as one transaction: the valid ones not yet
@@ -266,12 +270,7 @@ class Store:
                 self._con.unregister("incoming_keys")
             prepared = prepared.without(set(stored))
             tables = {"request_records": prepared.rows, "quarantine": prepared.quarantine_table(source, time.time())}
-            with self._transaction():
-                for name, table in tables.items():
-                    if table.num_rows:
-                        self._con.register("incoming", table)
-                        self._con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM incoming")
-                        self._con.unregister("incoming")
+            self._insert(tables)
         return prepared
 
     def delete_before(self, cutoff_ts: float) -> dict[str, int]:
