@@ -17,7 +17,7 @@ from sparkgate.controller.service import create_app
 from sparkgate.controller.supervisor import Controller
 from sparkgate.policies.rollout import parse_rollout_policy
 from sparkgate.verify_runtime.replica import ControllerClient
-from tests.conftest import T0, Clock, with_columns
+from tests.conftest import T0, Clock, request_record, with_columns
 
 
 def ndjson(steps: int, replica: str, first_step: int = 0) -> bytes:
@@ -118,3 +118,17 @@ def test_writers_come_from_the_environment_or_a_file_never_the_file_itself(tmp_p
     spec.write_text("writers:\n  - {name: x, token: inline-secret}\n")
     with pytest.raises(WritersError, match=r"writers\[0\]: give exactly one of token_env and token_file"):
         load_writers(spec, {})
+
+
+def test_request_records_need_a_writer_bound_to_their_replica(guarded):
+    url, controller, _ = guarded
+
+    def body(replica: str) -> bytes:
+        return (json.dumps(request_record(replica_id=replica)) + "\n").encode()
+
+    with httpx.Client(base_url=url) as http:
+        assert http.post("/v1/request-records", content=body("replica-a1"), headers=NDJSON).status_code == 401
+        signed = {**NDJSON, **bearer("token-a")}
+        assert http.post("/v1/request-records", content=body("replica-b1"), headers=signed).status_code == 403
+        assert http.post("/v1/request-records", content=body("replica-a1"), headers=signed).status_code == 200
+    assert controller.store.counts()["request_records"] == 1
