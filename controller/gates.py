@@ -6,9 +6,10 @@ is stale — except that a critical gate's failure stands even on stale data.
 Equality with the threshold passes. A measurement with an interval (a comparison
 gate's) is judged by the interval, not the estimate: pass when the whole interval
 is on the good side of the threshold, fail when it is wholly on the bad side,
-inconclusive (collect more) when it straddles it. ``dry_run`` gates get verdicts like
-any other but never decide; ``interval_outcome`` folds the deciding verdicts of
-one evaluation interval into the one outcome the state machine acts on.
+inconclusive (collect more) when it straddles it. ``guard`` gates act on their
+failures only; ``dry_run`` gates get verdicts like any other but never decide;
+``interval_outcome`` folds the deciding verdicts of one evaluation interval into
+the one outcome the state machine acts on.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Verdict:
     low: float | None = None
     high: float | None = None
     method: str | None = None
+    guard: bool = False
 
     @property
     def decides(self) -> bool:
@@ -73,6 +75,7 @@ def judge(gate: Gate, measurement: Measurement | None, stale: str | None = None)
             m.low,
             m.high,
             m.method,
+            gate.guard,
         )
 
     if m.value is None:
@@ -140,7 +143,8 @@ def judge_baseline(policy: RolloutPolicy, steps: int, stale: str | None = None) 
 def interval_outcome(verdicts: Iterable[Verdict]) -> str:
     """``critical`` if a deciding critical gate failed, else ``fail`` if any deciding gate failed, else
     ``inconclusive`` if any was inconclusive, else ``pass`` (also when no gate decides)."""
-    deciding = [v for v in verdicts if v.decides]
+    # A guard gate acts on its failures only: its inconclusive verdicts neither hold nor reset the rollout.
+    deciding = [v for v in verdicts if v.decides and not (v.guard and v.outcome == Outcome.INCONCLUSIVE)]
     if any(v.critical and v.outcome == Outcome.FAIL for v in deciding):
         return Outcome.CRITICAL
     if any(v.outcome == Outcome.FAIL for v in deciding):
@@ -161,6 +165,7 @@ def verdict_table(verdicts: Iterable[Mapping[str, Any]], indent: str = "    ") -
         verdict = (
             v["outcome"]
             + (" (dry run)" if v.get("dry_run") else "")
+            + (" (guard)" if v.get("guard") else "")
             + (" CRITICAL" if v["critical"] and v["outcome"] == Outcome.FAIL else "")
         )
         rows.append((v["gate"], value, interval, bound, f"{v['samples']:,}", verdict))

@@ -97,6 +97,9 @@ class Gate(BaseModel):
     min_samples: Int = Field(0, description="Below this many samples the gate is inconclusive.")
     critical: Bool = Field(False, description="A failure rolls back at once.")
     dry_run: Bool = Field(False, description="Evaluated and recorded, never acts.")
+    guard: Bool = Field(
+        False, description="Acts on a failure only: inconclusive never holds the rollout back (a failure condition)."
+    )
     phases: tuple[ServingPhase, ...] = Field(SERVING_PHASE_NAMES, description="Serving phases the gate judges.")
     promql: str | None = Field(None, description="Read the value from this Prometheus query instead of the store.")
 
@@ -118,6 +121,8 @@ class Gate(BaseModel):
             problems.append(_want("threshold", self.threshold, "a finite number"))
         if self.min_samples < 0:
             problems.append(_want("min_samples", self.min_samples, "an integer >= 0"))
+        if self.guard and self.dry_run:
+            problems.append(_want("guard", self.guard, "false on a dry_run gate (a dry run never acts)"))
         _raise_all(problems)
         return self
 

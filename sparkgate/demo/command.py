@@ -48,6 +48,7 @@ FAULTY = "replica-c"
 FAULT_TEXT = {
     "drift": "{r} now samples new requests at temperature {t} (it was greedy)",
     "cost-table": "{r} now runs with a cost table and graph tiers from an accelerator (forced)",
+    "slow-verify": "{r} now verifies 25% slower in treatment epochs (control epochs untouched)",
 }
 
 
@@ -278,11 +279,12 @@ def run_demo(out: Path, fault: str, quick: bool, policy_path: Path | None, drift
 @click.command()
 @click.option(
     "--fault",
-    type=click.Choice(["drift", "cost-table", "none"]),
+    type=click.Choice(["drift", "cost-table", "slow-verify", "none"]),
     default="drift",
     show_default=True,
     help="drift: a replica's sampling temperature changes; cost-table: a replica schedules with a "
-    "cost table from other hardware; none: the rollout ends in compact.",
+    "cost table from other hardware; slow-verify: a replica's treatment verification gets 25% slower; "
+    "none: the rollout ends in compact.",
 )
 @click.option("--quick", is_flag=True, help="Shorter intervals and fewer passes (about a minute; for CI).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object on stdout.")

@@ -83,6 +83,9 @@ def failing(reasons) -> list[dict]:
 
 def describe_verdict(v: dict) -> str:
     symbol = ">" if v["direction"] == "at_most" else "<"
+    if v.get("low") is not None and v.get("high") is not None:  # a comparison fails by its whole interval
+        span = f"[{v['low']:.3g}, {v['high']:.3g}]"
+        return f"{v['gate']} {v['value']:.3g} {span} {symbol} {v['threshold']:g} ({v['samples']} epoch pairs)"
     return f"{v['gate']} {v['value']:.3g} {symbol} {v['threshold']:g} ({v['samples']} samples)"
 
 

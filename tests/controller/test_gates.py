@@ -92,8 +92,12 @@ def test_a_comparison_is_judged_by_its_interval_not_its_estimate(direction, low,
     assert judge(gate, Measurement(1.0, 12, 0.9, 1.0, "sign test"), "stale").outcome == "inconclusive"
 
 
-def _verdict(value: float | None, critical: bool = False, dry_run: bool = False, samples: int = 10):
-    gate = Gate(metric="tier_miss_rate", threshold=0.5, direction="at_most", critical=critical, dry_run=dry_run)
+def _verdict(
+    value: float | None, critical: bool = False, dry_run: bool = False, samples: int = 10, guard: bool = False
+):
+    gate = Gate(
+        metric="tier_miss_rate", threshold=0.5, direction="at_most", critical=critical, dry_run=dry_run, guard=guard
+    )
     return judge(gate, Measurement(value, samples), None)
 
 
@@ -107,6 +111,8 @@ def _verdict(value: float | None, critical: bool = False, dry_run: bool = False,
         ([_verdict(0.9), _verdict(0.9, critical=True)], "critical"),
         ([_verdict(0.1), _verdict(0.9, critical=True, dry_run=True)], "pass"),  # a dry run never decides
         ([_verdict(0.1), _verdict(None, dry_run=True)], "pass"),
+        ([_verdict(0.1), _verdict(None, guard=True)], "pass"),  # a guard's inconclusive holds nothing back
+        ([_verdict(0.1), _verdict(0.9, guard=True)], "fail"),  # but its failure counts
     ],
 )
 def test_interval_outcome_is_the_worst_deciding_verdict(verdicts, outcome):
