@@ -1,7 +1,8 @@
 """End to end: ``sparkgate demo --quick --json`` as a user runs it (real processes, runtime, DuckDB file).
 
 Each run walks the whole ladder on evidence, then a fault fails its gate (drift:
-survival ECE; a foreign cost table: tier misses) and the controller falls back
+survival ECE; a foreign cost table: tier misses; a slower treatment verification:
+the p99 step comparison against control epochs) and the controller falls back
 by itself. The tests check the JSON summary, the DuckDB file and the exports
 the demo leaves, and that no process of the fleet outlives it.
 """
@@ -93,4 +94,21 @@ def test_a_cost_table_from_other_hardware_falls_back_on_tier_misses(tmp_path):
     assert [(r["replica_id"], r["miss_reason"], r["tier"]) for r in eager] == [("replica-c", "over_max_tier", -1)]
     assert quarantined == 0  # eager steps are stored like any other
     assert (out / "foreign_cost_table.json").exists()
+    assert _processes_mentioning(str(out)) == []
+
+
+def test_a_slower_treatment_verification_falls_back_on_the_comparison_guard(tmp_path):
+    out = tmp_path / "demo"
+    summary = _demo(out, "--fault", "slow-verify")
+
+    assert summary["ok"] and summary["phases"] == ["baseline", "shadow", "canary", "compact", "fallback"]
+    assert "p99_step_ratio" in summary["fallback_reason"]  # neither calibration nor tiers moved
+    rollback = summary["decisions"][-1]
+    guard = next(v for v in rollback["failing"] if v.startswith("p99_step_ratio"))
+    assert "epoch pairs" in guard  # judged by its whole interval against control epochs
+    with Store(summary["db"]) as store:
+        arms = store.query(
+            "SELECT arm, count(*) AS n FROM steps WHERE replica_id = 'replica-c' AND arm IS NOT NULL GROUP BY 1"
+        ).to_pylist()
+    assert {r["arm"] for r in arms} == {"treatment", "control"}
     assert _processes_mentioning(str(out)) == []
