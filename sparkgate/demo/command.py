@@ -59,7 +59,7 @@ class Plan:
     interval_s: float
     period_s: float  # load cycle of each replica
     fault_after_passes: int = 1  # passing compact intervals before the fault fires
-    fault_timeout_intervals: int = 25  # waiting this long for the fallback means the gates missed it
+    fault_timeout_intervals: int = 40  # waiting this long for the fallback means the gates missed it
     linger_intervals: int = 2  # traffic kept flowing after the last transition, so it shows in the figures
     deadline_s: float = 480.0  # the whole run, so a wedged machine never leaves the demo hanging
 
