@@ -195,3 +195,20 @@ def latency_distributions(frame: pd.DataFrame) -> ChartType:
         .resolve_scale(x="independent")
         .properties(title="Request latency by switchback arm")
     )
+
+
+def switchback(frame: pd.DataFrame) -> ChartType:
+    """The switchback schedule as it ran: a band per replica and epoch, coloured by arm. Columns: replica_id,
+    epoch, arm, start and end (datetimes), steps."""
+    return (
+        alt.Chart(frame)
+        .mark_bar(height=14)
+        .encode(
+            x=alt.X("start:T", title="time (UTC)"),
+            x2="end:T",
+            y=alt.Y("replica_id:N", title=None),
+            color=alt.Color("arm:N", scale=alt.Scale(domain=["treatment", "control"], range=["#f9a825", "#1565c0"])),
+            tooltip=list(frame.columns),
+        )
+        .properties(height=40 + 22 * frame["replica_id"].nunique(), title="Switchback epochs of this stage")
+    )

@@ -94,3 +94,14 @@ def fleet(_source, token: str) -> pd.DataFrame:
                coalesce(any_value(q.quarantined), 0) AS quarantined
         FROM steps s LEFT JOIN recent r USING (replica_id) LEFT JOIN rejected q USING (replica_id)
         GROUP BY s.replica_id ORDER BY s.replica_id""").to_pandas()
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def switchback_epochs(_source, token: str, revision: int) -> pd.DataFrame:
+    """Per replica and epoch of ``revision``: the arm its steps were served in, the first and last step
+    time and the steps (the switchback schedule as it ran)."""
+    return _source.query(
+        """SELECT replica_id, epoch, arm, min(ts) AS start, max(ts) AS end, count(*) AS steps
+        FROM steps WHERE policy_revision = ? AND epoch IS NOT NULL GROUP BY ALL ORDER BY replica_id, epoch""",
+        [revision],
+    ).to_pandas()

@@ -8,7 +8,7 @@ import streamlit as st
 
 from sparkgate.controller.commands import DEFAULT_URL
 from sparkgate.controller.rollout import RolloutState, TransitionError, command
-from sparkgate.dashboards import charts, data
+from sparkgate.dashboards import charts, data, steps
 from sparkgate.dashboards.context import current, when
 from sparkgate.policies.vocabulary import CHANGES_POLICY, OPERATOR_ACTIONS
 
@@ -153,6 +153,18 @@ def render() -> None:
                 "Treatment over control switchback epochs of the same replicas; a bar is the worst replica's "
                 "interval over its epoch pairs. A gate passes only when the whole bar is on the good side of "
                 "its threshold (red tick) and fails only when the whole bar is on the bad side."
+            )
+
+    if ctx.source.kind == "store":
+        epochs = steps.switchback_epochs(ctx.source, ctx.token, change["revision"])
+        if len(epochs):
+            shown = epochs.assign(
+                start=pd.to_datetime(epochs["start"], unit="s"), end=pd.to_datetime(epochs["end"], unit="s")
+            )
+            st.altair_chart(charts.switchback(shown), width="stretch")
+            st.caption(
+                "Each replica alternates treatment and control epochs (control verifies every request static); "
+                "the comparison gates pair each replica's epochs 2k and 2k+1."
             )
 
     st.subheader("Timeline")

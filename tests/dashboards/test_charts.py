@@ -71,6 +71,12 @@ def test_reliability_frames_carry_intervals_and_every_chart_builds():
         ),
         charts.step_cost(steps),
         charts.comparison_intervals(comparisons),
+        charts.switchback(
+            pd.DataFrame(
+                {"replica_id": ["r0"] * 2, "epoch": [0, 1], "arm": ["treatment", "control"]}
+                | {"start": start, "end": start, "steps": [4, 5]}
+            )
+        ),
         charts.latency_distributions(
             pd.DataFrame({"measure": ["TTFT", "TPOT"], "arm": ["control"] * 2, "ms": [100.0, 20.0], "requests": [3, 3]})
         ),

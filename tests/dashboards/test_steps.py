@@ -55,3 +55,19 @@ def test_fleet_reports_each_replicas_newest_versions_and_rates(reader):
     # All of a replica's steps fall within its last minute of data.
     assert math.isclose(fleet.loc["r0", "steps_per_s"], 200 / steps.RATE_WINDOW_S)
     assert math.isclose(fleet.loc["r1", "request_rows_per_s"], 100 * 16 / steps.RATE_WINDOW_S)
+
+
+def test_the_switchback_schedule_as_it_ran(tmp_path):
+    from sparkgate.collectors.store import Store
+    from tests.conftest import ingest_synthetic
+
+    with Store(tmp_path / "events.duckdb") as store:
+        for epoch, arm in ((0, "treatment"), (1, "control")):
+            ingest_synthetic(store, 5, T0 + epoch, replica="r0", first_step=10 * epoch, epoch=epoch, arm=arm,
+                             policy_revision=3)  # fmt: skip
+        ingest_synthetic(store, 5, T0 + 9, replica="r0", first_step=100, policy_revision=2)
+        store.snapshot(tmp_path / "snapshots")
+    reader = open_snapshot_reader(tmp_path / "snapshots")
+    epochs = steps.switchback_epochs(reader, reader.token, 3)
+    assert list(zip(epochs["epoch"], epochs["arm"], epochs["steps"])) == [(0, "treatment", 5), (1, "control", 5)]
+    assert steps.switchback_epochs(reader, reader.token, 2).empty  # that revision ran no switchback
