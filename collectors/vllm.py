@@ -188,7 +188,8 @@ def response_curve(responses: Iterable[Any]) -> SurvivalCurve:
         per_step = _steps(spec, line)
         if per_step is None:
             counts = spec.get("acceptance_histogram") or []
-            hist = [x + y for x, y in zip(hist + [0] * len(counts), counts + [0] * len(hist))]
+            width = max(len(hist), len(counts))  # responses of one server share k + 1 buckets; pad to be safe
+            hist = [x + y for x, y in zip(hist + [0] * (width - len(hist)), counts + [0] * (width - len(counts)))]
             exact_hist &= spec.get("num_draft_tokens") == spec.get("num_spec_steps", 0) * spec.get("num_spec_tokens", 0)
             per_step = []
         for d, a in per_step:

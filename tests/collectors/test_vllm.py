@@ -107,6 +107,9 @@ def test_detailed_responses_resolve_the_censoring_of_short_drafts():
 def test_summary_responses_are_exact_only_when_every_step_proposed_every_draft():
     full = response_curve([spec([0, 2, 3], [3, 3, 3], detailed=False)])
     assert full.survival == pytest.approx([2 / 3, 2 / 3, 1 / 3]) and full.censored is None
+    # Two responses add their histograms bucket by bucket: the curve keeps k depths.
+    both = response_curve([spec([0, 2, 3], [3, 3, 3], detailed=False), spec([3], [3], detailed=False)])
+    assert both.survival == pytest.approx([3 / 4, 3 / 4, 2 / 4]) and both.drafts == 4
     short = response_curve([spec([0, 1], [3, 1], detailed=False)])
     assert short.censored and "lower bound" in short.censored
 
