@@ -32,10 +32,11 @@ class PreparedRequests:
         """The same batch with the rows whose key is in ``stored`` moved to quarantine."""
         if not stored:
             return self
-        keep = [key not in stored for key in self._keys()]
+        keys = list(zip(self.rows.column("replica_id").to_pylist(), self.rows.column("request_id").to_pylist()))
+        keep = [key not in stored for key in keys]
         dropped = [
             Quarantined(p, key[0], None, [Problem("request_id", key[1], "already stored for this replica")], b"")
-            for p, key, k in zip(self.positions, self._keys(), keep)
+            for p, key, k in zip(self.positions, keys, keep)
             if not k
         ]
         return PreparedRequests(
@@ -43,9 +44,6 @@ class PreparedRequests:
             [p for p, k in zip(self.positions, keep) if k],
             sorted(self.quarantined + dropped, key=lambda q: q.position),
         )
-
-    def _keys(self) -> list[tuple[str, str]]:
-        return list(zip(self.rows.column("replica_id").to_pylist(), self.rows.column("request_id").to_pylist()))
 
     def quarantine_table(self, source: str, received_at: float) -> pa.Table:
         return quarantine_table(self.quarantined, source, received_at)

@@ -75,12 +75,11 @@ def read(store: Store, window: Window, pinned: str | None) -> ContractReading:
     reading = ContractReading(pinned, tuple(r["contract"] for r in rows), tuple(r["steps"] for r in rows))
     if not reading.changed:
         return reading
-    new = SameContract(reading.seen[0])
-    baseline = queries.step_buckets(store, Window(), Slice(), phase=Phase.BASELINE, contract=new)
+    in_baseline = queries.contract_fields(store, SameContract(reading.seen[0]), Phase.BASELINE) is not None
     return ContractReading(
         pinned,
         reading.seen,
         reading.steps,
         _differs(queries.contract_fields(store, SameContract(pinned)), rows[0]),
-        bool(baseline.num_rows),
+        in_baseline,
     )

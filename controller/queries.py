@@ -227,9 +227,12 @@ def contracts(store: Store, window: Window, slice_: Slice) -> list[dict[str, Any
     ).to_pylist()
 
 
-def contract_fields(store: Store, contract: SameContract) -> dict[str, Any] | None:
-    """The newest step's ``CONTRACT_FIELDS`` of ``contract`` over all history (None: it has no steps)."""
+def contract_fields(store: Store, contract: SameContract, phase: str | None = None) -> dict[str, Any] | None:
+    """The newest step's ``CONTRACT_FIELDS`` of ``contract`` over all history, of the steps recorded in
+    ``phase`` when given (None: there are none)."""
     clause, params = contract.sql("s")
+    if phase is not None:
+        clause, params = clause + " AND s.phase = ?", params + [phase]
     fields = ", ".join(f"arg_max(s.{f}, s.ts) AS {f}" for f in CONTRACT_FIELDS)
     rows = store.query(f"SELECT count(*) AS steps, {fields} FROM steps s WHERE TRUE{clause}", params).to_pylist()
     return rows[0] if rows and rows[0]["steps"] else None

@@ -11,19 +11,15 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from .series import time_where
+
 # TTFT and TPOT are histogrammed on a log scale: this many bins per factor of 10.
 _BINS_PER_DECADE = 10
 
 
 def _where(since: float | None, until: float | None) -> tuple[str, list]:
-    clauses, params = ["finish_reason <> 'cancelled'"], []
-    if since is not None:
-        clauses.append("finish_ts >= ?")
-        params.append(since)
-    if until is not None:
-        clauses.append("finish_ts < ?")
-        params.append(until)
-    return " AND ".join(clauses), params
+    where, params = time_where(since, until, column="finish_ts")
+    return where + " AND finish_reason <> 'cancelled'", params
 
 
 _ARM = "CASE WHEN arm IS NOT NULL THEN arm WHEN epoch IS NULL AND phase IN ('baseline', 'fallback', 'paused') " \

@@ -48,14 +48,14 @@ def bucket_seconds(since: float, until: float, buckets: int = BUCKETS) -> float:
     return float(next((w for w in _NICE_S if span / w <= buckets), span / buckets))
 
 
-def time_where(since: float | None, until: float | None, alias: str = "") -> tuple[str, list]:
-    """WHERE clause (and params) keeping rows with since <= ts < until; a None bound is open."""
+def time_where(since: float | None, until: float | None, alias: str = "", column: str = "ts") -> tuple[str, list]:
+    """WHERE clause (and params) keeping rows with since <= ``column`` < until; a None bound is open."""
     clauses, params = ["TRUE"], []
     if since is not None:
-        clauses.append(f"{alias}ts >= ?")
+        clauses.append(f"{alias}{column} >= ?")
         params.append(since)
     if until is not None:
-        clauses.append(f"{alias}ts < ?")
+        clauses.append(f"{alias}{column} < ?")
         params.append(until)
     return " AND ".join(clauses), params
 

@@ -132,6 +132,7 @@ class Engine:
         self.step_id = 0
         self.model_version = model_version(model)
         self._hardware = hardware_text(hardware_fingerprint(self.device))
+        self._fingerprint: tuple[tuple[int, str | None], str] | None = None
 
     @property
     def contract(self) -> Contract:
@@ -139,6 +140,13 @@ class Engine:
         return Contract(
             self.model_version, self.drafter.version, self.config.gamma, self.config.sts_version, self._hardware
         )
+
+    def contract_fingerprint(self) -> str:
+        """``contract.fingerprint()``, hashed again only when a part that can change (γ, STS) did."""
+        key = (self.config.gamma, self.config.sts_version)
+        if self._fingerprint is None or self._fingerprint[0] != key:
+            self._fingerprint = (key, self.contract.fingerprint())
+        return self._fingerprint[1]
 
     # -- admission -----------------------------------------------------------
     def submit(self, request: Request) -> None:
@@ -178,7 +186,7 @@ class Engine:
         request.finish_reason, request.finish_ts = reason, time.time()
         self.finished[request.request_id] = request
         if self.request_sink is not None:
-            self.request_sink(request_record(request, self.config, self.contract.fingerprint()))
+            self.request_sink(request_record(request, self.config, self.contract_fingerprint()))
 
     def _admit(self) -> None:
         admitted = []
@@ -363,7 +371,7 @@ class Engine:
             sts_version=self.config.sts_version,
             cost_table_version=self.config.cost_table_version,
             requests=rows,
-            contract=self.contract.fingerprint(),
+            contract=self.contract_fingerprint(),
             epoch=self.config.epoch,
             arm=self.config.arm,
             step_cpu_ms=(time.process_time() - cpu_start) * 1000,
