@@ -102,8 +102,8 @@ def _epoch_filter(alias: str, ts: str) -> str:
 
 
 def per_epoch(store: Store, epochs: Epochs, spec: Comparison) -> dict[str, dict]:
-    """Per comparison metric: its value in each (replica, epoch, arm) of the window; for step metrics, per
-    (replica, epoch, arm, load bucket), with the bucket's step count."""
+    """Per comparison metric: ``(value, weight)`` per (replica, epoch, arm, load bucket) of the window. Step
+    metrics are per load bucket, weighted by its steps; request metrics have one bucket (None), weight 1."""
     params = [epochs.revision, epochs.since, epochs.origin, spec.epoch_s, spec.burn_in_s]
     cost = "step_cpu_ms" if spec.step_time == "cpu" else "step_ms"
     # Step metrics at matched load: within each epoch, per batch-size bucket (a power of two); an epoch's
@@ -128,7 +128,7 @@ def per_epoch(store: Store, epochs: Epochs, spec: Comparison) -> dict[str, dict]
     ).to_pylist()
     columns = {"p99_tpot_ratio": "p99_tpot", "p99_ttft_ratio": "p99_ttft", "goodput_ratio": "good"}
     out: dict[str, dict] = {
-        metric: {(r["replica_id"], r["epoch"], r["arm"]): float(r[c]) for r in requests if r[c] is not None}
+        metric: {(r["replica_id"], r["epoch"], r["arm"], None): (float(r[c]), 1) for r in requests if r[c] is not None}
         for metric, c in columns.items()
     }
     for metric, c in (("p99_step_ratio", "p99_step"), ("tokens_per_s_ratio", "tokens_per_s")):
@@ -145,19 +145,18 @@ def _partner(epoch: int) -> int:
 
 
 def paired(per_epoch: dict) -> dict[str, np.ndarray]:
-    """Per replica: ``ln(treatment / control)`` of every epoch pair with a positive value in both arms. Keys
-    with a fourth part (a load bucket, values ``(value, steps)``) are matched bucket by bucket: a pair's
-    log ratio is the mean over the buckets both epochs served, weighted by the fewer steps of the two."""
+    """Per replica: ``ln(treatment / control)`` of every epoch pair with a positive value in both arms,
+    matched load bucket by load bucket: a pair's log ratio is the mean over the buckets both epochs served,
+    weighted by the lesser weight of the two."""
     out: dict[str, list[float]] = {}
     by_pair: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    for key, value in per_epoch.items():
-        replica, epoch, arm = key[:3]
+    for (replica, epoch, arm, bucket), (t, tw) in per_epoch.items():
         if arm != Arm.TREATMENT:
             continue
-        control = per_epoch.get((replica, _partner(epoch), str(Arm.CONTROL), *key[3:]))
+        control = per_epoch.get((replica, _partner(epoch), str(Arm.CONTROL), bucket))
         if control is None:
             continue
-        (t, tw), (c, cw) = (value, 1) if len(key) == 3 else value, (control, 1) if len(key) == 3 else control
+        c, cw = control
         if t > 0 and c > 0:
             by_pair.setdefault((replica, epoch // 2), []).append((math.log(t / c), min(tw, cw)))
     for (replica, _), parts in sorted(by_pair.items()):
