@@ -26,7 +26,7 @@ from sparkgate.policies.rollout import RolloutPolicy
 from sparkgate.policies.vocabulary import SWITCHBACK_PHASES
 
 from . import contract, ledger, promql, rollout
-from .comparison import Epochs, comparisons
+from .comparison import COMPARISON_METRICS, Epochs, comparisons
 from .exporter import ControllerMetrics
 from .gates import Verdict, judge_all, judge_baseline
 from .metrics import Evaluation, Measurement, evaluate
@@ -155,8 +155,9 @@ class Controller:
         measured = evaluation.measurements(phase)
         # Comparisons read every epoch pair since the stage began (the window bounds the other gates): pairs
         # are the scarce evidence, and every one was measured against its own concurrent control.
-        epochs = Epochs(state.revision, state.entered_at, state.entered_at)
-        measured.update(comparisons(self.store, epochs, self.policy.comparison))
+        if any(g.metric in COMPARISON_METRICS and not g.promql for g in gates):  # two queries otherwise unread
+            epochs = Epochs(state.revision, state.entered_at, state.entered_at)
+            measured.update(comparisons(self.store, epochs, self.policy.comparison))
         measured.update({g.name: self._promql(g.promql) for g in gates if g.promql})
         return judge_all(gates, measured, stale)
 
