@@ -75,6 +75,16 @@ EPOCH_SHIFT = 40
 _MODES = {"static": "static", "compact": "compact", "cap-accept": "cap_accept", "cap_accept": "cap_accept"}
 
 
+def server_name(url: str) -> str:
+    """The name a server's replicas are stored under (``NAME/dpRANK``): its URL without the scheme."""
+    return url.rstrip("/").split("://", 1)[-1]
+
+
+def replica_prefix(url: str) -> str:
+    """What every replica id of the server at ``url`` starts with, and no other server's."""
+    return f"{server_name(url)}/dp"
+
+
 def _present(value):
     """SGLang marks an absent field with null or -1."""
     return None if value is None or value == -1 else value
@@ -234,7 +244,7 @@ class SGLangPoller:
         clear_buffer: bool = True,
     ):
         self.url = url.rstrip("/")
-        self.name = name or self.url.split("://", 1)[-1]
+        self.name = name or server_name(self.url)
         self.ingestor = ingestor
         self.client = client or httpx.Client(timeout=10.0)
         self.clear_buffer = clear_buffer  # turned off for good when the server refuses the clear
@@ -251,7 +261,7 @@ class SGLangPoller:
         return self._cursors[rank]
 
     def replica_id(self, rank: int) -> str:
-        return f"{self.name}/dp{rank}"
+        return f"{self.name}/dp{rank}"  # starts with replica_prefix(url) when the name is the default
 
     def _new_records(self, rank: int, info: dict, now: float, server: dict) -> tuple[list[dict], _Cursor]:
         """Converted records above the rank's cursor, and the cursor to keep once they are committed."""

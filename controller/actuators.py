@@ -18,6 +18,10 @@ order so a server keeps its arm:
   fallback window of 0 is sent as the smallest positive fraction, which SGLang's
   planner floors to a zero draft budget.
 
+The servers that run the scheduler are the treatment group and those held at 1.0
+the control (``arms``): the comparison gates compare the two groups slice by slice
+(``controller.comparison.Groups``), since no server can alternate arms by itself.
+
 Every call pushes to every server, so a restarted server converges at the next
 evaluation; a server that refuses or cannot be reached is reported in the raised
 ``ActuatorError`` after the others were still pushed.
@@ -29,8 +33,9 @@ import math
 
 import httpx
 
+from sparkgate.collectors.sglang import replica_prefix
 from sparkgate.policies.payload import PolicyPayload
-from sparkgate.policies.vocabulary import Phase
+from sparkgate.policies.vocabulary import Arm, Phase
 
 FORCE_KEY = "dspark_force_budget_frac"
 # Below 1 / (batch × γ) for any batch a server runs: the planner's int(frac × bs × γ) is 0.
@@ -55,6 +60,17 @@ def budget_fractions(urls: list[str], payload: PolicyPayload) -> dict[str, float
     return {url: (None if i < compact else 1.0) for i, url in enumerate(ordered)}
 
 
+def arms(urls: list[str], payload: PolicyPayload) -> tuple[tuple[str, Arm], ...]:
+    """Each server's arm under ``payload``, keyed by the prefix of its replicas' ids; fallback has none (every
+    server verifies the fallback window: there is nothing to compare)."""
+    if payload.phase is Phase.FALLBACK:
+        return ()
+    return tuple(
+        (replica_prefix(url), Arm.TREATMENT if fraction is None else Arm.CONTROL)
+        for url, fraction in budget_fractions(urls, payload).items()
+    )
+
+
 class SGLangActuator:
     """Pushes the policy to SGLang servers (base URLs)."""
 
@@ -63,6 +79,9 @@ class SGLangActuator:
             raise ValueError("urls: at least one SGLang server URL")
         self.urls = [u.rstrip("/") for u in urls]
         self.timeout_s = timeout_s
+
+    def arms(self, payload: PolicyPayload) -> tuple[tuple[str, Arm], ...]:
+        return arms(self.urls, payload)
 
     def __call__(self, payload: PolicyPayload) -> dict[str, float | None]:
         """Push ``payload``'s setting to every server; returns what each was set to."""

@@ -1,7 +1,9 @@
 """Controller commands: ``sparkgate serve | status | promote | abort | pause | resume | report``.
 
 ``serve`` owns the DuckDB file (the one writer, docs/design.md §4) and evaluates on a
-background thread every ``evaluation_interval_s``. The operator commands talk to
+background thread every ``evaluation_interval_s``; with ``--sglang`` it also polls
+those servers' records into that file (a collector could not: one writer per file),
+so store gates and the replica-group comparisons see what the servers served. The operator commands talk to
 a running service over HTTP; the token comes from ``--token`` or
 ``SPARKGATE_TOKEN``. ``report`` opens a DuckDB file nobody else has open (or asks
 a running controller with ``--controller``).
@@ -22,6 +24,7 @@ import uvicorn
 
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.metrics import Metrics
+from sparkgate.collectors.sglang import SGLangPoller
 from sparkgate.collectors.store import Store
 from sparkgate.collectors.tracing import tracer_provider
 from sparkgate.collectors.writers import Writers, load_writers
@@ -63,6 +66,16 @@ def evaluate_forever(controller: Controller, stop: threading.Event, snapshot_dir
             log.exception("evaluation failed")
 
 
+def poll_forever(pollers: list[SGLangPoller], stop: threading.Event, interval_s: float) -> None:
+    """Poll every server each ``interval_s`` until ``stop``; a server that fails is logged and retried."""
+    while not stop.wait(interval_s):
+        for poller in pollers:
+            try:
+                poller.poll_once()
+            except Exception as exc:
+                log.warning("polling %s failed: %s", poller.url, exc)
+
+
 @click.command()
 @click.option("--db", required=True, type=click.Path(dir_okay=False), help="DuckDB file (created if missing).")
 @click.option(
@@ -83,7 +96,15 @@ def evaluate_forever(controller: Controller, stop: threading.Event, snapshot_dir
     default=None,
     help="YAML of writer credentials bound to replica ids [default: one writer from env SPARKGATE_WRITER_TOKEN].",
 )
-@click.option("--sglang", "sglang_urls", multiple=True, help="SGLang server to push fallback to (repeatable).")
+@click.option(
+    "--sglang",
+    "sglang_urls",
+    multiple=True,
+    help="SGLang server to push the rollout to and poll records from (repeatable).",
+)
+@click.option(
+    "--sglang-interval", default=1.0, show_default=True, type=click.FloatRange(min=0.05), help="Seconds between polls."
+)
 @click.option("--prometheus", default=None, help="Prometheus base URL for gates with promql.")
 @click.option("--snapshot-dir", type=click.Path(file_okay=False), help="Publish Parquet snapshots after each tick.")
 @click.option("--cost-table-version", default=None, help="Announced to replicas in the policy.")
@@ -102,6 +123,7 @@ def serve(
     token,
     writers_path,
     sglang_urls,
+    sglang_interval,
     prometheus,
     snapshot_dir,
     cost_table_version,
@@ -123,22 +145,34 @@ def serve(
         raise click.UsageError(str(exc)) from None
     tracer = provider.get_tracer("sparkgate.collectors") if provider else None
     with Store(db) as store, _flushed(provider):
-        actuators = [SGLangActuator(sglang_urls)] if sglang_urls else []
+        sglang = SGLangActuator(sglang_urls) if sglang_urls else None
         controller = Controller(
             store,
             policy,
             metrics=metrics,
-            actuators=actuators,
+            actuators=[sglang] if sglang else [],
+            groups=sglang.arms if sglang else None,
             observers=[notifier] if notifier is not None else [],
             prometheus_url=prometheus,
             versions=Versions(cost_table_version, sts_version),
         )
-        app = create_app(controller, Ingestor(store, metrics, tracer), token, writers)
+        ingestor = Ingestor(store, metrics, tracer)
+        app = create_app(controller, ingestor, token, writers)
         stop = threading.Event()
-        loop = threading.Thread(
-            target=evaluate_forever, args=(controller, stop, snapshot_dir), name="sparkgate-evaluate", daemon=True
-        )
-        loop.start()
+        loops = [
+            threading.Thread(
+                target=evaluate_forever, args=(controller, stop, snapshot_dir), name="sparkgate-evaluate", daemon=True
+            )
+        ]
+        if sglang_urls:
+            pollers = [SGLangPoller(url, ingestor) for url in sglang_urls]
+            loops.append(
+                threading.Thread(
+                    target=poll_forever, args=(pollers, stop, sglang_interval), name="sparkgate-sglang", daemon=True
+                )
+            )
+        for loop in loops:
+            loop.start()
         click.echo(
             json.dumps(
                 {"listening": f"http://{host}:{port}", "db": db, **controller.policy_payload().model_dump(mode="json")}
@@ -150,7 +184,8 @@ def serve(
                 uvicorn.run(app, host=host, port=port, log_level="warning")
         finally:
             stop.set()
-            loop.join()
+            for loop in loops:
+                loop.join()
             if notifier is not None:
                 notifier.close()
 

@@ -20,6 +20,14 @@ interval is below the threshold and fails as soon as one is wholly above it
 (mirrored for metrics bad when low). ``samples`` is the fewest pairs of any
 replica; the estimate is the worst replica's.
 
+Fleets split by replica (the SGLang actuator gives each server one setting for the
+stage) are compared as groups instead (``Groups``): a pair is a slice of
+``epoch_s`` of the stage, the treatment servers' steps against the control
+servers' in the same slice and load bucket. Noisy neighbours and load swings hit
+both groups at once, as in a switchback pair; what a group design cannot remove is
+a standing difference between the servers themselves, which is why the demo's own
+replicas use switchback. One unit, so one interval at ``level``.
+
 What an epoch contributes, after its first ``burn_in_s`` (the other arm's batch
 is still draining) and only from the revision in force (a replica picks a new
 policy up within its poll interval):
@@ -32,7 +40,8 @@ policy up within its poll interval):
   wall time, for replicas that share a CPU (on a GPU wall time is the cost);
 - ``p99_tpot_ratio``, ``p99_ttft_ratio``, ``goodput_ratio``: request records served
   wholly inside the epoch and not cancelled (goodput: those within both SLOs;
-  both epochs of a pair last as long, so the ratio of counts is the ratio of rates).
+  both epochs of a pair last as long, so the ratio of counts per replica of the arm
+  is the ratio of rates).
 """
 
 from __future__ import annotations
@@ -52,15 +61,33 @@ from .queries import LOAD_BUCKET_SQL
 COMPARISON_METRICS = ("p99_step_ratio", "tokens_per_s_ratio", "p99_tpot_ratio", "p99_ttft_ratio", "goodput_ratio")
 # Metrics whose ratio is bad when high (latencies); the others are bad when low (rates).
 BAD_WHEN_HIGH = frozenset({"p99_step_ratio", "p99_tpot_ratio", "p99_ttft_ratio"})
+# The one unit of a group design.
+GROUPS = "groups"
 
 
 @dataclass(frozen=True)
 class Epochs:
-    """Which epochs a window compares: those of ``revision``, whose epoch 0 began at ``origin``."""
+    """Switchback: the epochs of ``revision``, whose epoch 0 began at ``origin``, since ``since``. A pair is
+    epochs ``2k`` and ``2k + 1`` of one replica; replicas are compared apart."""
 
     revision: int
     origin: float
     since: float
+
+
+@dataclass(frozen=True)
+class Groups:
+    """Replica groups at the same time, for fleets split by replica (SGLang servers take one verify setting
+    each): a replica whose id starts with a prefix in ``arms`` serves that arm for the whole stage, which
+    began at ``origin``. After ``burn_in_s`` (the push reaching every server, and records the poller read
+    before it), the stage is cut into slices of ``epoch_s``; a pair is one slice, the treatment group's
+    steps against the control group's, load bucket by load bucket. The groups are one unit (``GROUPS``)."""
+
+    origin: float
+    arms: tuple[tuple[str, Arm], ...]
+
+
+Design = Epochs | Groups
 
 
 def sign_interval(d: np.ndarray, level: float) -> tuple[float | None, float | None]:
@@ -80,11 +107,11 @@ def sign_interval(d: np.ndarray, level: float) -> tuple[float | None, float | No
 
 
 def measure(d: np.ndarray, level: float) -> Measurement:
-    """One replica's estimate and interval."""
+    """One unit's estimate and interval."""
     if not len(d):
         return Measurement(None, 0)
     low, high = sign_interval(d, level)
-    method = f"sign-test interval of the median paired log ratio, {len(d)} epoch pairs, {level:.2%}"
+    method = f"sign-test interval of the median paired log ratio, {len(d)} pairs, {level:.2%}"
     return Measurement(
         math.exp(float(np.median(d))),
         len(d),
@@ -94,81 +121,91 @@ def measure(d: np.ndarray, level: float) -> Measurement:
     )
 
 
-def _epoch_filter(alias: str, ts: str) -> str:
-    return (
-        f"{alias}.policy_revision = ? AND {alias}.epoch IS NOT NULL AND {alias}.{ts} >= ? "
-        f"AND {alias}.{ts} - (? + {alias}.epoch * ?) >= ?"
-    )
+def _split(design: Design, spec: Comparison, alias: str, ts: str) -> tuple[str, str, list]:
+    """SQL selecting ``unit, pair, cmp_arm`` of a record under ``design``, the filter keeping the window's
+    compared records, and their parameters (select's first)."""
+    if isinstance(design, Epochs):
+        where = (
+            f"{alias}.policy_revision = ? AND {alias}.epoch IS NOT NULL AND {alias}.{ts} >= ? "
+            f"AND {alias}.{ts} - (? + {alias}.epoch * ?) >= ?"
+        )
+        select = f"{alias}.replica_id AS unit, {alias}.epoch // 2 AS pair, {alias}.arm AS cmp_arm"
+        return select, where, [design.revision, design.since, design.origin, spec.epoch_s, spec.burn_in_s]
+    start = design.origin + spec.burn_in_s
+    cases = " ".join(f"WHEN starts_with({alias}.replica_id, ?) THEN ?" for _ in design.arms)
+    arm = f"CASE {cases} END" if design.arms else "NULL"
+    select = f"'{GROUPS}' AS unit, floor(({alias}.{ts} - ?) / ?)::BIGINT AS pair, {arm} AS cmp_arm"
+    params = [start, spec.epoch_s, *(x for prefix, a in design.arms for x in (prefix, str(a)))]
+    return select, f"{alias}.{ts} >= ?", [*params, start]
 
 
-def per_epoch(store: Store, epochs: Epochs, spec: Comparison) -> dict[str, dict]:
-    """Per comparison metric: ``(value, weight)`` per (replica, epoch, arm, load bucket) of the window. Step
+def per_pair(store: Store, design: Design, spec: Comparison) -> dict[str, dict]:
+    """Per comparison metric: ``(value, weight)`` per (unit, pair, arm, load bucket) of the window. Step
     metrics are per load bucket, weighted by its steps; request metrics have one bucket (None), weight 1."""
-    params = [epochs.revision, epochs.since, epochs.origin, spec.epoch_s, spec.burn_in_s]
     cost = "step_cpu_ms" if spec.step_time == "cpu" else "step_ms"
-    # Step metrics at matched load: within each epoch, per batch-size bucket (a power of two); an epoch's
-    # value is its buckets' figures weighted by the steps the pair shares in each, so a pair compares the
-    # two arms at the batch sizes both served, not a busy epoch with an idle one.
+    select, where, params = _split(design, spec, "s", "ts")
+    # Step metrics at matched load: within each arm of a pair, per batch-size bucket (a power of two); a
+    # pair's value is its buckets' figures weighted by the steps both arms served in each, so it compares
+    # the two arms at the batch sizes both served, not a busy epoch with an idle one.
     steps = store.query(
-        f"""WITH s AS (SELECT *, {LOAD_BUCKET_SQL} AS bucket FROM steps s WHERE {_epoch_filter("s", "ts")}),
+        f"""WITH s AS (SELECT s.replica_id, s.step_id, s.{cost} AS cost, {LOAD_BUCKET_SQL} AS bucket, {select}
+                       FROM steps s WHERE {where}),
         c AS (SELECT r.replica_id, r.step_id, sum(r.accepted + 1) AS tokens FROM requests r
               JOIN s ON r.replica_id = s.replica_id AND r.step_id = s.step_id GROUP BY ALL)
-        SELECT s.replica_id, s.epoch, s.arm, s.bucket, count(*) AS steps,
-               quantile_cont(s.{cost}, 0.99) AS p99_step, sum(c.tokens) / (sum(s.{cost}) / 1000) AS tokens_per_s
-        FROM s JOIN c ON c.replica_id = s.replica_id AND c.step_id = s.step_id GROUP BY ALL""",
+        SELECT s.unit, s.pair, s.cmp_arm, s.bucket, count(*) AS steps,
+               quantile_cont(s.cost, 0.99) AS p99_step, sum(c.tokens) / (sum(s.cost) / 1000) AS tokens_per_s
+        FROM s JOIN c ON c.replica_id = s.replica_id AND c.step_id = s.step_id
+        WHERE s.cmp_arm IS NOT NULL GROUP BY ALL""",
         params,
     ).to_pylist()
+    select, where, params = _split(design, spec, "r", "arrival_ts")
+    # Goodput per replica of the arm: a group design's groups need not be the same size.
     requests = store.query(
-        f"""SELECT r.replica_id, r.epoch, r.arm, quantile_cont(r.tpot_ms, 0.99) AS p99_tpot,
-               quantile_cont(r.ttft_ms, 0.99) AS p99_ttft,
-               count(*) FILTER (WHERE r.ttft_ms <= ? AND coalesce(r.tpot_ms, 0) <= ?) AS good
-        FROM request_records r WHERE {_epoch_filter("r", "arrival_ts")} AND r.finish_reason <> ?
-        GROUP BY ALL""",
-        [spec.ttft_slo_ms, spec.tpot_slo_ms, *params, str(FinishReason.CANCELLED)],
+        f"""WITH r AS (SELECT r.*, {select} FROM request_records r WHERE {where} AND r.finish_reason <> ?)
+        SELECT unit, pair, cmp_arm, quantile_cont(tpot_ms, 0.99) AS p99_tpot, quantile_cont(ttft_ms, 0.99) AS p99_ttft,
+               count(*) FILTER (WHERE ttft_ms <= ? AND coalesce(tpot_ms, 0) <= ?) / count(DISTINCT replica_id) AS good
+        FROM r WHERE cmp_arm IS NOT NULL GROUP BY ALL""",
+        [*params, str(FinishReason.CANCELLED), spec.ttft_slo_ms, spec.tpot_slo_ms],
     ).to_pylist()
     columns = {"p99_tpot_ratio": "p99_tpot", "p99_ttft_ratio": "p99_ttft", "goodput_ratio": "good"}
     out: dict[str, dict] = {
-        metric: {(r["replica_id"], r["epoch"], r["arm"], None): (float(r[c]), 1) for r in requests if r[c] is not None}
+        metric: {(r["unit"], r["pair"], r["cmp_arm"], None): (float(r[c]), 1) for r in requests if r[c] is not None}
         for metric, c in columns.items()
     }
     for metric, c in (("p99_step_ratio", "p99_step"), ("tokens_per_s_ratio", "tokens_per_s")):
-        out[metric] = {
-            (r["replica_id"], r["epoch"], r["arm"], r["bucket"]): (float(r[c]), r["steps"])
-            for r in steps
-            if r[c] is not None
-        }
+        keyed = [((r["unit"], r["pair"], r["cmp_arm"], r["bucket"]), r[c], r["steps"]) for r in steps]
+        out[metric] = {key: (float(value), weight) for key, value, weight in keyed if value is not None}
     return out
 
 
-def _partner(epoch: int) -> int:
-    return epoch + 1 if epoch % 2 == 0 else epoch - 1
-
-
-def paired(per_epoch: dict) -> dict[str, np.ndarray]:
-    """Per replica: ``ln(treatment / control)`` of every epoch pair with a positive value in both arms,
-    matched load bucket by load bucket: a pair's log ratio is the mean over the buckets both epochs served,
-    weighted by the lesser weight of the two."""
+def paired(per_pair: dict) -> dict[str, np.ndarray]:
+    """Per unit: ``ln(treatment / control)`` of every pair with a positive value in both arms, matched load
+    bucket by load bucket: a pair's log ratio is the mean over the buckets both arms served, weighted by the
+    lesser weight of the two."""
     out: dict[str, list[float]] = {}
     by_pair: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    for (replica, epoch, arm, bucket), (t, tw) in per_epoch.items():
+    for (unit, pair, arm, bucket), (t, tw) in per_pair.items():
         if arm != Arm.TREATMENT:
             continue
-        control = per_epoch.get((replica, _partner(epoch), str(Arm.CONTROL), bucket))
+        control = per_pair.get((unit, pair, str(Arm.CONTROL), bucket))
         if control is None:
             continue
         c, cw = control
         if t > 0 and c > 0:
-            by_pair.setdefault((replica, epoch // 2), []).append((math.log(t / c), min(tw, cw)))
-    for (replica, _), parts in sorted(by_pair.items()):
+            by_pair.setdefault((unit, pair), []).append((math.log(t / c), min(tw, cw)))
+    for (unit, _), parts in sorted(by_pair.items()):
         weights = sum(w for _, w in parts)
-        out.setdefault(replica, []).append(sum(d * w for d, w in parts) / weights)
-    return {replica: np.array(d) for replica, d in out.items()}
+        out.setdefault(unit, []).append(sum(d * w for d, w in parts) / weights)
+    return {unit: np.array(d) for unit, d in out.items()}
 
 
 def fleet(parts: dict[str, Measurement], bad_when_high: bool, level: float) -> Measurement:
     """The fleet's bounds from each replica's (see the module docstring)."""
     if not parts:
         return Measurement(None, 0)
+    if parts.keys() == {GROUPS}:
+        m = parts[GROUPS]
+        return Measurement(m.value, m.samples, m.low, m.high, f"treatment group against control group, {m.method}")
     pick = max if bad_when_high else min
     worst = pick(parts, key=lambda r: parts[r].value or 0.0)
     lows, highs = [m.low for m in parts.values()], [m.high for m in parts.values()]
@@ -186,10 +223,10 @@ def fleet(parts: dict[str, Measurement], bad_when_high: bool, level: float) -> M
     )
 
 
-def comparisons(store: Store, epochs: Epochs, spec: Comparison) -> dict[str, Measurement]:
+def comparisons(store: Store, design: Design, spec: Comparison) -> dict[str, Measurement]:
     """Every comparison metric's estimate, bounds and pair count over the window."""
     out = {}
-    for metric, values in per_epoch(store, epochs, spec).items():
+    for metric, values in per_pair(store, design, spec).items():
         by_replica = paired(values)
         level = 1 - (1 - spec.level) / max(len(by_replica), 1)
         parts = {replica: measure(d, level) for replica, d in by_replica.items()}

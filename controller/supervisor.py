@@ -23,10 +23,10 @@ from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store
 from sparkgate.policies.payload import PolicyPayload, SwitchbackSpec
 from sparkgate.policies.rollout import RolloutPolicy
-from sparkgate.policies.vocabulary import SWITCHBACK_PHASES
+from sparkgate.policies.vocabulary import SWITCHBACK_PHASES, Arm
 
 from . import contract, ledger, promql, rollout
-from .comparison import COMPARISON_METRICS, Epochs, comparisons
+from .comparison import COMPARISON_METRICS, Design, Epochs, Groups, comparisons
 from .exporter import ControllerMetrics
 from .gates import Verdict, judge_all, judge_baseline
 from .metrics import Evaluation, Measurement, evaluate
@@ -42,6 +42,9 @@ LOOKBACK_INTERVALS = 5
 Actuator = Callable[[PolicyPayload], object]
 # Told each decision once it is persisted (e.g. a Notifier); must return at once.
 Observer = Callable[[Decision], object]
+# For fleets split by replica: each replica group's arm under a payload, by replica id prefix
+# (e.g. SGLangActuator.arms); the comparison gates then compare groups, not switchback epochs.
+GroupArms = Callable[[PolicyPayload], tuple[tuple[str, Arm], ...]]
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class Controller:
         metrics: Metrics | None = None,
         actuators: Sequence[Actuator] = (),
         observers: Sequence[Observer] = (),
+        groups: GroupArms | None = None,
         prometheus_url: str | None = None,
         versions: Versions = Versions(),
         lookback_s: float | None = None,
@@ -71,7 +75,7 @@ class Controller:
     ):
         self.store, self.policy, self.versions, self.clock = store, policy, versions, clock
         self.actuators, self.prometheus_url, self.resamples = list(actuators), prometheus_url, resamples
-        self.observers = list(observers)
+        self.observers, self.groups = list(observers), groups
         self.lookback_s = policy.evaluation_interval_s * LOOKBACK_INTERVALS if lookback_s is None else lookback_s
         self.exporter = ControllerMetrics(metrics) if metrics is not None else None
         self.last_verdicts: list[Verdict] = []
@@ -110,9 +114,9 @@ class Controller:
         return new
 
     # -- policy served to replicas --------------------------------------------
-    def policy_payload(self) -> PolicyPayload:
-        """``GET /v1/policy`` (docs/design.md §6)."""
-        state = self.state
+    def policy_payload(self, state: RolloutState | None = None) -> PolicyPayload:
+        """``GET /v1/policy`` (docs/design.md §6): the payload of ``state``, by default the one in force."""
+        state = state or self.state
         spec = self.policy.comparison
         switchback = (
             SwitchbackSpec(seed=spec.seed, epoch_s=spec.epoch_s, origin=state.entered_at)
@@ -153,13 +157,23 @@ class Controller:
             return [judge_baseline(self.policy, steps, stale)]
         gates = self.policy.gates_for(phase) if state.stage is not None else self.policy.gates
         measured = evaluation.measurements(phase)
-        # Comparisons read every epoch pair since the stage began (the window bounds the other gates): pairs
-        # are the scarce evidence, and every one was measured against its own concurrent control.
-        if any(g.metric in COMPARISON_METRICS and not g.promql for g in gates):  # two queries otherwise unread
-            epochs = Epochs(state.revision, state.entered_at, state.entered_at)
-            measured.update(comparisons(self.store, epochs, self.policy.comparison))
+        # Comparisons read every pair since the stage began (the window bounds the other gates): pairs are
+        # the scarce evidence, and every one was measured against its own concurrent control.
+        comparing = [g for g in gates if g.metric in COMPARISON_METRICS and not g.promql]
+        if comparing:  # two queries otherwise unread
+            design = self._design(state)
+            measured.update(comparisons(self.store, design, self.policy.comparison))
+            if isinstance(design, Groups) and {arm for _, arm in design.arms} != set(Arm):
+                # Every server serves one arm in this stage (e.g. shadow: all verify in full), so there is no
+                # effect to measure: the gates are recorded, and cannot hold the stage back.
+                gates = tuple(g.model_copy(update={"dry_run": True}) if g in comparing else g for g in gates)
         measured.update({g.name: self._promql(g.promql) for g in gates if g.promql})
         return judge_all(gates, measured, stale)
+
+    def _design(self, state: RolloutState) -> Design:
+        if self.groups is None:
+            return Epochs(state.revision, state.entered_at, state.entered_at)
+        return Groups(state.entered_at, self.groups(self.policy_payload(state)))
 
     def _stale(self, evaluation: Evaluation, now: float) -> str | None:
         if evaluation.as_of is None:

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from sparkgate.collectors.ingest import Ingestor
+from sparkgate.collectors.sglang import SGLangPoller
 from sparkgate.controller.actuators import (
     FORCE_KEY,
     MIN_FRACTION,
     ActuatorError,
     SGLangActuator,
+    arms,
     budget_fractions,
 )
 from tests.collectors.sglang_stand_in import Server, running
@@ -36,6 +39,20 @@ def test_compact_fraction_is_spread_over_servers_in_a_stable_order():
         "http://d": 1.0,
     }
     assert set(budget_fractions(urls, payload("fallback", 0.0, fallback_window=2)).values()) == {2 / 7}
+
+
+def test_arms_name_the_servers_running_the_scheduler_treatment_by_the_ids_their_replicas_are_stored_under(store):
+    urls = ["https://b:2/", "http://a:1", "http://a:10"]
+    poller_ids = [SGLangPoller(url, Ingestor(store)).replica_id(rank) for url in urls for rank in (0, 11)]
+    for phase, fraction in (("shadow", 0.0), ("canary", 0.25), ("compact", 1.0)):
+        found = dict(arms(urls, payload(phase, fraction)))
+        by_url = budget_fractions(urls, payload(phase, fraction))
+        # Each stored replica id starts with exactly one server's prefix: the server its arm is pushed to.
+        for url, replica in zip([u for u in urls for _ in (0, 11)], poller_ids, strict=True):
+            (prefix,) = [p for p in found if replica.startswith(p)]
+            fraction_pushed = by_url[url]
+            assert found[prefix] == ("treatment" if fraction_pushed is None else "control")
+    assert arms(urls, payload("fallback", 0.0, fallback_window=2)) == ()  # every server the same window
 
 
 def test_serving_phases_keep_observation_servers_at_the_full_window():

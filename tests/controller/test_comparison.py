@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from sparkgate.collectors.request_ingest import prepare_requests
-from sparkgate.controller.comparison import Epochs, comparisons, fleet, measure, sign_interval
+from sparkgate.controller.comparison import Epochs, Groups, comparisons, fleet, measure, sign_interval
 from sparkgate.controller.gates import judge
 from sparkgate.policies.rollout import Comparison, Gate
 from sparkgate.policies.switchback import Switchback
+from sparkgate.policies.vocabulary import Arm
 from tests.conftest import T0, ingest_synthetic, request_record
 
 
@@ -92,3 +93,28 @@ def test_a_regression_on_one_replica_of_three_fails_the_gate_a_fleet_median_woul
     everything = np.concatenate([rng.normal(0.0, 0.02, 24), rng.normal(math.log(1.2), 0.02, 12)])
     assert judge(gate, measure(everything, 0.95)).outcome != "fail"  # what one median over all pairs says
     assert judge(gate, fleet(healthy, bad_when_high=True, level=0.95)).outcome == "pass"
+
+
+def test_replica_groups_compare_treatment_servers_with_control_servers_slice_by_slice_at_matched_load(store):
+    spec = Comparison(epoch_s=1.0, burn_in_s=0.5)
+    groups = Groups(T0, (("a:1/dp", Arm.TREATMENT), ("b:2/dp", Arm.CONTROL)))
+    step = 0
+
+    def steps(replica, at, step_ms, batch=32):
+        nonlocal step
+        ingest_synthetic(store, 20, at, replica=replica, first_step=step, batch=batch, step_ms=step_ms)
+        step += 100
+
+    for k in range(10):
+        at = T0 + 0.5 + k + 0.1
+        steps("a:1/dp0", at, 12.5)  # two treatment ranks, one control: groups need not be the same size
+        steps("a:1/dp1", at, 12.5)
+        steps("b:2/dp0", at, 10.0)
+        steps("b:2/dp0", at + 0.3, 1.0, batch=2)  # a load the treatment did not serve in the slice: unmatched
+        steps("c:3/dp0", at, 1000.0)  # in neither group
+    steps("a:1/dp0", T0 + 0.1, 1000.0)  # the burn-in
+    found = comparisons(store, groups, spec)
+    step_ratio = found["p99_step_ratio"]
+    assert step_ratio.samples == 10 and step_ratio.low == step_ratio.high == pytest.approx(12.5 / 10.0)
+    assert "treatment group against control group" in step_ratio.method
+    assert found["tokens_per_s_ratio"].value == pytest.approx(0.8, rel=0.1)

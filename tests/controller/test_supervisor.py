@@ -6,6 +6,7 @@ import pytest
 
 from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
+from sparkgate.controller.actuators import arms
 from sparkgate.controller.supervisor import Controller
 from sparkgate.policies.rollout import parse_rollout_policy
 from tests.conftest import T0, ingest_synthetic
@@ -96,3 +97,37 @@ def test_operator_actions_that_do_not_apply_leave_no_decision(store, action):
     with pytest.raises(ValueError):
         ctl.act(action, "ops")
     assert [d.action for d in ledger.decisions(store)] == ["start"]
+
+
+def test_a_fleet_split_by_server_compares_its_groups_and_a_slower_treatment_group_rolls_back(store):
+    urls = ["http://a:1", "http://b:2", "http://c:3"]  # compact: a and b run the scheduler, c keeps observing
+    policy = parse_rollout_policy(
+        {
+            "phases": ["baseline", "shadow", "compact"],
+            "failure_limit": 0,
+            "comparison": {"epoch_s": 2.0, "burn_in_s": 0.5},
+            "gates": [{"metric": "p99_step_ratio", "threshold": 1.1, "direction": "at_most", "min_samples": 8}],
+        }
+    )
+    ctl = controller(store, policy, groups=lambda payload: arms(urls, payload))
+    ctl.act("promote", "ops")  # shadow: every server verifies in full, one arm only
+    step = 0
+    for k in range(10):
+        for replica, step_ms in (("a:1/dp0", 13.0), ("b:2/dp0", 13.0), ("c:3/dp0", 10.0)):
+            ingest_synthetic(store, 20, T0 + 1 + 2 * k, replica=replica, first_step=step, step_ms=step_ms)
+            step += 100
+    ctl.clock = lambda: T0 + 22
+    (shadow,) = ctl.tick().reasons[1:]
+    assert shadow["dry_run"] and shadow["samples"] == 0  # no treatment group: nothing to compare, nothing held
+    ctl.clock = lambda: T0 + 30
+    ctl.act("promote", "ops")  # compact, entered at T0 + 30
+    for k in range(10):
+        for replica, step_ms in (("a:1/dp0", 13.0), ("b:2/dp0", 13.0), ("c:3/dp0", 10.0)):
+            ingest_synthetic(store, 20, T0 + 31 + 2 * k, replica=replica, first_step=step, step_ms=step_ms)
+            step += 100
+    ctl.clock = lambda: T0 + 52
+    decision = ctl.tick()
+    (verdict,) = decision.reasons[1:]
+    assert not verdict["dry_run"] and verdict["outcome"] == "fail" and verdict["samples"] == 10
+    assert verdict["value"] == pytest.approx(1.3) and verdict["low"] == pytest.approx(1.3)
+    assert decision.phase_to == "fallback"
