@@ -202,13 +202,18 @@ def switchback(frame: pd.DataFrame) -> ChartType:
     epoch, arm, start and end (datetimes), steps."""
     return (
         alt.Chart(frame)
-        .mark_bar(height=14)
+        .mark_bar()
         .encode(
-            x=alt.X("start:T", title="time (UTC)"),
+            x=alt.X("start:T", title="time (UTC)", axis=alt.Axis(format="%H:%M:%S")),
             x2="end:T",
             y=alt.Y("replica_id:N", title=None),
-            color=alt.Color("arm:N", scale=alt.Scale(domain=["treatment", "control"], range=["#f9a825", "#1565c0"])),
+            color=alt.Color(
+                "arm:N",
+                scale=alt.Scale(domain=["treatment", "control"], range=["#f9a825", "#1565c0"]),
+                legend=alt.Legend(orient="top"),
+            ),
             tooltip=list(frame.columns),
         )
-        .properties(height=40 + 22 * frame["replica_id"].nunique(), title="Switchback epochs of this stage")
+        # A band of fixed height per replica: a fixed chart height squeezes a large fleet's rows together.
+        .properties(height=alt.Step(24), title="Switchback epochs of this stage")
     )

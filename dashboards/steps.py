@@ -98,10 +98,15 @@ def fleet(_source, token: str) -> pd.DataFrame:
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def switchback_epochs(_source, token: str, revision: int) -> pd.DataFrame:
-    """Per replica and epoch of ``revision``: the arm its steps were served in, the first and last step
-    time and the steps (the switchback schedule as it ran)."""
+    """Per replica and epoch of the newest revision up to ``revision`` that ran switchback epochs (after a
+    rollback, the stage that was judged): the revision, the arm its steps were served in, the first and last
+    step time and the steps (the switchback schedule as it ran)."""
     return _source.query(
-        """SELECT replica_id, epoch, arm, min(ts) AS start, max(ts) AS end, count(*) AS steps
-        FROM steps WHERE policy_revision = ? AND epoch IS NOT NULL GROUP BY ALL ORDER BY replica_id, epoch""",
+        """WITH last AS (SELECT max(policy_revision) AS revision FROM steps
+                         WHERE policy_revision <= ? AND epoch IS NOT NULL)
+        SELECT s.policy_revision AS revision, s.replica_id, s.epoch, s.arm, min(s.ts) AS start, max(s.ts) AS end,
+               count(*) AS steps
+        FROM steps s JOIN last ON s.policy_revision = last.revision
+        WHERE s.epoch IS NOT NULL GROUP BY ALL ORDER BY s.replica_id, s.epoch""",
         [revision],
     ).to_pandas()

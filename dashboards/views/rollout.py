@@ -150,9 +150,11 @@ def render() -> None:
         if len(compared):
             st.altair_chart(charts.comparison_intervals(compared), width="stretch")
             st.caption(
-                "Treatment over control switchback epochs of the same replicas; a bar is the worst replica's "
-                "interval over its epoch pairs. A gate passes only when the whole bar is on the good side of "
-                "its threshold (red tick) and fails only when the whole bar is on the bad side."
+                "Treatment over control measured at the same time: switchback epochs of the same replicas (a bar "
+                "is the worst replica's interval over its epoch pairs), or for a fleet split by server the "
+                "treatment servers against the control servers, slice by slice. A gate passes only when the whole "
+                "bar is on the good side of its threshold (red tick) and fails only when the whole bar is on the "
+                "bad side."
             )
 
     if ctx.source.kind == "store":
@@ -163,8 +165,9 @@ def render() -> None:
             )
             st.altair_chart(charts.switchback(shown), width="stretch")
             st.caption(
-                "Each replica alternates treatment and control epochs (control verifies every request static); "
-                "the comparison gates pair each replica's epochs 2k and 2k+1."
+                f"Revision {int(epochs['revision'].iloc[0])}: each replica alternates treatment and control epochs "
+                "(control verifies every request static); the comparison gates pair each replica's epochs 2k and "
+                "2k+1."
             )
 
     st.subheader("Timeline")

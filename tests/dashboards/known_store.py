@@ -6,12 +6,16 @@ Timeline (T0 = 1.75e9):
 - T0 + 4: a tick passes the baseline check and advances to shadow (revision 2).
 - shadow data: r0 announces STS "sts-a" and runs task "prose"; r1 runs without STS, task "code"; 10 of
   the 200 shadow steps miss the graph tiers (over_max_tier).
+- shadow runs switchback epochs of 50 ms from T0 + 4 (``SCHEDULE``): its steps carry their epoch and arm,
+  and every epoch serves one request record of its arm (treatment requests take 1.5x as long); the
+  dry-run comparison gates judge 10 epoch pairs per replica.
 - T0 + 10: a tick fails ``tier_miss_rate`` (0.05 > 0.02) with failure_limit 0: rollback to fallback
   (revision 3), recorded with every gate verdict.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,13 +26,15 @@ from streamlit.testing.v1 import AppTest
 
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import explode
+from sparkgate.collectors.request_ingest import prepare_requests
 from sparkgate.collectors.store import Store
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import flatten, from_wire
 from sparkgate.controller import ledger
 from sparkgate.controller.supervisor import Controller
 from sparkgate.policies.rollout import parse_rollout_policy
-from tests.conftest import APP, T0, Clock
+from sparkgate.policies.switchback import Switchback
+from tests.conftest import APP, T0, Clock, request_record
 
 POLICY = {
     "consecutive_passes": 1,
@@ -39,9 +45,13 @@ POLICY = {
         {"metric": "upper_bound_utilization", "threshold": 0.85, "direction": "at_least", "dry_run": True},
         {"metric": "tier_miss_rate", "threshold": 0.02, "direction": "at_most", "min_samples": 100},
         {"metric": "consistency_mismatches", "threshold": 0, "direction": "at_most", "critical": True},
+        {"metric": "p99_step_ratio", "threshold": 1.1, "direction": "at_most", "min_samples": 5, "dry_run": True},
+        {"metric": "p99_ttft_ratio", "threshold": 1.2, "direction": "at_most", "min_samples": 5, "dry_run": True},
     ],
+    "comparison": {"epoch_s": 0.05, "burn_in_s": 0.0},
 }
 MISSES, SHADOW_STEPS = 10, 200
+SCHEDULE = Switchback(0, 0.05, T0 + 4)
 
 
 def _set_step(wire: pa.Table, name: str, values) -> pa.Table:
@@ -67,10 +77,29 @@ def steps(
     # One contract for the whole fixture, so the controller judges (and rolls back) the mixed-STS interval;
     # the Fleet page's contract warning is tested on a store of its own.
     wire = _set_step(wire, "contract", ["contract-1"] * count)
+    if phase == "shadow":  # revision 2, in switchback epochs
+        epochs = [SCHEDULE.epoch(ts) for ts in wire.column("ts").to_pylist()]
+        wire = _set_step(wire, "policy_revision", [2] * count)
+        wire = _set_step(wire, "epoch", epochs)
+        wire = _set_step(wire, "arm", [str(SCHEDULE.arm(replica, e)) for e in epochs])
     hit = np.arange(count) >= misses
     wire = _set_step(wire, "graph_hit", hit)
     wire = _set_step(wire, "miss_reason", [None if h else "over_max_tier" for h in hit])
     return _set_task(wire, task)
+
+
+def shadow_requests() -> bytes:
+    """One request record per replica and shadow epoch, served inside it; treatment's take 1.5x as long."""
+    lines = []
+    for replica in ("r0", "r1"):
+        for epoch in range(SCHEDULE.epoch(T0 + 5), SCHEDULE.epoch(T0 + 6) + 1):
+            arm = SCHEDULE.arm(replica, epoch)
+            slow, start = 1.5 if arm == "treatment" else 1.0, SCHEDULE.start(epoch) + 0.005
+            timeline = {"arrival_ts": start, "first_token_ts": start + 0.02 * slow, "finish_ts": start + 0.03 * slow,
+                        "commit_offsets_ms": [20.0 * slow, 30.0 * slow]}  # fmt: skip
+            lines.append(request_record(replica_id=replica, request_id=f"{replica}-{epoch}", epoch=epoch, arm=str(arm),
+                                        policy_revision=2, **timeline))  # fmt: skip
+    return "\n".join(map(json.dumps, lines)).encode()
 
 
 def ingest(store: Store, wire: pa.Table) -> None:
@@ -103,6 +132,7 @@ def build(root: Path) -> Fixture:
         wires.append(steps(SHADOW_STEPS // 2, "r1", 0, T0 + 5, "shadow", "code"))
         for wire in wires[1:]:
             ingest(store, wire)
+        store.commit_requests(prepare_requests(shadow_requests()), "test")
         clock.now = T0 + 10
         decision = controller.tick()
         assert decision.phase_to == "fallback", decision

@@ -104,6 +104,9 @@ def test_pages_in_chromium(server, fixture_store):
             finished(page, "Advance after")
             metric = page.get_by_test_id("stMetric").filter(has_text="Phase")
             assert "fallback" in metric.inner_text()
+            # The judged stage's comparison intervals and its switchback schedule, drawn after the rollback.
+            for caption in ("Treatment over control measured at the same time", "Revision 2: each replica alternates"):
+                page.get_by_text(caption, exact=False).first.wait_for(timeout=10_000)
             page.screenshot(path=str(ARTIFACTS / "rollout.png"), full_page=True)
             if os.environ.get("SPARKGATE_UPDATE_DOCS") == "1":
                 page.set_viewport_size({"width": 1400, "height": 1100})
@@ -113,6 +116,8 @@ def test_pages_in_chromium(server, fixture_store):
                 page.get_by_test_id("stSidebarNav").get_by_text(title, exact=True).click()
                 finished(page, marker)
                 page.screenshot(path=str(ARTIFACTS / f"{title.split()[0].lower()}.png"), full_page=True)
+                if title == "Tiers and cost":
+                    page.get_by_text("What clients saw", exact=False).first.wait_for(timeout=10_000)
                 if title == "Calibration":
                     worst = page.get_by_test_id("stMetric").filter(has_text="Worst depth ECE").inner_text()
                     assert f"{gate['value']:.4f}" in worst  # the per-depth ECE the gate judged

@@ -70,4 +70,6 @@ def test_the_switchback_schedule_as_it_ran(tmp_path):
     reader = open_snapshot_reader(tmp_path / "snapshots")
     epochs = steps.switchback_epochs(reader, reader.token, 3)
     assert list(zip(epochs["epoch"], epochs["arm"], epochs["steps"])) == [(0, "treatment", 5), (1, "control", 5)]
-    assert steps.switchback_epochs(reader, reader.token, 2).empty  # that revision ran no switchback
+    assert steps.switchback_epochs(reader, reader.token, 2).empty  # no revision up to 2 ran switchback
+    after = steps.switchback_epochs(reader, reader.token, 4)  # e.g. fallback after revision 3 was judged
+    assert set(after["revision"]) == {3} and len(after) == 2
