@@ -8,6 +8,13 @@ Depth k (1 <= k <= γ) gets exactly one status:
 - ``rejected``     k == r + 1 <= v           (y_k = 0)
 - ``not_at_risk``  r < v and k > r + 1       (prefix already broke: y_k = 0)
 - ``censored``     r == v and k > v          (never verified: y_k unknown, null)
+- ``estimated``    a censored k == v + 1 of a sampled request (temperature > 0) whose
+                   row carries ``next_accept_prob``: y_k is still unknown (null), and
+                   ``probability`` holds P(y_k = 1), which the target's distribution at
+                   that depth gives exactly
+
+Later steps of a request can settle its censored labels (``recovered``; greedy
+requests, ``collectors.recovery``), which the store does once both rows are in.
 
 The input must have passed ``collectors.validate``: list lengths equal γ, and a*
 is present wherever the mode verified the full block.
@@ -23,7 +30,7 @@ from sparkgate.collectors.schema import LABEL_SCHEMA, MODES, STATUSES
 from sparkgate.collectors.wire import Flat
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
-ACCEPTED, REJECTED, NOT_AT_RISK, CENSORED = range(len(STATUSES))
+ACCEPTED, REJECTED, NOT_AT_RISK, CENSORED, RECOVERED, ESTIMATED = range(len(STATUSES))
 
 
 def status_codes(depth: np.ndarray, verified: np.ndarray, reached: np.ndarray) -> np.ndarray:
@@ -64,6 +71,18 @@ def explode(flat: Flat) -> pa.Table:
     starts = np.concatenate([[0], np.cumsum(gamma)[:-1]])
     depth = (np.arange(len(owner)) - starts[owner] + 1).astype(np.int16)
     status = status_codes(depth, verified[owner], reached[owner])
+    prob_column = reqs.column("next_accept_prob")
+    if prob_column.null_count < len(prob_column):
+        given = pc.fill_null(prob_column, np.nan).to_numpy(zero_copy_only=False).copy()
+        given[reqs.column("temperature").to_numpy() <= 0] = np.nan  # greedy rows are recovered, not estimated
+        probability = given[owner]
+        estimated = (status == CENSORED) & (depth == verified[owner] + 1) & ~np.isnan(probability)
+        status[estimated] = ESTIMATED
+        probabilities = pa.array(probability, mask=~estimated)
+    else:  # the common case, kept free of per-label work
+        estimated = np.zeros(len(status), bool)
+        probabilities = pa.nulls(len(status), pa.float64())
+    unknown = (status == CENSORED) | estimated
 
     replica = pc.dictionary_encode(steps.column("replica_id")).combine_chunks()
     step_of = flat.parent[owner]
@@ -82,6 +101,7 @@ def explode(flat: Flat) -> pa.Table:
         "status": _dictionary(status.astype(np.int32), STATUSES),
         "confidence": pc.list_flatten(reqs.column("confidence")),
         "survival": pc.list_flatten(reqs.column("survival")),
-        "label": pa.array(status == ACCEPTED, mask=status == CENSORED),
+        "label": pa.array(status == ACCEPTED, mask=unknown),
+        "probability": probabilities,
     }
     return pa.table(columns, schema=LABEL_SCHEMA)

@@ -2,7 +2,10 @@
 
 A migration is never edited once released: a change is a new entry. Each one
 runs in its own transaction together with its ``schema_migrations`` row, so a
-crash leaves the store either before or after it.
+crash leaves the store either before or after it. An enum column changes type by
+copying its table (DuckDB 1.x cannot replay ``ALTER ... SET DATA TYPE`` to a new
+enum from its write-ahead log: a crash before the next checkpoint would leave a
+store that no longer opens).
 """
 
 from __future__ import annotations
@@ -118,6 +121,29 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         ttft_ms DOUBLE, tpot_ms DOUBLE,
         PRIMARY KEY (replica_id, request_id)
     );
+    """,
+    ),
+    (
+        7,
+        "censored-label recovery: request rows carry draft tokens, position and the next draft's acceptance "
+        "probability; labels may be recovered or estimated",
+        """
+    ALTER TABLE requests ADD COLUMN draft_tokens BIGINT[];
+    ALTER TABLE requests ADD COLUMN position BIGINT;
+    ALTER TABLE requests ADD COLUMN next_accept_prob DOUBLE;
+    CREATE TYPE label_status_v2 AS ENUM
+        ('accepted', 'rejected', 'not_at_risk', 'censored', 'recovered', 'estimated');
+    CREATE TABLE depth_labels_v2 (
+        replica_id VARCHAR NOT NULL, step_id BIGINT NOT NULL, ts DOUBLE NOT NULL,
+        request_id VARCHAR NOT NULL, mode verify_mode NOT NULL, depth SMALLINT NOT NULL,
+        status label_status_v2 NOT NULL, confidence DOUBLE NOT NULL, survival DOUBLE NOT NULL,
+        label BOOLEAN, probability DOUBLE
+    );
+    INSERT INTO depth_labels_v2 SELECT replica_id, step_id, ts, request_id, mode, depth,
+        status::VARCHAR::label_status_v2, confidence, survival, label, NULL FROM depth_labels;
+    DROP TABLE depth_labels;
+    ALTER TABLE depth_labels_v2 RENAME TO depth_labels;
+    DROP TYPE label_status;
     """,
     ),
 )

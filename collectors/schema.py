@@ -10,11 +10,18 @@ Invariants a valid record holds (``validate`` enforces them):
 - ``confidence`` and ``survival`` have ``gamma`` finite values in [0, 1], survival
   non-increasing with depth;
 - ``committed_tokens`` holds ``accepted + 1`` token ids (-1 where a producer,
-  e.g. an SGLang server without draft-token logging, does not report the id).
+  e.g. an SGLang server without draft-token logging, does not report the id);
+- ``draft_tokens`` (optional) holds the ``gamma`` drafted ids, ``position`` (optional,
+  >= 0) the request's sequence length before the step (SGLang's ``prefix_len``), so a
+  row's tokens sit at ``position + i``; ``next_accept_prob`` (optional, in [0, 1]) is
+  set only on censored rows: the probability the target gives draft ``window + 1``.
 
 Version 2 adds the switchback ``epoch`` and ``arm`` a step was served in (both null
 outside switchback) and request records (``collectors.request_records``); version 1
-records, which have neither, are still read.
+records, which have neither, are still read. The optional request-row fields
+``draft_tokens``, ``position`` and ``next_accept_prob`` (censored-label recovery,
+``collectors.recovery``) were added to version 2 later: a producer without them sends
+them null or leaves them out.
 
 The Arrow schemas below are the columnar forms of the same records: the wire form
 (a step with nested request rows) and the stored tables.
@@ -87,6 +94,9 @@ class RequestRow:
     confidence: list[float]
     survival: list[float]
     committed_tokens: list[int]
+    draft_tokens: list[int] | None = None
+    position: int | None = None
+    next_accept_prob: float | None = None
 
 
 @dataclass
@@ -163,6 +173,9 @@ REQUEST_TYPE = pa.struct(
         pa.field("confidence", pa.list_(pa.float64())),
         pa.field("survival", pa.list_(pa.float64())),
         pa.field("committed_tokens", pa.list_(pa.int64())),
+        pa.field("draft_tokens", pa.list_(pa.int64())),
+        pa.field("position", pa.int64()),
+        pa.field("next_accept_prob", pa.float64()),
     ]
 )
 
@@ -213,7 +226,8 @@ REQUEST_SCHEMA = pa.schema(
     + list(REQUEST_TYPE)
 )
 
-# One row per (request, depth), 1 <= depth <= gamma. ``label`` is y_k, null when censored.
+# One row per (request, depth), 1 <= depth <= gamma. ``label`` is y_k, null when censored or estimated;
+# ``probability`` is an estimated label's P(y_k = 1), null otherwise.
 LABEL_SCHEMA = pa.schema(
     [
         pa.field("replica_id", pa.dictionary(pa.int32(), pa.string())),
@@ -226,6 +240,7 @@ LABEL_SCHEMA = pa.schema(
         pa.field("confidence", pa.float64()),
         pa.field("survival", pa.float64()),
         pa.field("label", pa.bool_()),
+        pa.field("probability", pa.float64()),
     ]
 )
 
@@ -233,4 +248,4 @@ LABEL_SCHEMA = pa.schema(
 NULLABLE_STEP_FIELDS = frozenset(
     {"miss_reason", "predicted_step_ms", "sts_version", "cost_table_version", "contract", "epoch", "arm", "step_cpu_ms"}
 )
-NULLABLE_REQUEST_FIELDS = frozenset({"window_suggested", "full_accept"})
+NULLABLE_REQUEST_FIELDS = frozenset({"window_suggested", "full_accept", "draft_tokens", "position", "next_accept_prob"})

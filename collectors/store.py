@@ -24,7 +24,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +36,7 @@ import pyarrow as pa
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.batch import Prepared, prepare
 from sparkgate.collectors.migrations import migrate
+from sparkgate.collectors.recovery import recover
 from sparkgate.collectors.request_ingest import PreparedRequests
 from sparkgate.collectors.wire import Flat, Parsed, flatten
 
@@ -244,17 +245,20 @@ class Store:
                 "depth_labels": prepared.labels,
                 "quarantine": prepared.quarantine_table(source, time.time()),
             }
-            self._insert(tables)
+            # Labels the batch settles (its own censored ones, or earlier rows'), in the same transaction.
+            self._insert(tables, lambda: recover(self._con, prepared.requests))
         return IngestResult(prepared, source)
 
-    def _insert(self, tables: dict[str, pa.Table]) -> None:
-        """Insert every non-empty table in one transaction (the caller holds the lock)."""
+    def _insert(self, tables: dict[str, pa.Table], then: Callable[[], object] | None = None) -> None:
+        """Insert every non-empty table, then run ``then``, in one transaction (the caller holds the lock)."""
         with self._transaction():
             for name, table in tables.items():
                 if table.num_rows:
                     self._con.register("incoming", table)
                     self._con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM incoming")
                     self._con.unregister("incoming")
+            if then is not None:
+                then()
 
     def commit_requests(self, prepared: PreparedRequests, source: str) -> PreparedRequests:
         """Commit request records (``collectors.request_ingest``) as one transaction: the valid ones not yet

@@ -49,6 +49,10 @@ def _requests(rng: np.random.Generator, n: int, gamma: int, first_id: int) -> pa
             _lists(confidence.ravel(), gamma, n, pa.float64()),
             _lists(survival.ravel(), gamma, n, pa.float64()),
             _lists(tokens, accepted + 1, n, pa.int64()),
+            # Every row is a request of its own here: nothing for censored-label recovery to join.
+            pa.nulls(n, pa.list_(pa.int64())),
+            pa.nulls(n, pa.int64()),
+            pa.nulls(n, pa.float64()),
         ],
         fields=list(REQUEST_TYPE),
     )

@@ -252,11 +252,35 @@ def _check_lists(report: _Report, g: np.ndarray, accepted: np.ndarray) -> None:
         lambda j: f"holds {tokens[j]} ids, accepted + 1 = {accepted[j] + 1}",
         value=lambda j: f"<{tokens[j]} ids>",
     )
-    column = reqs.column("committed_tokens")
-    ids = pc.fill_null(pc.list_flatten(column), -2).to_numpy(zero_copy_only=False)
-    bad_ids = np.zeros(reqs.num_rows, bool)
-    bad_ids[pc.list_parent_indices(column).to_numpy()[ids < -1]] = True
-    report.requests(bad_ids, "committed_tokens", "token ids must be >= 0 (or -1 when not reported)")
+    drafts = pc.fill_null(pc.list_value_length(reqs.column("draft_tokens")), 0).to_numpy()
+    report.requests(
+        ~_nulls(reqs, "draft_tokens") & (drafts != g),
+        "draft_tokens",
+        lambda j: f"holds {drafts[j]} ids, gamma = {g[j]}",
+        value=lambda j: f"<{drafts[j]} ids>",
+    )
+    for name in ("committed_tokens", "draft_tokens"):
+        column = reqs.column(name)
+        ids = pc.fill_null(pc.list_flatten(column), -2).to_numpy(zero_copy_only=False)
+        bad_ids = np.zeros(reqs.num_rows, bool)
+        bad_ids[pc.list_parent_indices(column).to_numpy()[ids < -1]] = True
+        report.requests(bad_ids, name, "token ids must be >= 0 (or -1 when not reported)")
+
+
+def _check_recovery(report: _Report, g: np.ndarray, mode: np.ndarray) -> None:
+    """The optional fields censored-label recovery reads (``collectors.recovery``)."""
+    reqs = report.flat.requests
+    report.requests(~_nulls(reqs, "position") & (_ints(reqs, "position") < 0), "position", "must be >= 0")
+    prob, prob_null = _floats(reqs, "next_accept_prob"), _nulls(reqs, "next_accept_prob")
+    report.requests(
+        ~prob_null & (~np.isfinite(prob) | (prob < 0) | (prob > 1)), "next_accept_prob", "must be in [0, 1]"
+    )
+    censored = (mode == "compact") & (_ints(reqs, "accepted") == _ints(reqs, "window")) & (_ints(reqs, "window") < g)
+    report.requests(
+        ~prob_null & ~censored,
+        "next_accept_prob",
+        "only a censored row (compact, accepted == window < gamma) has a next draft left unverified",
+    )
 
 
 def _check_requests(report: _Report, gamma: np.ndarray) -> None:
@@ -273,6 +297,7 @@ def _check_requests(report: _Report, gamma: np.ndarray) -> None:
     _check_windows(report, g, mode)
     _check_full_accept(report, g, mode)
     _check_lists(report, g, _ints(reqs, "accepted"))
+    _check_recovery(report, g, mode)
     keys = pa.table({"p": report.flat.parent, "r": reqs.column("request_id")})
     counts = keys.group_by(["p", "r"]).aggregate([("p", "count")])
     repeated = counts.filter(pc.greater(counts.column("p_count"), 1))

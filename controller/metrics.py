@@ -8,9 +8,11 @@ sample count. Calibration and utilization come from the collectors'
 ``controller.fleet`` compute them identically); bootstrap intervals, equal-mass
 ECE and AUROC come from ``controller.calibration``.
 
-Gated figures use uncensored traffic only (static, shadow, cap_accept); the
-compact view is reported apart under ``compact_censored`` with its censored
-label count. Latency and throughput are gated against a concurrent control
+Gated figures use the full-block modes (static, shadow, cap_accept); the compact
+view is reported apart under ``compact``: its observed labels plus those recovered
+from later tokens (``collectors.recovery``), with the recovered, estimated and
+still censored counts per depth. Recovered labels count as observed everywhere.
+Latency and throughput are gated against a concurrent control
 (``controller.comparison``); the per-bucket latency of the window and of the
 baseline phase are reported beside them, never gated.
 """
@@ -23,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from sparkgate.collectors.aggregate import Aggregate
-from sparkgate.collectors.labels import ACCEPTED, CENSORED, REJECTED
+from sparkgate.collectors.labels import ACCEPTED, CENSORED, ESTIMATED, RECOVERED, REJECTED
 from sparkgate.collectors.schema import MODES
 from sparkgate.collectors.store import Store
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES, CheckKind, Phase
@@ -33,6 +35,8 @@ from .calibration import KindStats, bootstrap_ece
 from .queries import Slice, Window
 
 BOOTSTRAP_RESAMPLES = 200
+# The statuses the compact view counts per depth.
+COMPACT_COUNTS = ("recovered", "estimated", "censored")
 CHUNK_ROWS = 1 << 20
 INTERVAL_LEVEL = 0.95
 
@@ -64,7 +68,8 @@ class Evaluation:
     aggregate: Aggregate
     survival: KindStats
     conditional: KindStats
-    censored: dict[int, int]  # compact depth labels never verified, per depth
+    # Per status of the compact view (censored, recovered, estimated): labels per depth.
+    compact_counts: dict[str, dict[int, int]]
     intervals: dict[str, dict[int, tuple[float, float]]]
     steps: pa.Table | None  # per load bucket; None when the slice selects requests within steps
     baseline: pa.Table | None
@@ -73,6 +78,7 @@ class Evaluation:
     as_of: float | None = field(default=None)  # newest step in the window
     # (sum of a*, full-block rows) recorded in shadow (in baseline when no shadow ran): the acceptance reference
     reference_accept: tuple[int, int] = (0, 0)
+    labels: int = 0  # depth labels in the window, every status
 
     # -- gate inputs ---------------------------------------------------------
     def measurements(self, phase: str) -> dict[str, Measurement]:
@@ -132,9 +138,9 @@ class Evaluation:
             "calibration": {
                 "survival": self._calibration(self.survival, "survival"),
                 "conditional": self._calibration(self.conditional, "conditional"),
-                "compact_censored": {
-                    "survival": _censored_view(self.survival, self.censored),
-                    "conditional": _censored_view(self.conditional, {}),
+                "compact": {
+                    "survival": _compact_view(self.survival, self.compact_counts),
+                    "conditional": _compact_view(self.conditional, self.compact_counts),
                 },
             },
             "acceptance": acceptance(self.aggregate),
@@ -146,10 +152,25 @@ class Evaluation:
         }
         if self.steps is not None:
             out.update(step_report(self.steps, self.misses))
+            out["label_yield"] = self._label_yield()
             out["baseline"] = {"latency": latency(self.baseline)} if self.baseline is not None else None
         if phase is not None:
             out["gates"] = {k: m.to_dict() for k, m in self.measurements(phase).items()}
         return out
+
+    def _label_yield(self) -> dict:
+        """Uncensored labels per verified row, without and with recovery: what lowering ``observe_fraction``
+        would give up (every cap_accept row pays γ + 1 rows for γ uncensored labels)."""
+        unknown = {s: sum(self.compact_counts[s].values()) for s in COMPACT_COUNTS}
+        observed = self.labels - sum(unknown.values())
+        rows = self._total("verify_rows")
+        return {
+            "verify_rows": rows,
+            "observed": observed,
+            "recovered": unknown["recovered"],
+            "per_verify_row": observed / rows if rows else None,
+            "per_verify_row_with_recovery": (observed + unknown["recovered"]) / rows if rows else None,
+        }
 
     def _calibration(self, kind: KindStats, name: str) -> dict:
         stats = kind.calibration_stats()
@@ -174,14 +195,15 @@ def _tokens_per_s(row: dict) -> float:
     return (row["tokens"] or 0) / row["busy_s"] if row["busy_s"] else 0.0
 
 
-def _censored_view(kind: KindStats, censored: dict[int, int]) -> dict:
-    """The compact arm's figures over the labels it observed; biased by censoring, so never gated."""
+def _compact_view(kind: KindStats, counts: dict[str, dict[int, int]]) -> dict:
+    """The compact arm's figures over the labels it observed or recovered, with how many of those were
+    recovered and how many stay estimated or censored; biased by what stays censored, so never gated."""
     stats = kind.calibration_stats()
     ece, samples, curve = stats.ece(("compact",)), stats.samples(("compact",)), kind.curve(("compact",))
     return {
         str(d): {
             "samples": samples[d],
-            "censored": censored.get(d, 0),
+            **{status: counts[status].get(d, 0) for status in COMPACT_COUNTS},
             "ece": ece[d],
             "mean_p": curve[d]["mean_p"],
             "rate": curve[d]["rate"],
@@ -248,27 +270,30 @@ def step_report(buckets: pa.Table, misses: dict[str, int]) -> dict:
     }
 
 
-def _kinds(cols: queries.LabelColumns, depths: int) -> tuple[KindStats, KindStats, dict[int, int]]:
-    """(survival over observed labels, conditional over labels at risk, compact censored count per depth),
-    a chunk of rows at a time: the temporaries of a chunk are reused from the heap, where those of the
-    whole window would be fresh pages every time."""
+def _kinds(cols: queries.LabelColumns, depths: int) -> tuple[KindStats, KindStats, dict[str, dict[int, int]]]:
+    """(survival over observed and recovered labels, conditional over observed labels at risk, counts per depth of
+    the censored, recovered and estimated labels), a chunk of rows at a time: the temporaries of a chunk
+    are reused from the heap, where those of the whole window would be fresh pages every time."""
     survival: KindStats | None = None
     conditional: KindStats | None = None
-    censored = np.zeros(depths + 1)
+    codes = {"censored": CENSORED, "recovered": RECOVERED, "estimated": ESTIMATED}
+    counts = {status: np.zeros(depths + 1) for status in codes}
     for start in range(0, max(len(cols), 1), CHUNK_ROWS):
         chunk = cols.rows(start, start + CHUNK_ROWS)
-        accepted = chunk.status == ACCEPTED
-        observed = chunk.status != CENSORED
-        at_risk = accepted | (chunk.status == REJECTED)
-        s = KindStats.from_rows(chunk.mode, chunk.depth, chunk.survival, accepted, chunk.group, depths, observed)
-        c = KindStats.from_rows(chunk.mode, chunk.depth, chunk.confidence, accepted, chunk.group, depths, at_risk)
+        observed = (chunk.status != CENSORED) & (chunk.status != ESTIMATED)
+        # A recovered label does not record whether its depth was at risk: the conditional view is observed only.
+        at_risk = (chunk.status == ACCEPTED) | (chunk.status == REJECTED)
+        y = chunk.y.astype(bool)
+        s = KindStats.from_rows(chunk.mode, chunk.depth, chunk.survival, y, chunk.group, depths, observed)
+        c = KindStats.from_rows(chunk.mode, chunk.depth, chunk.confidence, y, chunk.group, depths, at_risk)
         if survival is None or conditional is None:
             survival, conditional = s, c
         else:
             survival, conditional = survival + s, conditional + c
-        censored += np.bincount(chunk.depth, ~observed, minlength=depths + 1)
+        for status, code in codes.items():
+            counts[status] += np.bincount(chunk.depth, chunk.status == code, minlength=depths + 1)
     assert survival is not None and conditional is not None, "the loop runs at least once"
-    return survival, conditional, {d: int(censored[d]) for d in range(1, depths + 1) if censored[d]}
+    return survival, conditional, {s: {d: int(c[d]) for d in range(1, depths + 1) if c[d]} for s, c in counts.items()}
 
 
 def evaluate(
@@ -284,7 +309,7 @@ def evaluate(
     the acceptance reference are that contract's only (a reference measured under another is no control)."""
     cols = queries.label_columns(store, window, slice_)
     depths = max(cols.depths, 1)
-    survival, conditional, censored = _kinds(cols, depths)
+    survival, conditional, compact_counts = _kinds(cols, depths)
     hists = queries.request_histograms(store, window, slice_, depths + 1)
     aggregate = Aggregate(survival.calibration_stats(), conditional.calibration_stats(), **hists)
     intervals = {
@@ -307,7 +332,7 @@ def evaluate(
         aggregate,
         survival,
         conditional,
-        censored,
+        compact_counts,
         intervals,
         steps,
         baseline,
@@ -315,4 +340,5 @@ def evaluate(
         queries.consistency_counts(store, window, slice_),
         as_of,
         reference,
+        len(cols),
     )

@@ -111,7 +111,8 @@ def _where(table: str, window: Window, slice_: Slice, alias: str, ts: str = "ts"
 
 @dataclass(frozen=True)
 class LabelColumns:
-    """Depth labels as numpy columns: mode and status codes, depth, S_k, c_k and request group."""
+    """Depth labels as numpy columns: mode and status codes, depth, S_k, c_k, request group and ``y`` (the
+    label, 0 where unknown)."""
 
     mode: np.ndarray
     depth: np.ndarray
@@ -119,6 +120,7 @@ class LabelColumns:
     survival: np.ndarray
     confidence: np.ndarray
     group: np.ndarray
+    y: np.ndarray
 
     @property
     def depths(self) -> int:
@@ -136,12 +138,12 @@ def label_columns(store: Store, window: Window, slice_: Slice) -> LabelColumns:
     where, params = _where("depth_labels", window, slice_, "l")
     table = store.query(
         "SELECT enum_code(l.mode)::TINYINT AS mode, l.depth, enum_code(l.status)::TINYINT AS status,"
-        f" l.survival, l.confidence, (hash(l.request_id) % {REQUEST_GROUPS})::SMALLINT AS grp"
-        f" FROM depth_labels l WHERE {where}",
+        f" l.survival, l.confidence, (hash(l.request_id) % {REQUEST_GROUPS})::SMALLINT AS grp,"
+        " coalesce(l.label, false)::TINYINT AS y FROM depth_labels l WHERE {where}".replace("{where}", where),
         params,
     )
     return LabelColumns(
-        *(table.column(c).to_numpy() for c in ("mode", "depth", "status", "survival", "confidence", "grp"))
+        *(table.column(c).to_numpy() for c in ("mode", "depth", "status", "survival", "confidence", "grp", "y"))
     )
 
 
@@ -242,7 +244,8 @@ def step_buckets(
     store: Store, window: Window, slice_: Slice, phase: str | None = None, contract: SameContract | None = None
 ) -> pa.Table:
     """Per load bucket: steps, busy seconds, step-time quantiles, tier misses and padding, newest ts,
-    and committed tokens. ``phase`` restricts to steps recorded in that phase, ``contract`` to one contract."""
+    committed tokens and verified rows. ``phase`` restricts to steps recorded in that phase, ``contract`` to
+    one contract."""
     where, params = _where("steps", window, slice_, "s")
     if phase is not None:
         where += " AND s.phase = ?"
@@ -262,7 +265,7 @@ def step_buckets(
                count(*) FILTER (WHERE tier <> {TIER_UNREPORTED}) AS tier_steps,
                coalesce(sum(tier_rows - verify_rows) FILTER (WHERE graph_hit), 0)::BIGINT AS padding_rows,
                coalesce(sum(tier_rows) FILTER (WHERE graph_hit), 0)::BIGINT AS hit_tier_rows,
-               max(ts) AS newest, any_value(c.tokens) AS tokens
+               max(ts) AS newest, any_value(c.tokens) AS tokens, sum(verify_rows)::BIGINT AS verify_rows
         FROM s LEFT JOIN committed c USING (bucket) GROUP BY s.bucket ORDER BY s.bucket""",
         params,
     )

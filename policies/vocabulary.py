@@ -31,6 +31,10 @@ class Status(StrEnum):
     REJECTED = "rejected"
     NOT_AT_RISK = "not_at_risk"
     CENSORED = "censored"
+    # A censored label settled afterwards from the tokens the request went on to commit (exact: greedy
+    # traffic; docs/design.md §2); ``estimated`` labels carry only a probability and stay unknown.
+    RECOVERED = "recovered"
+    ESTIMATED = "estimated"
 
 
 class MissReason(StrEnum):

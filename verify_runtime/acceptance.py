@@ -86,3 +86,22 @@ def accept(x: AcceptInput, passes: Callable[[AcceptInput], torch.Tensor] = draft
     sampled = sample_from(dist, u)
     next_token = torch.where(x.greedy, p_row.argmax(-1), sampled)
     return AcceptResult(accepted=accepted, full=full, next_token=next_token)
+
+
+def next_accept_prob(x: AcceptInput) -> torch.Tensor:
+    """``[B]``: the probability that draft ``verified + 1`` passes its test, from the target's row at
+    ``verified`` (computed whenever ``verified < γ``: it is the bonus row): ``min(1, p/q)`` of a sampled
+    request, 1 or 0 for a greedy one (is it the argmax?). Meaningless where ``verified == γ``; a compact row
+    that used up its window reports it, so the label past the window is known in probability
+    (``collectors.labels``)."""
+    gamma, vocab = x.drafts.shape[1], x.p.shape[-1]
+    k = x.verified.clamp(max=gamma - 1)
+    draft = x.drafts.gather(1, k.unsqueeze(1))
+    p_row = x.p.gather(1, k.view(-1, 1, 1).expand(-1, 1, vocab)).squeeze(1)
+    q_row = x.q.gather(1, k.view(-1, 1, 1).expand(-1, 1, vocab)).squeeze(1)
+    p_d, q_d = p_row.gather(1, draft).squeeze(1), q_row.gather(1, draft).squeeze(1)
+    # A draft the drafter could not have sampled (q = 0) would pass whenever p > 0.
+    sampled = torch.where(
+        q_d > 0, (p_d / q_d.clamp_min(torch.finfo(q_d.dtype).tiny)).clamp(max=1.0), (p_d > 0).to(p_d.dtype)
+    )
+    return torch.where(x.greedy, (p_row.argmax(-1) == draft.squeeze(1)).to(p_d.dtype), sampled)

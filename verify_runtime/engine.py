@@ -23,7 +23,7 @@ from sparkgate.policies.contract import Contract, hardware_text
 from sparkgate.policies.cost_profile import hardware_fingerprint
 from sparkgate.policies.window import FixedWindow, WindowContext, WindowPolicy
 
-from .acceptance import AcceptInput, accept, draft_accepts
+from .acceptance import AcceptInput, accept, draft_accepts, next_accept_prob
 from .drafters import DraftContext, Drafter, temperature_probs
 from .kv_cache import KVCache
 from .model import EOS, Transformer, model_version
@@ -293,20 +293,20 @@ class Engine:
         clock.mark()
 
         depth = torch.arange(1, gamma + 2, device=dev)
-        result = accept(
-            AcceptInput(
-                p=temperature_probs(out.logits.float(), temps),
-                q=draft.probs.to(dev).float(),
-                drafts=draft.tokens.to(dev),
-                verified=verified,
-                limit=limit,
-                greedy=temps <= 0,
-                u_accept=uniform(seeds[:, None], positions[:, None] + depth[:-1], ACCEPT) if sampled else None,
-                u_sample=uniform(seeds[:, None], positions[:, None] + depth, SAMPLE) if sampled else None,
-            ),
-            self.passes,
+        inputs = AcceptInput(
+            p=temperature_probs(out.logits.float(), temps),
+            q=draft.probs.to(dev).float(),
+            drafts=draft.tokens.to(dev),
+            verified=verified,
+            limit=limit,
+            greedy=temps <= 0,
+            u_accept=uniform(seeds[:, None], positions[:, None] + depth[:-1], ACCEPT) if sampled else None,
+            u_sample=uniform(seeds[:, None], positions[:, None] + depth, SAMPLE) if sampled else None,
         )
-        accepted, full, nxt = (t.tolist() for t in (result.accepted, result.full, result.next_token))
+        result = accept(inputs, self.passes)
+        accepted, full, nxt, next_prob = (
+            t.tolist() for t in (result.accepted, result.full, result.next_token, next_accept_prob(inputs))
+        )
         syncs += 1
         drafts = draft.tokens.tolist()
         clock.mark()
@@ -317,6 +317,7 @@ class Engine:
         conf_rows, surv_rows = confidence.tolist(), survival.tolist()
         for i, r in enumerate(reqs):
             committed = drafts[i][: accepted[i]] + [nxt[i]]
+            position = len(r.history)  # where draft 1 and the first committed token go
             self.cache.commit(r.slot, accepted[i] + 1)
             self._keep_hidden(r, out.hidden[i, : accepted[i] + 1])
             r.history.extend(committed)
@@ -340,6 +341,9 @@ class Engine:
                     confidence=conf_rows[i],
                     survival=surv_rows[i],
                     committed_tokens=committed,
+                    draft_tokens=drafts[i],
+                    position=position,
+                    next_accept_prob=next_prob[i] if full_accept is None else None,
                 )
             )
         self._retire()

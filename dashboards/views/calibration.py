@@ -79,7 +79,7 @@ def reliability(figures: dict) -> None:
 
 def compact_view(report: dict) -> None:
     st.subheader("Compact traffic — censored view (not gated)")
-    table = data.depth_table(report["calibration"]["compact_censored"]["survival"])
+    table = data.depth_table(report["calibration"]["compact"]["survival"])
     if table.empty:
         st.info("No compact traffic in this window.")
         return

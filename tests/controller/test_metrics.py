@@ -41,7 +41,7 @@ def test_report_keeps_the_censored_compact_view_apart(store):
     censored = store.query(
         "SELECT depth, count(*) AS n FROM depth_labels WHERE status = 'censored' GROUP BY depth"
     ).to_pylist()
-    view = report["calibration"]["compact_censored"]["survival"]
+    view = report["calibration"]["compact"]["survival"]
     assert {r["depth"]: r["n"] for r in censored} == {int(d): v["censored"] for d, v in view.items() if v["censored"]}
     uncensored = store.query("SELECT count(*) AS n FROM requests WHERE mode != 'compact'").column("n")[0].as_py()
     for figures in report["calibration"]["survival"].values():
