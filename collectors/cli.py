@@ -138,6 +138,11 @@ def prune(db: str, older_than_days: float) -> None:
     show_default=True,
     help="Clear each SGLang server's record buffer after a committed ingest (skipped where it is refused).",
 )
+@click.option(
+    "--sglang-greedy",
+    is_flag=True,
+    help="The SGLang servers serve greedy requests only: pass their drafts on to recover censored labels.",
+)
 def collect(
     db: str | None,
     sglang_urls: tuple[str, ...],
@@ -149,6 +154,7 @@ def collect(
     polls: int,
     snapshot_dir: str | None,
     clear_buffer: bool,
+    sglang_greedy: bool,
 ) -> None:
     """Poll SGLang DSpark records into the store; print vLLM survival curves and TensorRT-LLM acceptance,
     one JSON line per server and poll."""
@@ -166,7 +172,9 @@ def collect(
     store = Store(db) if db else None
     try:
         pollers = (
-            [SGLangPoller(url, Ingestor(store), clear_buffer=clear_buffer) for url in sglang_urls] if store else []
+            [SGLangPoller(url, Ingestor(store), clear_buffer=clear_buffer, greedy=sglang_greedy) for url in sglang_urls]
+            if store
+            else []
         )
         scrapers: list[VLLMScraper | TRTLLMScraper] = [VLLMScraper(u, adaptive=vllm_adaptive) for u in vllm_urls]
         scrapers += [TRTLLMScraper(url) for url in trtllm_urls]

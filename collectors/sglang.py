@@ -21,6 +21,11 @@ dspark_observability.py``): records are msgspec structs dumped with
   from their KV pool slot: ``~pool<index>.<n>``, where n counts the requests that
   slot has held in this server epoch (a new one when ``prefix_len`` is not the
   previous step's ``prefix_len + acc_len``).
+- Recovery: SGLang's ``ReqDetail`` carries ``draft_tokens``, ``bonus_token`` and
+  ``prefix_len`` but no temperature, and its DSpark verifies sampled requests too
+  (``kernels/accept_sampling.py``), so a server's drafts and positions are passed on
+  for censored-label recovery (``collectors.recovery``, exact for greedy traffic
+  only) when the operator says the traffic is greedy (``greedy``, ``--sglang-greedy``).
 - Contract: every record carries the fingerprint (``policies.contract``) of what the
   server was launched with, read from the launch arguments ``/server_info`` returns
   at its top level (``dataclasses.asdict(server_args)``): ``model_path``,
@@ -102,8 +107,12 @@ def _probabilities(req: dict) -> tuple[list[float] | None, list[float] | None]:
     return confidence, survival
 
 
-def convert_request(req: dict, gamma: int | None, sglang_mode: str | None, request_id: str) -> dict:
-    """One SGLang req of a record in ``sglang_mode`` as a wire-form request row (docs/design.md §8 mapping)."""
+def convert_request(
+    req: dict, gamma: int | None, sglang_mode: str | None, request_id: str, greedy: bool = False
+) -> dict:
+    """One SGLang req of a record in ``sglang_mode`` as a wire-form request row (docs/design.md §8 mapping).
+    With ``greedy`` (the operator says the server's traffic is greedy) the row carries its drafts and
+    ``prefix_len`` for censored-label recovery."""
     mode = _MODES.get(sglang_mode or "", sglang_mode)
     verify_len, accepted = _present(req.get("verify_len")), _present(req.get("correct_drafts"))
     window = None if verify_len is None else verify_len - 1
@@ -135,7 +144,17 @@ def convert_request(req: dict, gamma: int | None, sglang_mode: str | None, reque
         "confidence": confidence,
         "survival": survival,
         "committed_tokens": tokens,
+        **(_recovery_fields(req, drafts, gamma) if greedy else {}),
     }
+
+
+def _recovery_fields(req: dict, drafts: list | None, gamma: int | None) -> dict:
+    """``draft_tokens`` and ``position`` where SGLang reported them whole; an optional field that does not
+    fit is left out rather than quarantining a record that is otherwise valid."""
+    prefix = _present(req.get("prefix_len"))
+    if drafts is None or prefix is None or len(drafts) != gamma or not all(isinstance(t, int) for t in drafts):
+        return {}
+    return {"draft_tokens": list(drafts), "position": prefix}
 
 
 def server_contract(server: dict[str, Any], gamma: int | None) -> str:
@@ -162,6 +181,7 @@ def convert_record(
     default_mode: str | None = None,
     request_ids: list[str] | None = None,
     contract: str | None = None,
+    greedy: bool = False,
 ) -> dict:
     """One SGLang verify record as a wire-form step record; its mode, else ``default_mode``, is every row's.
 
@@ -205,7 +225,8 @@ def convert_record(
         "cost_table_version": None,
         "contract": contract,
         "requests": [
-            convert_request(r, gamma, record.get("mode") or default_mode, i) for r, i in zip(reqs, ids, strict=True)
+            convert_request(r, gamma, record.get("mode") or default_mode, i, greedy)
+            for r, i in zip(reqs, ids, strict=True)
         ],
     }
 
@@ -242,8 +263,10 @@ class SGLangPoller:
         name: str | None = None,
         client: httpx.Client | None = None,
         clear_buffer: bool = True,
+        greedy: bool = False,
     ):
         self.url = url.rstrip("/")
+        self.greedy = greedy  # the servers' traffic is greedy: their rows feed censored-label recovery
         self.name = name or server_name(self.url)
         self.ingestor = ingestor
         self.client = client or httpx.Client(timeout=10.0)
@@ -278,7 +301,8 @@ class SGLangPoller:
         for r in fresh:
             step_id = cursor.epoch << EPOCH_SHIFT | r["forward_ct"]
             ids = _anonymous_ids(r.get("reqs") or [], slots)
-            out.append(convert_record(r, gamma, self.replica_id(rank), step_id, now, info.get("mode"), ids, contract))
+            out.append(convert_record(r, gamma, self.replica_id(rank), step_id, now, info.get("mode"), ids, contract,
+                                      greedy=self.greedy))  # fmt: skip
         return out, _Cursor(cursor.epoch, fresh[-1]["forward_ct"], slots) if fresh else cursor
 
     def _server_info(self) -> dict[str, Any]:

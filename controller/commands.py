@@ -105,6 +105,11 @@ def poll_forever(pollers: list[SGLangPoller], stop: threading.Event, interval_s:
 @click.option(
     "--sglang-interval", default=1.0, show_default=True, type=click.FloatRange(min=0.05), help="Seconds between polls."
 )
+@click.option(
+    "--sglang-greedy",
+    is_flag=True,
+    help="The SGLang servers serve greedy requests only: pass their drafts on to recover censored labels.",
+)
 @click.option("--prometheus", default=None, help="Prometheus base URL for gates with promql.")
 @click.option("--snapshot-dir", type=click.Path(file_okay=False), help="Publish Parquet snapshots after each tick.")
 @click.option("--cost-table-version", default=None, help="Announced to replicas in the policy.")
@@ -124,6 +129,7 @@ def serve(
     writers_path,
     sglang_urls,
     sglang_interval,
+    sglang_greedy,
     prometheus,
     snapshot_dir,
     cost_table_version,
@@ -165,7 +171,7 @@ def serve(
             )
         ]
         if sglang_urls:
-            pollers = [SGLangPoller(url, ingestor) for url in sglang_urls]
+            pollers = [SGLangPoller(url, ingestor, greedy=sglang_greedy) for url in sglang_urls]
             loops.append(
                 threading.Thread(
                     target=poll_forever, args=(pollers, stop, sglang_interval), name="sparkgate-sglang", daemon=True

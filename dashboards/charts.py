@@ -217,3 +217,25 @@ def switchback(frame: pd.DataFrame) -> ChartType:
         # A band of fixed height per replica: a fixed chart height squeezes a large fleet's rows together.
         .properties(height=alt.Step(24), title="Switchback epochs of this stage")
     )
+
+
+def label_sources(frame: pd.DataFrame) -> ChartType:
+    """Compact labels per depth, stacked by where they come from. Columns: depth, source, labels."""
+    order = ["observed", "recovered", "estimated", "censored"]
+    return (
+        alt.Chart(frame)
+        .mark_bar()
+        .encode(
+            x=alt.X("depth:O", title="depth k"),
+            y=alt.Y("labels:Q", title="labels"),
+            color=alt.Color(
+                "source:N",
+                scale=alt.Scale(domain=order, range=["#1565c0", "#2e7d32", "#f9a825", "#9e9e9e"]),
+                sort=order,
+            ),
+            order=alt.Order("source_order:Q"),
+            tooltip=["depth", "source", "labels"],
+        )
+        .transform_calculate(source_order=f"indexof({order!r}, datum.source)")
+        .properties(title="Compact labels per depth: observed, recovered, estimated, censored", height=220)
+    )

@@ -159,6 +159,16 @@ def depth_table(calibration: dict) -> pd.DataFrame:
     return frame.reset_index(drop=True)
 
 
+def label_sources(compact: pd.DataFrame) -> pd.DataFrame:
+    """Compact labels per depth and source (observed, recovered, estimated, censored), long form, from
+    ``depth_table`` of the report's compact view (whose ``samples`` are observed plus recovered)."""
+    counts = compact.assign(observed=compact["samples"] - compact["recovered"])
+    return counts.melt(
+        id_vars="depth", value_vars=["observed", "recovered", "estimated", "censored"], var_name="source",
+        value_name="labels",
+    )  # fmt: skip
+
+
 @st.cache_data(show_spinner=False, max_entries=32)
 def values(_source, token: str, key: str, since: float | None, until: float | None) -> list:
     """The distinct values of slice ``key`` in the window (``controller.queries.slice_values``)."""

@@ -12,7 +12,7 @@ from sparkgate.dashboards.context import windowed_page
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
 UNCENSORED = f"Uncensored ({', '.join(FULL_BLOCK_MODES)}): gated"
-COMPACT = "Compact (censored): labels beyond the window are unknown; never gated"
+COMPACT = "Compact (observed and recovered labels; the censored rest biases it): never gated"
 
 
 def threshold(ctx, metric: str) -> float | None:
@@ -78,14 +78,18 @@ def reliability(figures: dict) -> None:
 
 
 def compact_view(report: dict) -> None:
-    st.subheader("Compact traffic — censored view (not gated)")
+    st.subheader("Compact traffic — observed and recovered labels (not gated)")
     table = data.depth_table(report["calibration"]["compact"]["survival"])
     if table.empty:
         st.info("No compact traffic in this window.")
         return
+    st.altair_chart(charts.label_sources(data.label_sources(table)), width="stretch")
     st.caption(
-        "Compact requests verify only their window: when all of it is accepted, deeper labels are "
-        "never observed (censored), so this ECE is biased and only shown for comparison."
+        "Compact requests verify only their window: when all of it is accepted, deeper labels are not "
+        "observed. The tokens a greedy request commits next settle them exactly (recovered); a sampled "
+        "request's next depth gets its acceptance probability only (estimated, never counted as a label); "
+        "the rest stay censored (the request finished first). ECE here is over observed and recovered "
+        "labels; what stays censored still biases it, so it is shown for comparison and never gated."
     )
     st.dataframe(
         table,

@@ -144,3 +144,52 @@ def test_an_observed_label_is_never_overwritten_even_by_tokens_that_contradict_i
         ingest_in(store, observed, list(range(len(observed))), [])
         found = labels(store)
     assert found and not any(status in ("censored", "recovered") for status, _ in found.values())
+
+
+def engine_records(target, mode: str, temperature: float) -> list[StepRecord]:
+    from sparkgate.verify_runtime.drafters import ModelDrafter
+    from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
+    from tests.conftest import SurvivalWindows
+
+    records: list[StepRecord] = []
+    config = EngineConfig(gamma=4, max_batch=3)
+    engine = Engine(target, ModelDrafter(target, noise=1.5), config, policy=SurvivalWindows(), sink=records.append)
+    for i in range(6):
+        prompt = [i, 2 * i + 1, 7]
+        engine.submit(Request(f"r{i}", prompt, 24, temperature=temperature, seed=i, mode=mode, stop_at_eos=False))
+    engine.run()
+    return records
+
+
+def stored_labels(tmp_path, name: str, records: list[StepRecord]) -> dict:
+    with Store(tmp_path / f"{name}.duckdb") as store:
+        assert store.ingest(from_records(records), name).quarantined == 0
+        return labels(store)
+
+
+def test_the_engines_recovered_labels_agree_with_what_full_verification_observed(tmp_path, target):
+    """The same greedy requests and windows in compact and in cap_accept (which verifies the whole block):
+    every label compact recovered is the one cap_accept observed."""
+    compact = stored_labels(tmp_path, "compact", engine_records(target, "compact", 0.0))
+    full = stored_labels(tmp_path, "cap", engine_records(target, "cap_accept", 0.0))
+    assert compact.keys() == full.keys()
+    recovered = [key for key, (status, _) in compact.items() if status == "recovered"]
+    assert recovered and all(compact[key][1] == full[key][1] for key in recovered)
+    censored = [key for key, (status, _) in compact.items() if status == "censored"]
+    assert len(recovered) >= 0.9 * (len(recovered) + len(censored))  # what stays is the requests' last steps
+
+
+def test_the_engines_estimates_match_the_acceptance_full_verification_draws(tmp_path, target):
+    """Sampled requests: compact's estimated P(y = 1) at the depth past its window against cap_accept's
+    observed label there (the same uniforms): the mean probability matches the rate of acceptances."""
+    compact = stored_labels(tmp_path, "compact", engine_records(target, "compact", 0.9))
+    full = stored_labels(tmp_path, "cap", engine_records(target, "cap_accept", 0.9))
+    with Store(tmp_path / "compact.duckdb") as store:
+        rows = store.query(
+            "SELECT request_id, step_id, depth, probability FROM depth_labels WHERE status = 'estimated'"
+        ).to_pylist()
+    assert len(rows) >= 20
+    probability = sum(r["probability"] for r in rows) / len(rows)
+    rate = sum(full[(r["request_id"], r["step_id"], r["depth"])][1] for r in rows) / len(rows)
+    assert abs(probability - rate) <= 3 * (probability * (1 - probability) / len(rows)) ** 0.5 + 0.02
+    assert not any(status == "recovered" for status, _ in compact.values())

@@ -179,3 +179,24 @@ def test_a_release_that_serves_get_server_info(store):
     server.push(0, R1)
     with running(server) as url:
         assert SGLangPoller(url, Ingestor(store), name="sg").poll_once().steps == 1
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_greedy_servers_censored_labels_are_recovered_from_its_later_records_across_polls(store, greedy):
+    # Step 1 uses up its window of 2 (drafts 5 6 | 7 8 unverified) and commits 5 6 + bonus 7 at positions
+    # 10-12; step 2 continues at 13 with 9: draft 3 (7) matched the bonus, draft 4 (8) did not match 9.
+    first = record(1, "compact", [req("a", 3, 2, draft_tokens=[5, 6, 7, 8], bonus_token=7, prefix_len=10)])
+    second = record(2, "compact", [req("a", 5, 1, draft_tokens=[9, 1, 2, 3], bonus_token=4, prefix_len=13)])
+    with scripted_server("/server_info", [server_info([first]), server_info([first, second])]) as url:
+        poller = SGLangPoller(url, Ingestor(store), name="sg", clear_buffer=False, greedy=greedy)
+        poller.poll_once()
+        poller.poll_once()
+    rows = store.query(
+        "SELECT depth, status::VARCHAR AS status, label FROM depth_labels WHERE step_id = 1 ORDER BY depth"
+    ).to_pylist()
+    if greedy:
+        assert [(r["status"], r["label"]) for r in rows] == [
+            ("accepted", True), ("accepted", True), ("recovered", True), ("recovered", False)
+        ]  # fmt: skip
+    else:  # no temperature in SGLang's records: without the operator's word, nothing is recovered
+        assert [r["status"] for r in rows] == ["accepted", "accepted", "censored", "censored"]
