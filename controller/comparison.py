@@ -55,7 +55,7 @@ from sparkgate.collectors.store import Store
 from sparkgate.policies.rollout import Comparison
 from sparkgate.policies.vocabulary import Arm, FinishReason
 
-from .metrics import Measurement
+from .measurement import Measurement
 from .queries import LOAD_BUCKET_SQL
 
 COMPARISON_METRICS = ("p99_step_ratio", "tokens_per_s_ratio", "p99_tpot_ratio", "p99_ttft_ratio", "goodput_ratio")

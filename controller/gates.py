@@ -21,7 +21,7 @@ from typing import Any
 from sparkgate.policies.rollout import Gate, RolloutPolicy
 from sparkgate.policies.vocabulary import Outcome
 
-from .metrics import Measurement
+from .measurement import Measurement
 
 # Metrics that compare with what baseline recorded; their min_samples size the reference it must collect.
 BASELINE_METRICS = ("accepted_length_ratio",)
@@ -79,7 +79,7 @@ def judge(gate: Gate, measurement: Measurement | None, stale: str | None = None)
         )
 
     if m.value is None:
-        return verdict(Outcome.INCONCLUSIVE, stale or "no data")
+        return verdict(Outcome.INCONCLUSIVE, stale or m.why or "no data")
     if m.samples < gate.min_samples:
         return verdict(Outcome.INCONCLUSIVE, f"{m.samples} samples < min_samples {gate.min_samples}")
     if m.method is not None:
@@ -115,9 +115,8 @@ def _symbol(direction: str) -> str:
 def judge_all(
     gates: Iterable[Gate], measurements: Mapping[str, Measurement], stale: str | None = None
 ) -> list[Verdict]:
-    """Verdicts of ``gates`` in policy order. A PromQL gate reads ``measurements[gate.name]``,
-    a store gate ``measurements[gate.metric]``."""
-    return [judge(g, measurements.get(g.name if g.promql else g.metric), stale) for g in gates]
+    """Verdicts of ``gates`` in policy order, each on ``measurements[gate.measured_as]``."""
+    return [judge(g, measurements.get(g.measured_as), stale) for g in gates]
 
 
 def judge_baseline(policy: RolloutPolicy, steps: int, stale: str | None = None) -> Verdict:

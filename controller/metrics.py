@@ -28,35 +28,22 @@ from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import ACCEPTED, CENSORED, ESTIMATED, RECOVERED, REJECTED
 from sparkgate.collectors.schema import MODES
 from sparkgate.collectors.store import Store
+from sparkgate.policies.rollout import ESTIMATED_SUFFIX
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES, CheckKind, Phase
 
 from . import queries
 from .calibration import KindStats, bootstrap_ece
+from .compact_calibration import compact_ece
+from .measurement import Measurement
 from .queries import Slice, Window
 
 BOOTSTRAP_RESAMPLES = 200
+# The measurement of a gate with use_estimated (``Gate.measured_as``).
+ESTIMATED_KEY = "compact_survival_ece" + ESTIMATED_SUFFIX
 # The statuses the compact view counts per depth.
 COMPACT_COUNTS = ("recovered", "estimated", "censored")
 CHUNK_ROWS = 1 << 20
 INTERVAL_LEVEL = 0.95
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """A gate input: ``value`` (None when there is nothing to compute it from) and its sample count; a
-    comparison adds its interval (``low``, ``high``) and how it was computed (``method``)."""
-
-    value: float | None
-    samples: int
-    low: float | None = None
-    high: float | None = None
-    method: str | None = None
-
-    def to_dict(self) -> dict:
-        out: dict = {"value": self.value, "samples": self.samples}
-        if self.method is not None:
-            out.update(low=self.low, high=self.high, method=self.method)
-        return out
 
 
 @dataclass
@@ -79,6 +66,8 @@ class Evaluation:
     # (sum of a*, full-block rows) recorded in shadow (in baseline when no shadow ran): the acceptance reference
     reference_accept: tuple[int, int] = (0, 0)
     labels: int = 0  # depth labels in the window, every status
+    # Per depth and bin: estimated compact labels' count, sum of S_k and of P(y = 1); None when there are none.
+    estimated: np.ndarray | None = None
 
     # -- gate inputs ---------------------------------------------------------
     def measurements(self, phase: str) -> dict[str, Measurement]:
@@ -94,6 +83,8 @@ class Evaluation:
             "survival_ece_upper": Measurement(max(upper.values(), default=None), least),
             "upper_bound_utilization": self._utilization("shadow" if phase == "shadow" else "cap_accept"),
             "tier_miss_rate": Measurement(self._total("misses") / tier_steps if tier_steps else None, tier_steps),
+            "compact_survival_ece": compact_ece(stats, self.compact_counts, None),
+            ESTIMATED_KEY: compact_ece(stats, self.compact_counts, self._estimated()),
             "accepted_length_ratio": self._accepted_length_ratio(),
             # A count with no checks is 0 of 0: min_samples decides whether that suffices.
             "consistency_mismatches": Measurement(
@@ -103,6 +94,9 @@ class Evaluation:
                 float(checks[CheckKind.STATE_ROLLBACK]["mismatches"]), checks[CheckKind.STATE_ROLLBACK]["checks"]
             ),
         }
+
+    def _estimated(self) -> np.ndarray:
+        return self.estimated if self.estimated is not None else np.zeros((1, 1, 3))
 
     def _accepted_length_ratio(self) -> Measurement:
         """Mean a* of the window's full-block rows over the reference's: a drafter that got worse shows here
@@ -341,4 +335,5 @@ def evaluate(
         as_of,
         reference,
         len(cols),
+        queries.estimated_bins(store, window, slice_, depths) if compact_counts["estimated"] else None,
     )

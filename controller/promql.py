@@ -13,7 +13,7 @@ import math
 
 import httpx
 
-from .metrics import Measurement
+from .measurement import Measurement
 
 
 class PromQLError(RuntimeError):

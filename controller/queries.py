@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from sparkgate.collectors.schema import TIER_UNREPORTED
 from sparkgate.collectors.store import Store
+from sparkgate.policies.binning import N_BINS
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
 from .calibration import REQUEST_GROUPS
@@ -145,6 +146,23 @@ def label_columns(store: Store, window: Window, slice_: Slice) -> LabelColumns:
     return LabelColumns(
         *(table.column(c).to_numpy() for c in ("mode", "depth", "status", "survival", "confidence", "grp", "y"))
     )
+
+
+def estimated_bins(store: Store, window: Window, slice_: Slice, depths: int) -> np.ndarray:
+    """``[depths + 1, N_BINS, 3]``: per depth and equal-width bin of S_k, the estimated compact labels'
+    count, sum of S_k and sum of P(y = 1)."""
+    where, params = _where("depth_labels", window, slice_, "l")
+    rows = store.query(
+        f"SELECT l.depth, least(floor(l.survival * {N_BINS}), {N_BINS - 1})::INTEGER AS b, count(*) AS n, "
+        "sum(l.survival) AS p, sum(l.probability) AS y FROM depth_labels l "
+        f"WHERE {where} AND l.status = 'estimated' GROUP BY ALL",
+        params,
+    ).to_pylist()
+    out = np.zeros((depths + 1, N_BINS, 3))
+    for r in rows:
+        if r["depth"] <= depths:
+            out[r["depth"], r["b"]] = (r["n"], r["p"], r["y"])
+    return out
 
 
 def request_histograms(store: Store, window: Window, slice_: Slice, width: int) -> dict[str, np.ndarray]:

@@ -29,7 +29,8 @@ from . import contract, ledger, promql, rollout
 from .comparison import COMPARISON_METRICS, Design, Epochs, Groups, comparisons
 from .exporter import ControllerMetrics
 from .gates import Verdict, judge_all, judge_baseline
-from .metrics import Evaluation, Measurement, evaluate
+from .measurement import Measurement
+from .metrics import Evaluation, evaluate
 from .queries import Slice, Window
 from .rollout import Decision, RolloutState
 

@@ -45,6 +45,8 @@ METRICS = {
     "survival_ece_upper": "bootstrap upper bound of survival_ece",
     "upper_bound_utilization": "sum(a) / sum(min(a*, gamma)) over cap-accept samples (shadow: suggested)",
     "tier_miss_rate": "steps that ran eager / all steps",
+    "compact_survival_ece": "worst per-depth survival ECE of compact traffic over observed and recovered labels "
+    "(no value while > 5% of a depth's labels stay censored)",
     "p99_step_ratio": "p99 step time, treatment / control switchback epochs (with its interval)",
     "tokens_per_s_ratio": "committed tokens per busy second, treatment / control epochs (with its interval)",
     "p99_tpot_ratio": "p99 time per output token, treatment / control epochs (with its interval)",
@@ -55,6 +57,8 @@ METRICS = {
     "state_rollback_failures": "state-after-rollback check failures",
 }
 DEFAULT_PATH = Path(__file__).with_name("default_rollout.yaml")
+# Appended to a metric's name for the measurement of a gate with use_estimated.
+ESTIMATED_SUFFIX = ":estimated"
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -102,6 +106,10 @@ class Gate(BaseModel):
     )
     phases: tuple[ServingPhase, ...] = Field(SERVING_PHASE_NAMES, description="Serving phases the gate judges.")
     promql: str | None = Field(None, description="Read the value from this Prometheus query instead of the store.")
+    use_estimated: Bool = Field(
+        False,
+        description="compact_survival_ece only: count estimated labels (sampled requests) as soft outcomes.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -121,10 +129,20 @@ class Gate(BaseModel):
             problems.append(_want("threshold", self.threshold, "a finite number"))
         if self.min_samples < 0:
             problems.append(_want("min_samples", self.min_samples, "an integer >= 0"))
+        if self.use_estimated and (self.metric != "compact_survival_ece" or self.promql is not None):
+            problems.append(_want("use_estimated", self.use_estimated, "false unless metric is compact_survival_ece"))
         if self.guard and self.dry_run:
             problems.append(_want("guard", self.guard, "false on a dry_run gate (a dry run never acts)"))
         _raise_all(problems)
         return self
+
+    @property
+    def measured_as(self) -> str:
+        """The key of this gate's measurement: its name for PromQL, the metric (``:estimated`` with
+        ``use_estimated``) for the store."""
+        if self.promql is not None:
+            return self.name
+        return self.metric + ESTIMATED_SUFFIX if self.use_estimated else self.metric
 
     def passes(self, value: float) -> bool:
         """Whether ``value`` is on the good side of the threshold (equality passes)."""

@@ -123,6 +123,10 @@ def _by_phase(store: Store) -> dict[str, dict]:
     }
 
 
+# Statuses of labels not observed when their step was verified, counted apart.
+UNOBSERVED = ("recovered", "estimated", "censored")
+
+
 def _labels(store: Store) -> dict:
     rows = store.query(
         "SELECT mode::VARCHAR AS mode, status::VARCHAR AS status, count(*) AS n "
@@ -131,10 +135,10 @@ def _labels(store: Store) -> dict:
     by_mode: dict[str, dict[str, int]] = {}
     for r in rows:
         by_mode.setdefault(r["mode"], {})[r["status"]] = r["n"]
-    censored = sum(r["n"] for r in rows if r["status"] == "censored")
+    total = {status: sum(r["n"] for r in rows if r["status"] == status) for status in UNOBSERVED}
     return {
-        "observed": sum(r["n"] for r in rows) - censored,
-        "censored": censored,
+        "observed": sum(r["n"] for r in rows) - sum(total.values()),
+        **total,
         "uncensored_traffic": sum(r["n"] for r in rows if r["mode"] != "compact"),
         "by_mode": by_mode,
     }
@@ -261,7 +265,10 @@ def render(summary: dict) -> str:
         + ", ".join(f"{p} {_number(v, '.0f')}" for p, v in summary["tokens_per_s_by_phase"].items()),
     ]
     labels = summary["labels"]
-    lines.append(f"Depth labels: {labels['observed']:,} observed, {labels['censored']:,} censored (compact)")
+    lines.append(
+        f"Depth labels: {labels['observed']:,} observed; compact: {labels['recovered']:,} recovered, "
+        f"{labels['estimated']:,} estimated, {labels['censored']:,} censored"
+    )
     lines += ["", "Decisions"]
     for d in summary["decisions"]:
         why = d["rule"] + (": " + "; ".join(d["failing"]) if d["failing"] else "")

@@ -70,3 +70,32 @@ def test_migration_4_keeps_one_row_per_consistency_check(monkeypatch):
     assert migrate(con) == MIGRATIONS[-1][0]
     kept = con.execute("SELECT kind, received_at FROM consistency_checks ORDER BY kind").fetchall()
     assert kept == [("greedy_replay", 1.0), ("state_rollback", 3.0)]
+
+
+def test_migration_7_keeps_every_label_and_survives_a_crash_before_the_next_checkpoint(tmp_path):
+    import subprocess
+    import sys
+
+    from sparkgate.collectors.schema import STATUSES
+
+    path = tmp_path / "events.duckdb"
+    con = duckdb.connect(str(path))
+    for number, _, sql in MIGRATIONS[:6]:
+        con.execute(sql)
+        con.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, description VARCHAR "
+                    "NOT NULL, applied_at DOUBLE NOT NULL)")  # fmt: skip
+        con.execute("INSERT INTO schema_migrations VALUES (?, 'x', 0)", [number])
+    con.execute("INSERT INTO depth_labels VALUES ('r0', 1, 1.0, 'q', 'compact', 3, 'censored', 0.5, 0.4, NULL)")
+    con.execute("CHECKPOINT")
+    con.close()
+    # Migrate, then die without a checkpoint: the next open replays migration 7 from the write-ahead log.
+    update = "UPDATE depth_labels SET status = 'recovered', label = true"
+    opened = f"Store({str(path)!r})"
+    script = f"import os; from sparkgate.collectors.store import Store; {opened}._con.execute({update!r}); os._exit(0)"
+    subprocess.run([sys.executable, "-c", script], check=True)
+    with Store(path) as store:
+        assert store.query("SELECT status::VARCHAR AS s, label FROM depth_labels").to_pylist() == [
+            {"s": "recovered", "label": True}
+        ]
+        order = store.query("SELECT enum_range(NULL::label_status_v2)::VARCHAR[] AS e").to_pylist()[0]["e"]
+        assert tuple(order) == STATUSES  # stored codes are indexes into the vocabulary

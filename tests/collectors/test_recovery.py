@@ -193,3 +193,16 @@ def test_the_engines_estimates_match_the_acceptance_full_verification_draws(tmp_
     rate = sum(full[(r["request_id"], r["step_id"], r["depth"])][1] for r in rows) / len(rows)
     assert abs(probability - rate) <= 3 * (probability * (1 - probability) / len(rows)) ** 0.5 + 0.02
     assert not any(status == "recovered" for status, _ in compact.values())
+
+
+def test_on_the_shipped_models_recovery_is_exact_covers_what_resolves_and_keeps_ece_within_cap_accepts():
+    from tests.recovery_measure import measure
+
+    found = measure(requests=24, new_tokens=48, seed=0)
+    assert found["recovered"] > 500 and found["exactness"] == 1.0
+    assert found["coverage_of_resolvable"] >= 0.95  # what is left is past the requests' last commit
+    assert all(d["within"] for d in found["ece_by_depth"].values())
+    assert (
+        found["label_yield"]["compact"]["per_verify_row_with_recovery"]
+        > found["label_yield"]["cap_accept"]["per_verify_row"]
+    )

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sparkgate.controller.gates import interval_outcome, judge, judge_all, judge_baseline, verdict_table
-from sparkgate.controller.metrics import Measurement
+from sparkgate.controller.measurement import Measurement
 from sparkgate.policies.rollout import Gate, parse_rollout_policy
 
 values = st.floats(-1e6, 1e6, allow_nan=False)

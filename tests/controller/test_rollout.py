@@ -10,7 +10,7 @@ from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
 from sparkgate.controller.contract import ContractReading
 from sparkgate.controller.gates import judge_all, judge_baseline
-from sparkgate.controller.metrics import Measurement
+from sparkgate.controller.measurement import Measurement
 from sparkgate.controller.rollout import (
     TransitionError,
     apply,

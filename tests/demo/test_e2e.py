@@ -69,6 +69,9 @@ def test_quick_demo_walks_the_ladder_and_falls_back_on_calibration_drift(tmp_pat
     assert {m for m, _ in uncensored} == {"static", "shadow", "cap_accept"}
     assert labels[("compact", "censored")] > 0 and labels[("cap_accept", "rejected")] > 0
     assert summary["labels"]["censored"] == labels[("compact", "censored")]
+    # Greedy compact traffic gets its censored labels back from the tokens it commits next.
+    assert labels[("compact", "recovered")] > labels[("compact", "censored")]
+    assert summary["labels"]["recovered"] == labels[("compact", "recovered")]
     # Only the faulty replica ever sampled; the others stayed greedy.
     assert {r["replica_id"] for r in temperatures if r["temperature"] > 0} == {"replica-c"}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger, rollout
 from sparkgate.controller.gates import judge_all, judge_baseline
-from sparkgate.controller.metrics import Measurement
+from sparkgate.controller.measurement import Measurement
 from sparkgate.demo.command import demo_policy
 from sparkgate.demo.summary import (
     fallback_reason,

@@ -24,7 +24,7 @@ def test_members_are_their_wire_strings():
 def test_the_record_schema_orders_are_the_vocabulary():
     # The integer codes stored in DuckDB are indexes into these tuples: their order is part of the format.
     assert MODES == ("static", "shadow", "compact", "cap_accept")
-    assert STATUSES == ("accepted", "rejected", "not_at_risk", "censored")
+    assert STATUSES == ("accepted", "rejected", "not_at_risk", "censored", "recovered", "estimated")
     assert MISS_REASONS == ("over_max_tier", "not_captured", "forced_eager")
 
 

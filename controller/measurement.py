@@ -1,0 +1,27 @@
+"""A gate input (docs/design.md §6): what the controller measured for one metric, with its sample count."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A gate input: ``value`` (None when there is nothing to compute it from; ``why`` then says why, when
+    it is not simply a lack of data) and its sample count; a comparison adds its interval (``low``,
+    ``high``) and how it was computed (``method``)."""
+
+    value: float | None
+    samples: int
+    low: float | None = None
+    high: float | None = None
+    method: str | None = None
+    why: str | None = None
+
+    def to_dict(self) -> dict:
+        out: dict = {"value": self.value, "samples": self.samples}
+        if self.method is not None:
+            out.update(low=self.low, high=self.high, method=self.method)
+        if self.why is not None:
+            out["why"] = self.why
+        return out

@@ -1,0 +1,69 @@
+"""The compact-traffic ECE gate input: recovered labels count, what stays censored bounds it, and estimated
+labels enter only as soft outcomes when asked."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sparkgate.collectors.aggregate import CalibrationStats
+from sparkgate.collectors.schema import MODES
+from sparkgate.controller.compact_calibration import MAX_CENSORED_SHARE, compact_ece
+from sparkgate.controller.gates import judge
+from sparkgate.controller.metrics import ESTIMATED_KEY, evaluate
+from sparkgate.policies.binning import N_BINS
+from sparkgate.policies.rollout import Gate
+from tests.collectors.test_recovery import ingest_in, simulate
+
+COMPACT = MODES.index("compact")
+
+
+def stats(p: float, y: list[int], depth: int = 1) -> CalibrationStats:
+    n = len(y)
+    return CalibrationStats.from_rows(np.full(n, COMPACT), np.full(n, depth), np.full(n, p), np.array(y), depth)
+
+
+def counts(censored: int = 0, estimated: int = 0) -> dict[str, dict[int, int]]:
+    return {"censored": {1: censored}, "estimated": {1: estimated}, "recovered": {}}
+
+
+def test_the_ece_of_compact_labels_is_the_gap_between_prediction_and_outcome():
+    m = compact_ece(stats(0.8, [1] * 60 + [0] * 40), counts(), None)
+    assert m.value == pytest.approx(0.2) and m.samples == 100
+
+
+def test_too_many_labels_still_censored_leave_no_value_and_say_why():
+    labels = stats(0.8, [1] * 80 + [0] * 20)
+    assert compact_ece(labels, counts(censored=5), None).value is not None  # 5 of 105 < 5%
+    m = compact_ece(labels, counts(censored=10), None)
+    assert m.value is None and m.samples == 100 and f"{MAX_CENSORED_SHARE:.0%}" in m.why
+    verdict = judge(Gate(metric="compact_survival_ece", threshold=0.05, direction="at_most"), m)
+    assert verdict.outcome == "inconclusive" and "still censored" in verdict.note
+
+
+def test_estimated_labels_are_soft_outcomes_with_use_estimated_and_unknown_without():
+    labels = stats(0.5, [1] * 50 + [0] * 50)
+    estimated = np.zeros((2, N_BINS, 3))
+    estimated[1, int(0.5 * N_BINS)] = (100, 50.0, 90.0)  # predicted 0.5, the target gave them 0.9
+    without = compact_ece(labels, counts(estimated=100), None)
+    assert without.value is None and "censored" in without.why  # half the labels are not observations
+    soft = compact_ece(labels, counts(estimated=100), estimated)
+    assert soft.value == pytest.approx(abs(100 - 140) / 200) and soft.samples == 200
+
+
+def test_use_estimated_belongs_to_the_compact_gate_only():
+    with pytest.raises(ValueError, match="use_estimated"):
+        Gate(metric="survival_ece", threshold=0.05, direction="at_most", use_estimated=True)
+    gate = Gate(metric="compact_survival_ece", threshold=0.05, direction="at_most", use_estimated=True)
+    assert gate.measured_as == ESTIMATED_KEY
+
+
+def test_recovered_greedy_traffic_gives_the_store_gate_a_value(tmp_path):
+    from sparkgate.collectors.store import Store
+
+    sim = simulate(7, requests=6, steps=40)
+    with Store(tmp_path / "events.duckdb") as store:
+        ingest_in(store, sim.records, list(range(len(sim.records))), [])
+        measured = evaluate(store, resamples=10).measurements("compact")
+    m = measured["compact_survival_ece"]
+    assert m.value is not None and m.samples > 0, m  # only the requests' last steps stay censored
