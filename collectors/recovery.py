@@ -65,7 +65,7 @@ _UPDATE = """
 UPDATE depth_labels l
 SET status = 'recovered', label = f.stop IS NULL OR l.depth < f.stop
 FROM recovery_stops f
-WHERE l.replica_id = f.replica_id AND l.request_id = f.request_id AND l.step_id = f.step_id
+WHERE l.ts >= ? AND l.replica_id = f.replica_id AND l.request_id = f.request_id AND l.step_id = f.step_id
   AND l.status = 'censored' AND (f.stop IS NULL OR l.depth < f.stop OR NOT f.stop_unknown)
 """
 
@@ -87,6 +87,6 @@ def recover(con: duckdb.DuckDBPyConnection, requests: pa.Table) -> int:
         return 0
     con.register("recovery_stops", stops)
     try:
-        return int(con.execute(_UPDATE).fetchall()[0][0])
+        return int(con.execute(_UPDATE, [since]).fetchall()[0][0])  # the ts bound keeps old row groups unread
     finally:
         con.unregister("recovery_stops")

@@ -21,7 +21,9 @@ def _lists(values: np.ndarray, width: np.ndarray | int, n: int, type_: pa.DataTy
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type_))
 
 
-def _requests(rng: np.random.Generator, n: int, gamma: int, first_id: int) -> pa.StructArray:
+def _requests(
+    rng: np.random.Generator, n: int, gamma: int, first_id: int, batch: int, first_step: int, continuing: bool
+) -> pa.StructArray:
     mode = rng.integers(0, len(MODES), n)
     confidence = rng.uniform(0.3, 1.0, (n, gamma))
     survival = np.cumprod(confidence, axis=1)
@@ -34,7 +36,9 @@ def _requests(rng: np.random.Generator, n: int, gamma: int, first_id: int) -> pa
     cap = mode == MODES.index("cap_accept")
     suggested = np.where(mode == MODES.index("shadow"), rng.integers(0, gamma + 1, n), -1)
     tokens = rng.integers(0, 32000, int((accepted + 1).sum()))
-    ids = np.char.add("req-", np.arange(first_id, first_id + n).astype(str))
+    ids = np.char.add("req-", (np.arange(n) % batch if continuing else np.arange(first_id, first_id + n)).astype(str))
+    # Continuing requests: step s of a request starts at position s * (γ + 1), past anything it committed.
+    position = (first_step + np.arange(n) // batch) * (gamma + 1)
     return pa.StructArray.from_arrays(
         [
             pa.array(ids),
@@ -49,9 +53,12 @@ def _requests(rng: np.random.Generator, n: int, gamma: int, first_id: int) -> pa
             _lists(confidence.ravel(), gamma, n, pa.float64()),
             _lists(survival.ravel(), gamma, n, pa.float64()),
             _lists(tokens, accepted + 1, n, pa.int64()),
-            # Every row is a request of its own here: nothing for censored-label recovery to join.
-            pa.nulls(n, pa.list_(pa.int64())),
-            pa.nulls(n, pa.int64()),
+            # Rows of their own request carry nothing for censored-label recovery to join; continuing
+            # requests carry drafts and positions, so every commit runs it.
+            _lists(rng.integers(0, 32000, n * gamma), gamma, n, pa.int64())
+            if continuing
+            else pa.nulls(n, pa.list_(pa.int64())),
+            pa.array(position) if continuing else pa.nulls(n, pa.int64()),
             pa.nulls(n, pa.float64()),
         ],
         fields=list(REQUEST_TYPE),
@@ -66,15 +73,18 @@ def synthetic_wire(
     first_step: int = 0,
     seed: int = 0,
     ts: float = 1.75e9,
+    continuing: bool = False,
 ) -> pa.Table:
-    """``steps`` valid step records of ``batch`` requests each, as a ``WIRE_SCHEMA`` table.
+    """``steps`` valid step records of ``batch`` requests each, as a ``WIRE_SCHEMA`` table; with
+    ``continuing`` the same ``batch`` requests run through every step (recovery has rows to join).
 
     Step ids run from ``first_step``; request ids are unique within the table.
     """
     rng = np.random.default_rng(seed)
     n = steps * batch
     requests = pa.ListArray.from_arrays(
-        pa.array(np.arange(steps + 1, dtype=np.int32) * batch), _requests(rng, n, gamma, first_step * batch)
+        pa.array(np.arange(steps + 1, dtype=np.int32) * batch),
+        _requests(rng, n, gamma, first_step * batch, batch, first_step, continuing),
     )
     verify_rows = batch * (gamma + 1)
     ms = rng.gamma(4.0, 2.0, steps)

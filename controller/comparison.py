@@ -73,6 +73,7 @@ class Epochs:
     revision: int
     origin: float
     since: float
+    until: float | None = None  # records from here on are left out (None: none are)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class Groups:
 
     origin: float
     arms: tuple[tuple[str, Arm], ...]
+    until: float | None = None
 
 
 Design = Epochs | Groups
@@ -121,7 +123,7 @@ def measure(d: np.ndarray, level: float) -> Measurement:
     )
 
 
-def _split(design: Design, spec: Comparison, alias: str, ts: str) -> tuple[str, str, list]:
+def _split(design: Design, spec: Comparison, alias: str, ts: str) -> tuple[str, str, list[object]]:
     """SQL selecting ``unit, pair, cmp_arm`` of a record under ``design``, the filter keeping the window's
     compared records, and their parameters (select's first)."""
     if isinstance(design, Epochs):
@@ -130,13 +132,22 @@ def _split(design: Design, spec: Comparison, alias: str, ts: str) -> tuple[str, 
             f"AND {alias}.{ts} - (? + {alias}.epoch * ?) >= ?"
         )
         select = f"{alias}.replica_id AS unit, {alias}.epoch // 2 AS pair, {alias}.arm AS cmp_arm"
-        return select, where, [design.revision, design.since, design.origin, spec.epoch_s, spec.burn_in_s]
+        params: list[object] = [design.revision, design.since, design.origin, spec.epoch_s, spec.burn_in_s]
+        return select, where + _before(alias, ts, design.until), params + _bound(design.until)
     start = design.origin + spec.burn_in_s
     cases = " ".join(f"WHEN starts_with({alias}.replica_id, ?) THEN ?" for _ in design.arms)
     arm = f"CASE {cases} END" if design.arms else "NULL"
     select = f"'{GROUPS}' AS unit, floor(({alias}.{ts} - ?) / ?)::BIGINT AS pair, {arm} AS cmp_arm"
-    params = [start, spec.epoch_s, *(x for prefix, a in design.arms for x in (prefix, str(a)))]
-    return select, f"{alias}.{ts} >= ?", [*params, start]
+    params = [start, spec.epoch_s, *(x for prefix, arm_ in design.arms for x in (prefix, str(arm_)))]
+    return select, f"{alias}.{ts} >= ?" + _before(alias, ts, design.until), [*params, start, *_bound(design.until)]
+
+
+def _before(alias: str, ts: str, until: float | None) -> str:
+    return "" if until is None else f" AND {alias}.{ts} < ?"
+
+
+def _bound(until: float | None) -> list[float]:
+    return [] if until is None else [until]
 
 
 def per_pair(store: Store, design: Design, spec: Comparison) -> dict[str, dict]:

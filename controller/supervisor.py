@@ -146,7 +146,14 @@ class Controller:
 
     # -- one interval ------------------------------------------------------------
     def window(self, state: RolloutState, now: float) -> Window:
-        return Window(since=max(state.entered_at, now - self.lookback_s))
+        since, until = max(state.entered_at, now - self.lookback_s), self._until(now)
+        # A bound at the very instant the stage began reads nothing (Window needs since < until).
+        return Window(since=since, until=None if until is None else max(until, since + 1e-6))
+
+    def _until(self, now: float) -> float | None:
+        """Where reads stop: open for the live controller (nothing is newer than now but clock skew); a
+        replay (``controller.backtest``) bounds them at the time it replays."""
+        return None
 
     def judge(self, state: RolloutState, evaluation: Evaluation, now: float) -> list[Verdict]:
         """Verdicts of the gates of the stage's phase (paused: the paused stage's; fallback: every gate,
@@ -162,7 +169,7 @@ class Controller:
         # the scarce evidence, and every one was measured against its own concurrent control.
         comparing = [g for g in gates if g.metric in COMPARISON_METRICS and not g.promql]
         if comparing:  # two queries otherwise unread
-            design = self._design(state)
+            design = self._design(state, now)
             measured.update(comparisons(self.store, design, self.policy.comparison))
             if isinstance(design, Groups) and {arm for _, arm in design.arms} != set(Arm):
                 # Every server serves one arm in this stage (e.g. shadow: all verify in full), so there is no
@@ -171,10 +178,11 @@ class Controller:
         measured.update({g.name: self._promql(g.promql) for g in gates if g.promql})
         return judge_all(gates, measured, stale)
 
-    def _design(self, state: RolloutState) -> Design:
+    def _design(self, state: RolloutState, now: float) -> Design:
+        until = self._until(now)
         if self.groups is None:
-            return Epochs(state.revision, state.entered_at, state.entered_at)
-        return Groups(state.entered_at, self.groups(self.policy_payload(state)))
+            return Epochs(state.revision, state.entered_at, state.entered_at, until)
+        return Groups(state.entered_at, self.groups(self.policy_payload(state)), until)
 
     def _stale(self, evaluation: Evaluation, now: float) -> str | None:
         if evaluation.as_of is None:

@@ -56,11 +56,10 @@ def _collectors_bench() -> Commands:
 
 
 def _controller() -> Commands:
-    from sparkgate.controller import commands
+    from sparkgate.controller import backtest, commands
 
-    return {
-        name: getattr(commands, name) for name in ("serve", "status", "promote", "abort", "pause", "resume", "report")
-    }
+    names = ("serve", "status", "promote", "abort", "pause", "resume", "report")
+    return {name: getattr(commands, name) for name in names} | {"backtest": backtest.backtest}
 
 
 def _controller_bench() -> Commands:
@@ -125,6 +124,7 @@ COMMANDS: dict[str, Entry] = {
     "pause": Entry(_controller, "Hold the rollout at its stage (operator)."),
     "resume": Entry(_controller, "Leave fallback or paused (operator)."),
     "report": Entry(_controller, "Metrics over a window: ECE per depth, utilization, misses, latency."),
+    "backtest": Entry(_controller, "Replay a store's history through a policy beside its decisions; acts on nothing."),
     "policy": Entry(_policies, "The rollout policy file: print its JSON Schema, or check a file."),
     "dashboard": Entry(_dashboards, "Operator dashboards (Streamlit): rollout, calibration, acceptance, tiers, fleet."),
 }

@@ -83,6 +83,13 @@ def compact_view(report: dict) -> None:
     if table.empty:
         st.info("No compact traffic in this window.")
         return
+    yield_ = report.get("label_yield") or {}
+    if yield_.get("verify_rows"):
+        left, right = st.columns(2)
+        left.metric("Uncensored labels per verified row", f"{yield_['per_verify_row']:.3f}",
+                    help="Labels known when their step was verified, per row the target ran (all modes).")  # fmt: skip
+        right.metric("… with recovery", f"{yield_['per_verify_row_with_recovery']:.3f}",
+                     help="Adding the labels recovered afterwards: what observe_fraction could give up.")  # fmt: skip
     st.altair_chart(charts.label_sources(data.label_sources(table)), width="stretch")
     st.caption(
         "Compact requests verify only their window: when all of it is accepted, deeper labels are not "

@@ -63,6 +63,16 @@ def labels(store: Store) -> dict[tuple[str, int, int], tuple[str, bool | None]]:
     return {(r["request_id"], r["step_id"], r["depth"]): (r["status"], r["label"]) for r in rows.to_pylist()}
 
 
+def joined(tmp_path, sim: Simulated) -> list[dict]:
+    """Every label of ``sim`` ingested in order, beside its request row's position, window and accepted."""
+    with Store(tmp_path / "events.duckdb") as store:
+        ingest_in(store, sim.records, list(range(len(sim.records))), [])
+        return store.query(
+            'SELECT l.request_id, l.step_id, l.depth, r.position, r."window", r.accepted, l.status::VARCHAR AS status, '
+            "l.label, l.probability FROM depth_labels l JOIN requests r USING (replica_id, step_id, request_id)"
+        ).to_pylist()
+
+
 def ingest_in(store: Store, records: list[StepRecord], order: list[int], cuts: list[int]) -> None:
     """Ingest ``records`` in ``order``, committed in batches cut at ``cuts``."""
     shuffled = [records[i] for i in order]
@@ -94,12 +104,7 @@ def test_recovered_labels_equal_full_verification_in_any_ingestion_order(tmp_pat
 
 def test_a_label_is_never_recovered_from_tokens_not_yet_committed(tmp_path):
     sim = simulate(3, requests=4, steps=8, match=0.95)
-    with Store(tmp_path / "events.duckdb") as store:
-        ingest_in(store, sim.records, list(range(len(sim.records))), [])
-        rows = store.query(
-            'SELECT request_id, step_id, depth, position, "window", status::VARCHAR AS status '
-            "FROM depth_labels JOIN requests USING (replica_id, step_id, request_id)"
-        ).to_pylist()
+    rows = joined(tmp_path, sim)
     censored = [r for r in rows if r["status"] == "censored"]
     assert censored  # drafts that keep matching run past the last step
     for r in rows:
@@ -114,12 +119,7 @@ def test_a_label_is_never_recovered_from_tokens_not_yet_committed(tmp_path):
 
 def test_sampled_requests_are_estimated_at_the_next_depth_and_never_recovered(tmp_path):
     sim = simulate(5, temperature=0.7)
-    with Store(tmp_path / "events.duckdb") as store:
-        ingest_in(store, sim.records, list(range(len(sim.records))), [])
-        rows = store.query(
-            'SELECT l.depth, r."window", l.status::VARCHAR AS status, l.label, l.probability FROM depth_labels l '
-            'JOIN requests r USING (replica_id, step_id, request_id) WHERE r.accepted = r."window" AND r."window" < 5'
-        ).to_pylist()
+    rows = [r for r in joined(tmp_path, sim) if r["accepted"] == r["window"] < GAMMA]
     assert rows and not any(r["status"] == "recovered" for r in rows)
     for r in rows:
         if r["depth"] == r["window"] + 1:

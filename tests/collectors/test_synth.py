@@ -31,3 +31,12 @@ def test_the_seed_alone_fixes_the_records():
     first, second = synthetic_wire(2, 4, 3, first_step=0), synthetic_wire(2, 4, 3, first_step=2)
     ids = [row["request_id"] for wire in (first, second) for step in wire.to_pylist() for row in step["requests"]]
     assert len(set(ids)) == len(ids) == 16
+
+
+def test_continuing_requests_are_valid_and_give_recovery_rows_to_join(store):
+    for first in (0, 10):  # two batches: recovery also joins across commits
+        wire = synthetic_wire(10, batch=8, gamma=5, replica_id="r", first_step=first, seed=first, continuing=True)
+        assert store.ingest(from_wire(wire), "test").quarantined == 0
+    ids = store.query("SELECT count(DISTINCT request_id) AS n FROM requests").to_pylist()[0]["n"]
+    recovered = store.query("SELECT count(*) AS n FROM depth_labels WHERE status = 'recovered'").to_pylist()[0]["n"]
+    assert ids == 8 and recovered > 0

@@ -1,0 +1,148 @@
+"""``sparkgate backtest``: a store's history replayed through a rollout policy, acting on nothing
+(docs/design.md §6).
+
+At every time the stored controller decided (the ledger, oldest first), the replay evaluates what the
+store holds up to that time through the given policy's gates and state machine, with the same code
+``serve`` runs (``Replay`` is a ``Controller`` whose decisions stay in memory and whose every read is
+bounded at the replayed time). Operator actions are replayed as they were taken, and skipped, saying
+so, where the replayed state does not allow them. Nothing is written: not the ledger, not an actuator.
+
+What a replay can and cannot say: records were produced under the stored rollout's phases. While the
+replayed ladder agrees with the stored one, the replay is exact (given the same policy, it reproduces
+the stored decisions). Once it departs, a gate reads the records of the replayed stage's window, which
+were served under the stored stage: a stricter policy's earlier rollback is meaningful, a looser
+policy's advance past what was served is not evidence about the rung it advanced to. Comparisons read
+the epochs of the replayed revision only, so after a departure they are inconclusive.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import click
+
+from sparkgate.collectors.store import Store
+from sparkgate.policies.rollout import load_rollout_policy
+from sparkgate.policies.vocabulary import CHANGES_POLICY
+
+from . import ledger, rollout
+from .rollout import Decision, RolloutState, TransitionError
+from .supervisor import Controller
+
+
+class Replay(Controller):
+    """A controller that keeps its decisions in memory and reads the store as of ``clock()``."""
+
+    def _resume(self) -> RolloutState:
+        self.decisions: list[Decision] = []
+        return self._commit(None, rollout.start(self.policy, self.clock()))
+
+    def _commit(self, state: RolloutState | None, decision: Decision) -> RolloutState:
+        self.decisions.append(decision)
+        self.state = rollout.apply(state, decision)
+        return self.state
+
+    def _until(self, now: float) -> float | None:
+        return now
+
+
+@dataclass(frozen=True)
+class Row:
+    """One stored decision beside the replay's at the same time."""
+
+    at: float
+    stored: Decision
+    replayed: Decision | None  # None: an operator action the replayed state did not allow
+    note: str = ""
+
+    @property
+    def agrees(self) -> bool:
+        return self.replayed is not None and _key(self.stored) == _key(self.replayed)
+
+    def to_dict(self, origin: float) -> dict:
+        return {
+            "at_s": round(self.at - origin, 3),
+            "stored": _brief(self.stored),
+            "replayed": None if self.replayed is None else _brief(self.replayed),
+            "agrees": self.agrees,
+            **({"note": self.note} if self.note else {}),
+        }
+
+
+def _key(d: Decision) -> tuple:
+    return d.action, d.phase_to, round(d.compact_fraction, 9), d.outcome
+
+
+def _brief(d: Decision) -> dict:
+    failing = [r["gate"] for r in d.reasons[1:] if r.get("outcome") == "fail" and not r.get("dry_run")]
+    return {"action": d.action, "phase": d.phase_to, "compact_fraction": d.compact_fraction,
+            "outcome": d.outcome, "rule": d.reasons[0].get("rule") if d.reasons else None,
+            "failing": failing}  # fmt: skip
+
+
+def replay(store: Store, policy_path: str, since: float | None = None, resamples: int = 200) -> list[Row]:
+    """Every stored decision from ``since`` on beside what ``policy`` would have decided at its time."""
+    stored = ledger.decisions(store, since=since)
+    if not stored:
+        return []
+    policy = load_rollout_policy(policy_path)
+    clock = {"now": stored[0].decided_at}
+    ctl = Replay(store, policy, clock=lambda: clock["now"], resamples=resamples)
+    rows = [Row(stored[0].decided_at, stored[0], ctl.decisions[0])]
+    for decision in stored[1:]:
+        clock["now"] = decision.decided_at
+        if decision.operator is None:
+            rows.append(Row(decision.decided_at, decision, ctl.tick()))
+            continue
+        try:
+            rows.append(Row(decision.decided_at, decision, ctl.act(decision.action, decision.operator)))
+        except TransitionError as exc:
+            rows.append(Row(decision.decided_at, decision, None, f"operator {decision.action} skipped: {exc}"))
+    return rows
+
+
+def summary(rows: list[Row]) -> dict:
+    """Agreement counts and where the replay first departed from the stored decisions."""
+    differ = [r for r in rows if not r.agrees]
+    origin = rows[0].at if rows else 0.0
+    changes = [r for r in rows if r.replayed is not None and r.replayed.action in CHANGES_POLICY]
+    return {
+        "decisions": len(rows),
+        "agree": len(rows) - len(differ),
+        "first_difference_at_s": round(differ[0].at - origin, 3) if differ else None,
+        "stored_phases": _phases(r.stored for r in rows),
+        "replayed_phases": _phases(r.replayed for r in changes if r.replayed is not None),
+    }
+
+
+def _phases(decisions) -> list[str]:
+    out: list[str] = []
+    for d in decisions:
+        if d.action in CHANGES_POLICY and (not out or out[-1] != d.phase_to):
+            out.append(d.phase_to)
+    return out
+
+
+@click.command("backtest")
+@click.option("--db", required=True, type=click.Path(exists=True, dir_okay=False), help="DuckDB file (not in use).")
+@click.option("--policy", "policy_path", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--since", type=float, default=None, help="Replay the decisions from this unix time on.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: every row and the summary.")
+def backtest(db: str, policy_path: str, since: float | None, as_json: bool) -> None:
+    """Replay a store's history through a policy, beside the decisions it holds; acts on nothing."""
+    with Store(db) as store:
+        rows = replay(store, policy_path, since)
+    if not rows:
+        raise click.ClickException(f"{db}: no decisions to replay")
+    origin = rows[0].at
+    result = {"summary": summary(rows), "rows": [r.to_dict(origin) for r in rows]}
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    for r in result["rows"]:
+        mark = " " if r["agrees"] else "≠"
+        replayed = r["replayed"] or {"action": "-", "phase": "-"}
+        click.echo(f"{mark} {r['at_s']:>8.1f}s  stored {r['stored']['action']:<8} -> {r['stored']['phase']:<10}"
+                   f"  replayed {replayed['action']:<8} -> {replayed['phase']:<10} {r.get('note', '')}")  # fmt: skip
+    click.echo(json.dumps(result["summary"]))
