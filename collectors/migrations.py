@@ -131,6 +131,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     ALTER TABLE requests ADD COLUMN draft_tokens BIGINT[];
     ALTER TABLE requests ADD COLUMN position BIGINT;
     ALTER TABLE requests ADD COLUMN next_accept_prob DOUBLE;
+    ALTER TABLE requests ADD COLUMN recovery_open BOOLEAN;
     CREATE TYPE label_status_v2 AS ENUM
         ('accepted', 'rejected', 'not_at_risk', 'censored', 'recovered', 'estimated');
     CREATE TABLE depth_labels_v2 (

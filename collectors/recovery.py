@@ -21,7 +21,10 @@ Sampled requests (temperature > 0) are not recovered: their labels are random
 given the tokens (``collectors.labels`` marks depth ``w+1`` ``estimated``).
 Recovery runs inside the ingest transaction, over the requests the batch touches
 and their rows of the last ``HORIZON_S`` seconds of step time, so its cost does
-not grow with the store; a continuation that arrives later stays censored.
+not grow with the store; a continuation that arrives later stays censored. A row
+whose labels are all settled is marked (``recovery_open`` false) and not walked
+again, and only the tokens from a request's oldest open row on are read, so a
+long request does not make each commit re-read its whole history.
 """
 
 from __future__ import annotations
@@ -35,23 +38,24 @@ HORIZON_S = 600.0
 
 _SETTLE = """
 WITH touched AS (SELECT DISTINCT replica_id, request_id FROM recovery_keys),
-rows AS (
-    SELECT r.* FROM requests r JOIN touched t ON r.replica_id = t.replica_id AND r.request_id = t.request_id
-    WHERE r.ts >= ? AND r.position IS NOT NULL
+open_rows AS (
+    SELECT r.replica_id, r.request_id, r.step_id, r.position, r."window" AS w, r.draft_tokens
+    FROM requests r JOIN touched t ON r.replica_id = t.replica_id AND r.request_id = t.request_id
+    WHERE r.ts >= ? AND r.recovery_open IS NOT FALSE AND r.position IS NOT NULL AND r.mode = 'compact'
+      AND r.temperature = 0 AND r.draft_tokens IS NOT NULL AND r.accepted = r."window"
+      AND r."window" < len(r.draft_tokens)
 ),
+frontier AS (SELECT replica_id, request_id, min(position) AS start FROM open_rows GROUP BY ALL),
 stream AS (
-    SELECT replica_id, request_id, position + i - 1 AS pos, committed_tokens[i] AS token
-    FROM rows, range(1, len(committed_tokens) + 1) t(i) WHERE committed_tokens[i] >= 0
-),
-censored AS (
-    SELECT replica_id, request_id, step_id, position, "window" AS w, draft_tokens FROM rows
-    WHERE mode = 'compact' AND temperature = 0 AND draft_tokens IS NOT NULL
-      AND accepted = "window" AND "window" < len(draft_tokens)
+    SELECT r.replica_id, r.request_id, r.position + i - 1 AS pos, r.committed_tokens[i] AS token
+    FROM requests r JOIN frontier f ON r.replica_id = f.replica_id AND r.request_id = f.request_id,
+         range(1, len(r.committed_tokens) + 1) t(i)
+    WHERE r.ts >= ? AND r.position + len(r.committed_tokens) > f.start AND r.committed_tokens[i] >= 0
 ),
 checks AS (
     SELECT c.replica_id, c.request_id, c.step_id, t.j, s.token IS NULL AS unknown,
            s.token IS NOT NULL AND s.token = c.draft_tokens[t.j] AS matched
-    FROM censored c CROSS JOIN LATERAL (SELECT unnest(range(c.w + 1, len(c.draft_tokens) + 1)) AS j) t
+    FROM open_rows c CROSS JOIN LATERAL (SELECT unnest(range(c.w + 1, len(c.draft_tokens) + 1)) AS j) t
     LEFT JOIN stream s ON s.replica_id = c.replica_id AND s.request_id = c.request_id
          AND s.pos = c.position + t.j - 1
 )
@@ -69,6 +73,14 @@ WHERE l.ts >= ? AND l.replica_id = f.replica_id AND l.request_id = f.request_id 
   AND l.status = 'censored' AND (f.stop IS NULL OR l.depth < f.stop OR NOT f.stop_unknown)
 """
 
+# A row whose every label is settled is not walked again.
+_CLOSE = """
+UPDATE requests r SET recovery_open = FALSE
+FROM recovery_stops f
+WHERE r.ts >= ? AND r.replica_id = f.replica_id AND r.request_id = f.request_id AND r.step_id = f.step_id
+  AND (f.stop IS NULL OR NOT f.stop_unknown)
+"""
+
 
 def recover(con: duckdb.DuckDBPyConnection, requests: pa.Table) -> int:
     """Settle what ``requests`` (request rows just inserted, in the caller's open transaction) make known:
@@ -80,13 +92,15 @@ def recover(con: duckdb.DuckDBPyConnection, requests: pa.Table) -> int:
     con.register("recovery_keys", known.select(["replica_id", "request_id"]))
     try:
         since = pc.min(known.column("ts")).as_py() - HORIZON_S
-        stops = con.sql(_SETTLE, params=[since]).to_arrow_table()
+        stops = con.sql(_SETTLE, params=[since, since]).to_arrow_table()
     finally:
         con.unregister("recovery_keys")
     if not stops.num_rows:
         return 0
     con.register("recovery_stops", stops)
     try:
-        return int(con.execute(_UPDATE, [since]).fetchall()[0][0])  # the ts bound keeps old row groups unread
+        settled = int(con.execute(_UPDATE, [since]).fetchall()[0][0])  # the ts bound keeps old row groups unread
+        con.execute(_CLOSE, [since])
+        return settled
     finally:
         con.unregister("recovery_stops")
