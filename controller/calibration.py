@@ -20,7 +20,9 @@ integers so merging (adding) histograms is exact.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -28,6 +30,8 @@ from sparkgate.collectors.aggregate import CalibrationStats
 from sparkgate.collectors.schema import MODES
 from sparkgate.policies.binning import N_BINS
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
+
+from .measurement import Measurement
 
 FINE_PER_BIN = 64
 FINE_BINS = N_BINS * FINE_PER_BIN
@@ -186,8 +190,9 @@ def grouped_ece(count: np.ndarray, sum_p: np.ndarray, sum_y: np.ndarray) -> np.n
 
 def bootstrap_ece(
     stats: KindStats, resamples: int = 200, level: float = 0.95, seed: int = 0
-) -> dict[int, tuple[float, float]]:
-    """Percentile interval of the gated-mode ECE per depth, resampling request groups with replacement.
+) -> dict[int, tuple[float, float, float]]:
+    """Per depth of the gated modes: the percentile interval of the ECE at ``level`` and its bootstrap
+    standard error, ``(low, high, se)``, resampling request groups with replacement.
 
     Only groups holding rows are resampled, so sparse windows (fewer requests than
     groups) still resample requests rather than empty groups.
@@ -210,4 +215,54 @@ def bootstrap_ece(
     ece = grouped_ece(*((weights @ a).reshape(shape) for a in flat))[:, present]
     tail = (1 - level) / 2 * 100
     lo, hi = np.nanpercentile(ece, [tail, 100 - tail], axis=0)
-    return {int(d): (float(a), float(b)) for d, a, b in zip(present, lo, hi)}
+    se = np.nanstd(ece, axis=0)
+    return {int(d): (float(a), float(b), float(c)) for d, a, b, c in zip(present, lo, hi, se)}
+
+
+def null_ece(
+    stats: CalibrationStats, modes: tuple[str, ...] = FULL_BLOCK_MODES, resamples: int = 200, seed: int = 0
+) -> dict[int, float]:
+    """Per depth: the plug-in ECE a perfectly calibrated predictor would show at these bins' counts and
+    mean predictions, the mean over ``resamples`` draws of every bin's labels from its prediction
+    (Binomial(n_b, p̄_b)). It is the ECE's noise floor at this sample size; ``ece - null_ece`` is the
+    debiased ECE, zero in expectation for a calibrated predictor (its plug-in ECE is pure noise)."""
+    s = stats.select(modes)
+    n = s.count[0].astype(np.int64)  # [depths+1, N_BINS]
+    mean_p = np.clip(np.divide(s.sum_p[0], n, out=np.zeros(n.shape), where=n > 0), 0.0, 1.0)
+    draws = np.random.default_rng(seed).binomial(n, mean_p, size=(resamples, *n.shape))
+    gap = np.abs(draws - mean_p * n).sum(axis=-1).mean(axis=0)
+    total = n.sum(axis=1)
+    return {d: float(gap[d] / total[d]) for d in range(1, len(total)) if total[d]}
+
+
+def debiased_ece(
+    ece: dict[int, float],
+    null: dict[int, float],
+    bounds: dict[int, tuple[float, float, float]],
+    samples: int,
+    looks: int,
+    level: float,
+) -> Measurement:
+    """The gate input of ``survival_ece_debiased``: the worst depth's ECE minus its noise floor, with bounds
+    from each depth's bootstrap standard error (``bounds``: low, high, se). The fail side is one-sided at
+    α / (depths × looks spending), α = (1 - level) / 2, spending 6/(π²k²) of α at the stage's k-th look
+    (those sum to 1 over all looks), so a calibrated rollout fails a stage no more often than α whatever
+    the depths and however long the stage lasts; the pass side is one-sided at α."""
+    depths = [d for d in ece if d in bounds and d in null]
+    if not depths:
+        return Measurement(None, samples)
+    alpha = (1 - level) / 2
+    fail_alpha = alpha * 6 / (math.pi**2 * max(looks, 1) ** 2) / len(depths)
+    z_fail, z_pass = NormalDist().inv_cdf(1 - fail_alpha), NormalDist().inv_cdf(1 - alpha)
+    debiased = {d: ece[d] - null[d] for d in depths}
+    method = (
+        f"ECE minus its noise floor, worst of {len(depths)} depths, ± bootstrap se over request groups; fail "
+        f"side at {fail_alpha:.2g} per depth (look {looks}), pass side at {alpha:.3g}"
+    )
+    return Measurement(
+        max(debiased.values()),
+        samples,
+        max(debiased[d] - z_fail * bounds[d][2] for d in depths),
+        max(debiased[d] + z_pass * bounds[d][2] for d in depths),
+        method,
+    )

@@ -32,7 +32,7 @@ from sparkgate.policies.rollout import ESTIMATED_SUFFIX
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES, CheckKind, Phase
 
 from . import queries
-from .calibration import KindStats, bootstrap_ece
+from .calibration import KindStats, bootstrap_ece, debiased_ece, null_ece
 from .compact_calibration import compact_ece
 from .measurement import Measurement
 from .queries import Slice, Window
@@ -57,7 +57,7 @@ class Evaluation:
     conditional: KindStats
     # Per status of the compact view (censored, recovered, estimated): labels per depth.
     compact_counts: dict[str, dict[int, int]]
-    intervals: dict[str, dict[int, tuple[float, float]]]
+    intervals: dict[str, dict[int, tuple[float, float, float]]]  # per kind and depth: (low, high, se)
     steps: pa.Table | None  # per load bucket; None when the slice selects requests within steps
     baseline: pa.Table | None
     misses: dict[str, int]
@@ -70,17 +70,19 @@ class Evaluation:
     estimated: np.ndarray | None = None
 
     # -- gate inputs ---------------------------------------------------------
-    def measurements(self, phase: str) -> dict[str, Measurement]:
-        """One ``Measurement`` per metric of ``policies.rollout.METRICS`` for a controller in ``phase``."""
+    def measurements(self, phase: str, looks: int = 1) -> dict[str, Measurement]:
+        """One ``Measurement`` per metric of ``policies.rollout.METRICS`` for a controller in ``phase``, at
+        the ``looks``-th evaluation of the stage (the debiased ECE spends its error rate over looks)."""
         stats = self.aggregate.survival
-        ece, samples = stats.ece(), stats.samples()
-        upper = {d: hi for d, (_, hi) in self.intervals["survival"].items()}
+        ece, samples, null = stats.ece(), stats.samples(), null_ece(stats)
+        upper = {d: hi for d, (_, hi, _) in self.intervals["survival"].items()}
         least = min(samples.values(), default=0)
         checks = {kind: self.consistency.get(kind, {"checks": 0, "mismatches": 0}) for kind in CheckKind}
         tier_steps = self._total("tier_steps")  # steps whose engine reports graph hits and misses
         return {
             "survival_ece": Measurement(max(ece.values(), default=None), least),
             "survival_ece_upper": Measurement(max(upper.values(), default=None), least),
+            "survival_ece_debiased": debiased_ece(ece, null, self.intervals["survival"], least, looks, INTERVAL_LEVEL),
             "upper_bound_utilization": self._utilization("shadow" if phase == "shadow" else "cap_accept"),
             "tier_miss_rate": Measurement(self._total("misses") / tier_steps if tier_steps else None, tier_steps),
             "compact_survival_ece": compact_ece(stats, self.compact_counts, None),
@@ -168,13 +170,15 @@ class Evaluation:
 
     def _calibration(self, kind: KindStats, name: str) -> dict:
         stats = kind.calibration_stats()
-        ece, brier, samples = stats.ece(), stats.brier(), stats.samples()
+        ece, brier, samples, null = stats.ece(), stats.brier(), stats.samples(), null_ece(stats)
         equal_mass, auroc, curve = kind.equal_mass_ece(), kind.auroc(), kind.curve()
         return {
             str(d): {
                 "samples": samples[d],
                 "ece": ece[d],
-                "ece_interval": self.intervals[name].get(d),
+                "ece_null": null[d],
+                "ece_debiased": ece[d] - null[d],
+                "ece_interval": self.intervals[name][d][:2] if d in self.intervals[name] else None,
                 "ece_equal_mass": equal_mass[d],
                 "brier": brier[d],
                 "auroc": auroc.get(d),

@@ -164,7 +164,8 @@ class Controller:
             steps = sum(evaluation.baseline.column("steps").to_pylist()) if evaluation.baseline is not None else 0
             return [judge_baseline(self.policy, steps, stale)]
         gates = self.policy.gates_for(phase) if state.stage is not None else self.policy.gates
-        measured = evaluation.measurements(phase)
+        looks = 1 + int((now - state.entered_at) // self.policy.evaluation_interval_s)
+        measured = evaluation.measurements(phase, looks)
         # Comparisons read every pair since the stage began (the window bounds the other gates): pairs are
         # the scarce evidence, and every one was measured against its own concurrent control.
         comparing = [g for g in gates if g.metric in COMPARISON_METRICS and not g.promql]

@@ -8,6 +8,8 @@ import altair as alt
 import pandas as pd
 from altair.typing import ChartType
 
+from sparkgate.controller.comparison import COMPARISON_METRICS
+
 # Ladder order top to bottom on the timeline, then the side states.
 PHASE_ORDER = ["adaptive", "compact", "canary", "shadow", "baseline", "paused", "fallback"]
 PHASE_COLORS = ["#2e7d32", "#558b2f", "#f9a825", "#1565c0", "#78909c", "#8e24aa", "#c62828"]
@@ -154,11 +156,15 @@ def step_cost(frame: pd.DataFrame) -> ChartType:
 
 
 def comparison_frame(verdicts: list[dict]) -> pd.DataFrame:
-    """The comparison verdicts that have an interval, for ``charts.comparison_intervals``."""
+    """The comparison verdicts that have an interval, for ``charts.comparison_intervals`` (other gates
+    judged by an interval, e.g. the debiased ECE, are on another scale)."""
     rows = [
         {k: v[k] for k in ("gate", "value", "low", "high", "threshold", "samples")} | {"verdict": v["outcome"]}
         for v in verdicts
-        if v.get("low") is not None and v.get("high") is not None and v["value"] is not None
+        if v.get("metric") in COMPARISON_METRICS
+        and v.get("low") is not None
+        and v.get("high") is not None
+        and v["value"] is not None
     ]
     return pd.DataFrame(rows, columns=["gate", "value", "low", "high", "threshold", "samples", "verdict"])
 

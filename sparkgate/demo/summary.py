@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
+from sparkgate.controller.comparison import COMPARISON_METRICS
 from sparkgate.controller.metrics import evaluate
 from sparkgate.controller.queries import Window
 from sparkgate.controller.rollout import Decision
@@ -152,7 +153,7 @@ def _comparisons(decisions: list[Decision], stage: Stage) -> dict[str, dict]:
     return {
         v["gate"]: {k: v[k] for k in ("value", "low", "high", "samples", "outcome", "method")}
         for v in judged[-1].reasons[1:]
-        if v.get("method")
+        if v.get("metric") in COMPARISON_METRICS
     }
 
 

@@ -7,7 +7,7 @@ import pytest
 from sklearn.calibration import calibration_curve
 from sklearn.metrics import roc_auc_score
 
-from sparkgate.collectors.aggregate import Aggregate
+from sparkgate.collectors.aggregate import Aggregate, CalibrationStats
 from sparkgate.collectors.labels import explode
 from sparkgate.collectors.schema import MODES
 from sparkgate.collectors.synth import synthetic_wire
@@ -16,8 +16,12 @@ from sparkgate.controller.calibration import (
     REQUEST_GROUPS,
     KindStats,
     bootstrap_ece,
+    debiased_ece,
     fine_bin,
+    null_ece,
 )
+from sparkgate.controller.gates import judge
+from sparkgate.policies.rollout import Gate
 
 STATIC = MODES.index("static")
 
@@ -105,7 +109,7 @@ def test_bootstrap_interval_covers_the_true_ece_at_about_the_nominal_rate():
     truth, covered, runs = 0.1, 0, 100
     for seed in range(runs):
         mode, depth, p, y, group = _rows(20_000, 100 + seed, lambda p: p**1.5)
-        lo, hi = bootstrap_ece(KindStats.from_rows(mode, depth, p, y, group, 1), resamples=200, seed=seed)[1]
+        lo, hi, _ = bootstrap_ece(KindStats.from_rows(mode, depth, p, y, group, 1), resamples=200, seed=seed)[1]
         covered += lo <= truth <= hi
     assert 0.88 <= covered / runs <= 0.995
 
@@ -122,7 +126,7 @@ def test_bootstrap_resamples_requests_not_rows():
     shuffled = KindStats.from_rows(
         np.full(len(p), STATIC), np.ones(len(p), np.int64), p, y, rng.integers(0, REQUEST_GROUPS, len(p)), 1
     )
-    width = lambda s: np.subtract(*bootstrap_ece(s, 200)[1][::-1])
+    width = lambda s: np.subtract(*bootstrap_ece(s, 200)[1][1::-1])
     assert width(grouped) > 3 * width(shuffled)
 
 
@@ -130,3 +134,51 @@ def test_bootstrap_rejects_a_bad_level():
     mode, depth, p, y, group = _rows(100, 0)
     with pytest.raises(ValueError, match="level"):
         bootstrap_ece(KindStats.from_rows(mode, depth, p, y, group, 1), level=1.5)
+
+
+def test_the_debiased_ece_is_unbiased_for_a_calibrated_predictor_and_finds_a_known_miscalibration():
+    rng = np.random.default_rng(0)
+
+    def ece_pair(n: int, shift: float) -> tuple[float, float]:
+        p = rng.uniform(0.05, 0.85, n)  # p + 0.1 stays a probability: the gap is 0.1 everywhere
+        y = (rng.random(n) < p + shift).astype(np.int64)
+        stats = CalibrationStats.from_rows(np.full(n, STATIC), np.ones(n, np.int64), p, y, 1)
+        return stats.ece()[1], stats.ece()[1] - null_ece(stats, seed=int(rng.integers(1 << 30)))[1]
+
+    calibrated = np.array([ece_pair(500, 0.0) for _ in range(300)])
+    plug_in, debiased = calibrated.mean(axis=0)
+    assert plug_in > 0.04  # sampling noise alone: about 0.05 at 500 labels
+    assert abs(debiased) < 0.004  # what is left once the noise floor is subtracted
+    # A real 0.1 gap: the plug-in overstates it by the noise, the debiased value understates it by at most
+    # the floor (a bin's noise hardly adds to a gap much larger than itself); both detect it.
+    shifted = np.array([ece_pair(2000, 0.1) for _ in range(50)])
+    plug_in, debiased = shifted.mean(axis=0)
+    assert 0.095 <= plug_in < 0.11 and 0.1 - 0.035 < debiased < plug_in and (shifted[:, 1] > 0.03).all()
+
+
+def test_the_debiased_gate_fails_a_calibrated_stage_no_more_often_than_its_level_over_depths_and_looks():
+    gate = Gate(metric="survival_ece_debiased", threshold=0.0, direction="at_most")  # the strictest threshold
+    rng = np.random.default_rng(3)
+    depths, runs, looks, failed_stages, caught = 3, 150, 4, 0, 0
+    for run in range(runs):
+        failed = False
+        for shift, look in [(0.0, k) for k in range(1, looks + 1)] + [(0.12, 1)]:
+            n = 3000 if shift else 600  # a miscalibration is caught once the evidence says so
+            mode = np.full(n * depths, STATIC)
+            depth = np.repeat(np.arange(1, depths + 1), n)
+            p = rng.uniform(0.05, 0.9, len(depth))
+            y = (rng.random(len(p)) < p + shift).astype(np.int64)
+            group = rng.integers(0, REQUEST_GROUPS, len(p))
+            kind = KindStats.from_rows(mode, depth, p, y, group, depths)
+            stats = kind.calibration_stats()
+            m = debiased_ece(
+                stats.ece(), null_ece(stats, seed=run), bootstrap_ece(kind, 100, seed=run), 600, look, 0.95
+            )
+            outcome = judge(gate.model_copy(update={"threshold": 0.05 if shift else 0.0}), m).outcome
+            if shift:
+                caught += outcome == "fail"  # a 0.12 gap against a 0.05 threshold
+            else:
+                failed |= outcome == "fail"
+        failed_stages += failed
+    assert failed_stages / runs <= 0.025 + 0.02  # one side of the level, over 3 depths and 4 looks, + sampling
+    assert caught / runs >= 0.9

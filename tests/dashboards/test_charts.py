@@ -54,13 +54,16 @@ def test_reliability_frames_carry_intervals_and_every_chart_builds():
     )
     comparisons = charts.comparison_frame(
         [
-            {"gate": "p99_tpot_ratio", "value": 1.02, "low": 0.97, "high": 1.08, "threshold": 1.1, "samples": 12,
-             "outcome": "pass"},
-            {"gate": "survival_ece", "value": 0.02, "low": None, "high": None, "threshold": 0.05, "samples": 9,
-             "outcome": "pass"},
+            {"gate": "p99_tpot_ratio", "metric": "p99_tpot_ratio", "value": 1.02, "low": 0.97, "high": 1.08,
+             "threshold": 1.1, "samples": 12, "outcome": "pass"},
+            {"gate": "survival_ece", "metric": "survival_ece", "value": 0.02, "low": None, "high": None,
+             "threshold": 0.05, "samples": 9, "outcome": "pass"},
+            {"gate": "survival_ece_debiased", "metric": "survival_ece_debiased", "value": 0.01, "low": -0.01,
+             "high": 0.03, "threshold": 0.03, "samples": 9, "outcome": "pass"},
         ]
     )  # fmt: skip
-    assert list(comparisons["gate"]) == ["p99_tpot_ratio"]  # only verdicts with an interval are drawn
+    # Only comparisons with an interval are drawn: the debiased ECE's bounds are on another scale.
+    assert list(comparisons["gate"]) == ["p99_tpot_ratio"]
     built = [
         charts.reliability(frame, "depth 1"),
         charts.lines(series, "ece", "depth", "ECE", threshold=0.05),
