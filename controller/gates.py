@@ -84,14 +84,17 @@ def judge(gate: Gate, measurement: Measurement | None, stale: str | None = None)
         return verdict(Outcome.INCONCLUSIVE, f"{m.samples} samples < min_samples {gate.min_samples}")
     if m.method is not None:
         return _judge_interval(gate, m, stale, verdict)
-    failed = f"{m.value:.6g} not {_symbol(gate.direction)} {gate.threshold:g}"
-    if not gate.passes(m.value) and gate.critical:
+    limit = gate.threshold if gate.fail_threshold is None else gate.fail_threshold
+    failed = f"{m.value:.6g} not {_symbol(gate.direction)} {limit:g}"
+    if gate.fails(m.value) and gate.critical:
         return verdict(Outcome.FAIL, failed)  # evidence of a correctness bug counts whatever the age of the steps
     if stale is not None:
         return verdict(Outcome.INCONCLUSIVE, stale)
     if gate.passes(m.value):
         return verdict(Outcome.PASS, f"{m.value:.6g} {_symbol(gate.direction)} {gate.threshold:g}")
-    return verdict(Outcome.FAIL, failed)
+    if gate.fails(m.value):
+        return verdict(Outcome.FAIL, failed)
+    return verdict(Outcome.INCONCLUSIVE, f"{m.value:.6g} in the grey zone between {gate.threshold:g} and {limit:g}")
 
 
 def _judge_interval(gate: Gate, m: Measurement, stale: str | None, verdict: Callable[[str, str], Verdict]) -> Verdict:
@@ -101,11 +104,14 @@ def _judge_interval(gate: Gate, m: Measurement, stale: str | None, verdict: Call
     good, bad = (m.high, m.low) if gate.direction == "at_most" else (m.low, m.high)
     if stale is not None:
         return verdict(Outcome.INCONCLUSIVE, stale)
+    limit = gate.threshold if gate.fail_threshold is None else gate.fail_threshold
     if gate.passes(good):
         return verdict(Outcome.PASS, f"interval {span} wholly {_symbol(gate.direction)} {gate.threshold:g}")
-    if not gate.passes(bad):
-        return verdict(Outcome.FAIL, f"interval {span} wholly beyond {gate.threshold:g}")
-    return verdict(Outcome.INCONCLUSIVE, f"interval {span} straddles {gate.threshold:g}: collect more")
+    if gate.fails(bad):
+        return verdict(Outcome.FAIL, f"interval {span} wholly beyond {limit:g}")
+    return verdict(
+        Outcome.INCONCLUSIVE, f"interval {span} reaches between {gate.threshold:g} and {limit:g}: collect more"
+    )
 
 
 def _symbol(direction: str) -> str:

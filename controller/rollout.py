@@ -204,11 +204,10 @@ def decide(
         return hold(because("failed interval", failures=state.failures + 1, limit=policy.failure_limit))
     inconclusive_for = now - state.last_conclusive_at
     if outcome == Outcome.INCONCLUSIVE and state.phase != "baseline" and inconclusive_for >= policy.progress_deadline_s:
-        return move(
-            Action.ROLLBACK,
-            None,
-            because("progress deadline", inconclusive_s=inconclusive_for, deadline_s=policy.progress_deadline_s),
-        )
+        late = {"inconclusive_s": inconclusive_for, "deadline_s": policy.progress_deadline_s}
+        if policy.on_progress_deadline == "pause":
+            return move(Action.PAUSE, state.stage, because("progress deadline: paused for an operator", **late), True)
+        return move(Action.ROLLBACK, None, because("progress deadline", **late))
     if outcome == Outcome.INCONCLUSIVE and reading.mixed:
         return hold(because("contracts mixed in the window: nothing is judged", contracts=reading.to_dict()["seen"]))
     if outcome == Outcome.INCONCLUSIVE:
@@ -219,6 +218,9 @@ def decide(
     assert state.stage is not None, "only fallback has no stage, and fallback holds above"
     if state.stage == len(policy.stages()) - 1:
         return hold(because("top of the ladder", passes=passes))
+    dwelt = now - state.entered_at
+    if dwelt < policy.min_dwell_s:
+        return hold(because("minimum dwell", passes=passes, dwelt_s=dwelt, min_dwell_s=policy.min_dwell_s))
     return move(
         Action.ADVANCE,
         state.stage + 1,

@@ -99,6 +99,11 @@ class Gate(BaseModel):
         + " (any label when promql is set)."
     )
     threshold: Float = Field(description="The value compared with; equality passes.")
+    fail_threshold: Float | None = Field(
+        None,
+        description="A second threshold on the bad side: the gate fails only beyond it, and between the two "
+        "it is inconclusive (a grey zone) [default: threshold].",
+    )
     direction: Direction = Field(description="at_most: pass when value <= threshold; at_least: value >= threshold.")
     name: str = Field("", description="Unique gate name [default: the metric].")
     min_samples: Int = Field(0, description="Below this many samples the gate is inconclusive.")
@@ -130,6 +135,16 @@ class Gate(BaseModel):
             problems.append(_want("promql", self.promql, "a non-empty query"))
         if not math.isfinite(self.threshold):
             problems.append(_want("threshold", self.threshold, "a finite number"))
+        if self.fail_threshold is not None and not (
+            math.isfinite(self.fail_threshold)
+            and (
+                self.fail_threshold >= self.threshold
+                if self.direction == "at_most"
+                else self.fail_threshold <= self.threshold
+            )
+        ):
+            side = ">=" if self.direction == "at_most" else "<="
+            problems.append(_want("fail_threshold", self.fail_threshold, f"a finite number {side} threshold"))
         if self.min_samples < 0:
             problems.append(_want("min_samples", self.min_samples, "an integer >= 0"))
         if self.use_estimated and (self.metric != "compact_survival_ece" or self.promql is not None):
@@ -150,6 +165,11 @@ class Gate(BaseModel):
     def passes(self, value: float) -> bool:
         """Whether ``value`` is on the good side of the threshold (equality passes)."""
         return value <= self.threshold if self.direction == "at_most" else value >= self.threshold
+
+    def fails(self, value: float) -> bool:
+        """Whether ``value`` is beyond the fail threshold (the threshold itself when there is no grey zone)."""
+        limit = self.threshold if self.fail_threshold is None else self.fail_threshold
+        return value > limit if self.direction == "at_most" else value < limit
 
 
 DEFAULT_GATES = (
@@ -262,8 +282,12 @@ class RolloutPolicy(BaseModel):
     failure_limit: Int = Field(2, description="Failed intervals a phase may have; one more rolls back.")
     evaluation_interval_s: Float = Field(60.0, description="Seconds between evaluations.")
     progress_deadline_s: Float = Field(
-        3600.0, description="Roll back when a serving phase stays inconclusive this long."
+        3600.0, description="Act (on_progress_deadline) when a serving phase stays inconclusive this long."
     )
+    on_progress_deadline: Literal["rollback", "pause"] = Field(
+        "rollback", description="What a stage inconclusive for progress_deadline_s does: roll back, or pause."
+    )
+    min_dwell_s: Float = Field(0.0, description="Seconds a stage is held before it may advance, whatever its passes.")
     stale_after_s: Float = Field(300.0, description="Data older than this makes a gate inconclusive.")
     fallback_window: Int | None = Field(None, description="Window served in fallback; null: static (gamma).")
     gates: tuple[Gate, ...] = Field(DEFAULT_GATES, description="The checks every evaluation interval runs.")
@@ -290,6 +314,8 @@ class RolloutPolicy(BaseModel):
         for key in ("evaluation_interval_s", "stale_after_s"):
             if not (math.isfinite(getattr(self, key)) and getattr(self, key) > 0):
                 problems.append(_want(key, getattr(self, key), "a finite number of seconds > 0"))
+        if not (math.isfinite(self.min_dwell_s) and self.min_dwell_s >= 0):
+            problems.append(_want("min_dwell_s", self.min_dwell_s, "a finite number of seconds >= 0"))
         if not (self.progress_deadline_s >= self.evaluation_interval_s):
             problems.append(
                 _want(

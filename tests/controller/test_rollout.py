@@ -278,3 +278,34 @@ def test_a_contract_change_keeps_a_pause_and_yields_to_a_critical_failure_and_to
     fallback = apply(paused, decide(POLICY, paused, critical, script.now + 60))
     held = decide(POLICY, fallback, verdicts, script.now + 120, changed)
     assert (held.action, held.contract) == ("hold", "A")  # fallback is left only by resume
+
+
+def test_a_minimum_dwell_holds_a_passing_stage_until_it_has_lasted(store):
+    script = Script(store, POLICY.replace(min_dwell_s=300))  # five intervals of 60 s
+    script.climb_to("shadow")
+    decisions = [script.interval() for _ in range(5)]
+    assert [d.action for d in decisions] == ["hold", "hold", "hold", "hold", "advance"]
+    assert decisions[1].reasons[0] == {"rule": "minimum dwell", "passes": 2, "dwelt_s": 120.0, "min_dwell_s": 300.0}
+
+
+def test_an_inconclusive_stage_past_its_deadline_pauses_for_an_operator_when_the_policy_says_so(store):
+    script = Script(store, POLICY.replace(on_progress_deadline="pause"))
+    script.climb_to("canary", 0.05)
+    few = good(survival_ece=Measurement(0.01, 10))
+    decisions = [script.interval(few) for _ in range(5)]
+    assert [d.action for d in decisions] == ["hold"] * 4 + ["pause"]
+    assert decisions[-1].reasons[0]["rule"] == "progress deadline: paused for an operator"
+    assert (script.state.phase, script.state.stage) == ("paused", 2)
+    assert script.act("resume").phase_to == "canary"  # the operator decides, nothing rolled back
+
+
+def test_a_grey_zone_between_two_thresholds_is_inconclusive_not_a_failure(store):
+    gates = [{"metric": "tier_miss_rate", "threshold": 0.02, "fail_threshold": 0.05, "direction": "at_most"}]
+    script = Script(store, POLICY.replace(gates=gates))
+    script.climb_to("shadow")
+    grey = script.interval({"tier_miss_rate": Measurement(0.03, 1000)})
+    assert grey.outcome == "inconclusive" and "grey zone between 0.02 and 0.05" in grey.reasons[1]["note"]
+    assert script.interval({"tier_miss_rate": Measurement(0.06, 1000)}).outcome == "fail"
+    assert script.interval({"tier_miss_rate": Measurement(0.01, 1000)}).outcome == "pass"
+    with pytest.raises(ValueError, match="fail_threshold"):
+        POLICY.replace(gates=[{**gates[0], "fail_threshold": 0.01}])  # on the good side of the threshold
