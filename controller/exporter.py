@@ -16,7 +16,12 @@ from .gates import Verdict
 from .metrics import Evaluation
 from .rollout import Decision, RolloutState
 
-VERDICT_CODES: dict[str, float] = {Outcome.PASS: 1.0, Outcome.FAIL: 0.0, Outcome.INCONCLUSIVE: -1.0}
+VERDICT_CODES: dict[str, float] = {
+    Outcome.PASS: 1.0,
+    Outcome.FAIL: 0.0,
+    Outcome.INCONCLUSIVE: -1.0,
+    Outcome.ERROR: -2.0,
+}
 
 
 class ControllerMetrics:
@@ -30,7 +35,7 @@ class ControllerMetrics:
         self.gate_value = Gauge("sparkgate_gate_value", "Last measured value of each gate.", ("gate",), registry=r)
         self.gate_samples = Gauge("sparkgate_gate_samples", "Samples behind each gate's value.", ("gate",), registry=r)
         self.gate_verdict = Gauge(
-            "sparkgate_gate_verdict", "Last verdict: 1 pass, 0 fail, -1 inconclusive.", ("gate",), registry=r
+            "sparkgate_gate_verdict", "Last verdict: 1 pass, 0 fail, -1 inconclusive, -2 error.", ("gate",), registry=r
         )
         self.decisions = Counter(
             "sparkgate_rollout_decisions_total", "Rollout decisions taken.", ("action",), registry=r

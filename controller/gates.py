@@ -78,6 +78,8 @@ def judge(gate: Gate, measurement: Measurement | None, stale: str | None = None)
             gate.guard,
         )
 
+    if m.error is not None:
+        return verdict(Outcome.ERROR, m.error)
     if m.value is None:
         return verdict(Outcome.INCONCLUSIVE, stale or m.why or "no data")
     if m.samples < gate.min_samples:
@@ -118,6 +120,11 @@ def _symbol(direction: str) -> str:
     return "<=" if direction == "at_most" else ">="
 
 
+def error_verdict(note: str) -> Verdict:
+    """The one verdict of an interval that could not be evaluated at all (``note`` says why)."""
+    return Verdict("evaluation", "evaluation", Outcome.ERROR, None, 0.0, "at_most", 0, 0, False, False, note)
+
+
 def judge_all(
     gates: Iterable[Gate], measurements: Mapping[str, Measurement], stale: str | None = None
 ) -> list[Verdict]:
@@ -147,13 +154,16 @@ def judge_baseline(policy: RolloutPolicy, steps: int, stale: str | None = None) 
 
 def interval_outcome(verdicts: Iterable[Verdict]) -> str:
     """``critical`` if a deciding critical gate failed, else ``fail`` if any deciding gate failed, else
-    ``inconclusive`` if any was inconclusive, else ``pass`` (also when no gate decides)."""
+    ``error`` if one could not be measured, else ``inconclusive`` if any was inconclusive, else ``pass``
+    (also when no gate decides)."""
     # A guard gate acts on its failures only: its inconclusive verdicts neither hold nor reset the rollout.
     deciding = [v for v in verdicts if v.decides and not (v.guard and v.outcome == Outcome.INCONCLUSIVE)]
     if any(v.critical and v.outcome == Outcome.FAIL for v in deciding):
         return Outcome.CRITICAL
     if any(v.outcome == Outcome.FAIL for v in deciding):
         return Outcome.FAIL
+    if any(v.outcome == Outcome.ERROR for v in deciding):
+        return Outcome.ERROR
     if any(v.outcome == Outcome.INCONCLUSIVE for v in deciding):
         return Outcome.INCONCLUSIVE
     return Outcome.PASS

@@ -17,6 +17,7 @@ class Measurement:
     high: float | None = None
     method: str | None = None
     why: str | None = None
+    error: str | None = None  # measuring failed (not a lack of data): the gate's verdict is an error
 
     def to_dict(self) -> dict:
         out: dict = {"value": self.value, "samples": self.samples}
@@ -24,4 +25,6 @@ class Measurement:
             out.update(low=self.low, high=self.high, method=self.method)
         if self.why is not None:
             out["why"] = self.why
+        if self.error is not None:
+            out["error"] = self.error
         return out

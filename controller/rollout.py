@@ -49,7 +49,8 @@ class TransitionError(ValueError):
 class RolloutState:
     """Where the rollout stands. ``stage`` indexes ``policy.stages()`` (None in fallback; in paused, the
     stage to resume). ``passes``/``failures`` count intervals since ``entered_at``;
-    ``last_conclusive_at`` is the latest pass or fail (or entry), for the progress deadline."""
+    ``last_conclusive_at`` is the latest pass or fail (or entry), for the progress deadline; ``errors``
+    counts consecutive intervals whose gates could not be measured."""
 
     revision: int
     phase: str
@@ -59,6 +60,7 @@ class RolloutState:
     passes: int = 0
     failures: int = 0
     last_conclusive_at: float = 0.0
+    errors: int = 0  # consecutive error intervals
     contract: str | None = None
 
 
@@ -202,6 +204,10 @@ def decide(
         )
     if outcome == Outcome.FAIL:
         return hold(because("failed interval", failures=state.failures + 1, limit=policy.failure_limit))
+    if outcome == Outcome.ERROR and state.errors + 1 > policy.error_limit:
+        return move(Action.ROLLBACK, None, because("error limit", errors=state.errors + 1, limit=policy.error_limit))
+    if outcome == Outcome.ERROR:
+        return hold(because("measurement error", errors=state.errors + 1, limit=policy.error_limit))
     inconclusive_for = now - state.last_conclusive_at
     if outcome == Outcome.INCONCLUSIVE and state.phase != "baseline" and inconclusive_for >= policy.progress_deadline_s:
         late = {"inconclusive_s": inconclusive_for, "deadline_s": policy.progress_deadline_s}
@@ -278,6 +284,7 @@ def apply(state: RolloutState | None, decision: Decision) -> RolloutState:
         state,
         passes=state.passes + 1 if decision.outcome == Outcome.PASS else 0,
         failures=state.failures + (decision.outcome == Outcome.FAIL),
+        errors=state.errors + 1 if decision.outcome == Outcome.ERROR else 0,
         last_conclusive_at=decision.decided_at if conclusive else state.last_conclusive_at,
         contract=decision.contract,
     )

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import duckdb
+
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store
 from sparkgate.policies.payload import PolicyPayload, SwitchbackSpec
@@ -28,7 +30,7 @@ from sparkgate.policies.vocabulary import SWITCHBACK_PHASES, Arm
 from . import contract, ledger, promql, rollout
 from .comparison import COMPARISON_METRICS, Design, Epochs, Groups, comparisons
 from .exporter import ControllerMetrics
-from .gates import Verdict, judge_all, judge_baseline
+from .gates import Verdict, error_verdict, judge_all, judge_baseline
 from .measurement import Measurement
 from .metrics import Evaluation, evaluate
 from .queries import Slice, Window
@@ -200,24 +202,29 @@ class Controller:
             return Measurement(None, 0)
         try:
             return promql.query(self.prometheus_url, query)
-        except promql.PromQLError:
-            log.exception("gate query failed")
-            return Measurement(None, 0)
+        except promql.PromQLError as exc:
+            log.warning("gate query failed: %s", exc)
+            return Measurement(None, 0, error=str(exc))
 
     def tick(self) -> Decision | None:
         """One evaluation interval; returns the decision taken (None if an operator acted meanwhile)."""
         state, now = self.state, self.clock()
         window = self.window(state, now)
-        reading = contract.read(self.store, window, state.contract)
-        evaluation = evaluate(self.store, window, Slice(), self.resamples, contract=reading.reference())
-        verdicts = self.judge(state, evaluation, now)
+        evaluation: Evaluation | None = None
+        try:
+            reading = contract.read(self.store, window, state.contract)
+            evaluation = evaluate(self.store, window, Slice(), self.resamples, contract=reading.reference())
+            verdicts = self.judge(state, evaluation, now)
+        except duckdb.Error as exc:  # the store could not be read: an error interval, not "no data"
+            log.exception("evaluation failed at revision %s", state.revision)
+            reading, verdicts = contract.ContractReading(state.contract), [error_verdict(f"store: {exc}")]
         with self._lock:
             if self.state.revision != state.revision:
                 return None
             decision = rollout.decide(self.policy, state, verdicts, now, reading)
             self._commit(state, decision)
             self.last_verdicts = verdicts
-        if self.exporter is not None:
+        if self.exporter is not None and evaluation is not None:
             self.exporter.evaluation(evaluation, verdicts)
         self._actuate()
         return decision

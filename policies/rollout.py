@@ -280,6 +280,9 @@ class RolloutPolicy(BaseModel):
     observe_fraction: Float = Field(0.05, description="Fraction of compact traffic verified in full (cap_accept).")
     consecutive_passes: Int = Field(3, description="All-pass intervals in a row that advance a stage.")
     failure_limit: Int = Field(2, description="Failed intervals a phase may have; one more rolls back.")
+    error_limit: Int = Field(
+        3, description="Consecutive intervals with a gate that could not be measured; one more rolls back."
+    )
     evaluation_interval_s: Float = Field(60.0, description="Seconds between evaluations.")
     progress_deadline_s: Float = Field(
         3600.0, description="Act (on_progress_deadline) when a serving phase stays inconclusive this long."
@@ -311,6 +314,8 @@ class RolloutPolicy(BaseModel):
             problems.append(_want("consecutive_passes", self.consecutive_passes, "an integer >= 1"))
         if self.failure_limit < 0:
             problems.append(_want("failure_limit", self.failure_limit, "an integer >= 0"))
+        if self.error_limit < 0:
+            problems.append(_want("error_limit", self.error_limit, "an integer >= 0"))
         for key in ("evaluation_interval_s", "stale_after_s"):
             if not (math.isfinite(getattr(self, key)) and getattr(self, key) > 0):
                 problems.append(_want(key, getattr(self, key), "a finite number of seconds > 0"))

@@ -114,4 +114,7 @@ class Outcome(StrEnum):
     PASS = "pass"
     FAIL = "fail"
     INCONCLUSIVE = "inconclusive"
+    # Its input could not be measured (a PromQL query or the store failed): not "no data", which is
+    # inconclusive; an interval with one (and no failure) is an error interval, counted against error_limit.
+    ERROR = "error"
     CRITICAL = "critical"  # an interval outcome only: a critical gate failed

@@ -309,3 +309,16 @@ def test_a_grey_zone_between_two_thresholds_is_inconclusive_not_a_failure(store)
     assert script.interval({"tier_miss_rate": Measurement(0.01, 1000)}).outcome == "pass"
     with pytest.raises(ValueError, match="fail_threshold"):
         POLICY.replace(gates=[{**gates[0], "fail_threshold": 0.01}])  # on the good side of the threshold
+
+
+def test_gates_that_cannot_be_measured_are_errors_counted_apart_with_their_own_limit(store):
+    script = Script(store, POLICY.replace(error_limit=2))
+    script.climb_to("shadow")
+    broken = good(tier_miss_rate=Measurement(None, 0, error="promql 'x': connection refused"))
+    first = script.interval(broken)
+    assert (first.action, first.outcome) == ("hold", "error") and script.state.errors == 1
+    assert next(r for r in first.reasons if r.get("gate") == "tier_miss_rate")["note"].startswith("promql")
+    assert script.interval(good(tier_miss_rate=Measurement(None, 0))).outcome == "inconclusive"  # no data
+    assert script.state.errors == 0  # errors count consecutive intervals
+    assert [script.interval(broken).action for _ in range(3)] == ["hold", "hold", "rollback"]
+    assert ledger.decisions(store)[-1].reasons[0] == {"rule": "error limit", "errors": 3, "limit": 2}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import duckdb
 import pytest
 
 from sparkgate.collectors.store import Store
@@ -131,3 +132,19 @@ def test_a_fleet_split_by_server_compares_its_groups_and_a_slower_treatment_grou
     assert not verdict["dry_run"] and verdict["outcome"] == "fail" and verdict["samples"] == 10
     assert verdict["value"] == pytest.approx(1.3) and verdict["low"] == pytest.approx(1.3)
     assert decision.phase_to == "fallback"
+
+
+def test_a_store_that_cannot_be_read_is_an_error_interval_not_a_crash(store, monkeypatch):
+    from sparkgate.controller import supervisor
+
+    ingest_synthetic(store, 20, T0 + 1, phase="shadow")
+    ctl = controller(store, now=T0 + 30)
+    ctl.act("promote", "ops")
+
+    def unreadable(*args, **kwargs):
+        raise duckdb.IOException("IO Error: could not read block 12")
+
+    monkeypatch.setattr(supervisor, "evaluate", unreadable)
+    decision = ctl.tick()
+    assert decision.outcome == "error" and decision.reasons[1]["gate"] == "evaluation"
+    assert "could not read block" in decision.reasons[1]["note"] and ctl.state.errors == 1
