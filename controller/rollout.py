@@ -61,6 +61,13 @@ class RolloutState:
     failures: int = 0
     last_conclusive_at: float = 0.0
     errors: int = 0  # consecutive error intervals
+    # Per gate that has decided in the stage: (name, consecutive passes, failed intervals).
+    gate_streaks: tuple[tuple[str, int, int], ...] = ()
+
+    def streak(self, gate: str) -> tuple[int, int]:
+        """(consecutive passes, failures) of ``gate`` in the stage."""
+        return next(((p, f) for name, p, f in self.gate_streaks if name == gate), (0, 0))
+
     contract: str | None = None
 
 
@@ -196,6 +203,14 @@ def decide(
         return move(Action.REEVALUATE, target, because(rule, **detail), paused=state.phase == Phase.PAUSED)
     if state.phase == Phase.PAUSED:
         return hold(because("paused"))
+    limits = {g.name: g for g in policy.gates}
+    for v in verdicts:
+        gate = limits.get(v.gate)
+        if v.decides and v.outcome == Outcome.FAIL and gate is not None and gate.failure_limit is not None:
+            failures = state.streak(v.gate)[1] + 1
+            if failures > gate.failure_limit:
+                return move(Action.ROLLBACK, None, because("gate failure limit", gate=v.gate, failures=failures,
+                                                           limit=gate.failure_limit))  # fmt: skip
     if outcome == Outcome.FAIL and state.failures + 1 > policy.failure_limit:
         return move(
             Action.ROLLBACK,
@@ -224,6 +239,12 @@ def decide(
     assert state.stage is not None, "only fallback has no stage, and fallback holds above"
     if state.stage == len(policy.stages()) - 1:
         return hold(because("top of the ladder", passes=passes))
+    for v in verdicts:
+        gate = limits.get(v.gate)
+        if v.decides and gate is not None and gate.consecutive_passes is not None:
+            streak = state.streak(v.gate)[0] + (v.outcome == Outcome.PASS)
+            if streak < gate.consecutive_passes:
+                return hold(because("gate streak", gate=v.gate, passes=streak, needed=gate.consecutive_passes))
     dwelt = now - state.entered_at
     if dwelt < policy.min_dwell_s:
         return hold(because("minimum dwell", passes=passes, dwelt_s=dwelt, min_dwell_s=policy.min_dwell_s))
@@ -285,9 +306,23 @@ def apply(state: RolloutState | None, decision: Decision) -> RolloutState:
         passes=state.passes + 1 if decision.outcome == Outcome.PASS else 0,
         failures=state.failures + (decision.outcome == Outcome.FAIL),
         errors=state.errors + 1 if decision.outcome == Outcome.ERROR else 0,
+        gate_streaks=_streaks(state, decision.reasons),
         last_conclusive_at=decision.decided_at if conclusive else state.last_conclusive_at,
         contract=decision.contract,
     )
+
+
+def _streaks(state: RolloutState, reasons: tuple[dict[str, Any], ...]) -> tuple[tuple[str, int, int], ...]:
+    """Per-gate streaks after an interval whose verdicts are ``reasons[1:]`` (dry runs do not count)."""
+    streaks = {name: (p, f) for name, p, f in state.gate_streaks}
+    for v in reasons[1:]:
+        if "gate" in v and not v.get("dry_run"):
+            passes, failures = streaks.get(v["gate"], (0, 0))
+            streaks[v["gate"]] = (
+                passes + 1 if v["outcome"] == Outcome.PASS else 0,
+                failures + (v["outcome"] == Outcome.FAIL),
+            )
+    return tuple((name, p, f) for name, (p, f) in sorted(streaks.items()))
 
 
 def stage_of(policy: RolloutPolicy, phase: str, compact_fraction: float, phase_from: str | None) -> int | None:

@@ -118,6 +118,12 @@ class Gate(BaseModel):
         False,
         description="compact_survival_ece only: count estimated labels (sampled requests) as soft outcomes.",
     )
+    failure_limit: Int | None = Field(
+        None, description="Failed intervals of this gate a stage tolerates; one more rolls back [default: none]."
+    )
+    consecutive_passes: Int | None = Field(
+        None, description="Consecutive passes of this gate a stage needs before it advances [default: none]."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -149,6 +155,10 @@ class Gate(BaseModel):
             problems.append(_want("min_samples", self.min_samples, "an integer >= 0"))
         if self.use_estimated and (self.metric != "compact_survival_ece" or self.promql is not None):
             problems.append(_want("use_estimated", self.use_estimated, "false unless metric is compact_survival_ece"))
+        if self.failure_limit is not None and self.failure_limit < 0:
+            problems.append(_want("failure_limit", self.failure_limit, "an integer >= 0"))
+        if self.consecutive_passes is not None and self.consecutive_passes < 1:
+            problems.append(_want("consecutive_passes", self.consecutive_passes, "an integer >= 1"))
         if self.guard and self.dry_run:
             problems.append(_want("guard", self.guard, "false on a dry_run gate (a dry run never acts)"))
         _raise_all(problems)

@@ -322,3 +322,29 @@ def test_gates_that_cannot_be_measured_are_errors_counted_apart_with_their_own_l
     assert script.state.errors == 0  # errors count consecutive intervals
     assert [script.interval(broken).action for _ in range(3)] == ["hold", "hold", "rollback"]
     assert ledger.decisions(store)[-1].reasons[0] == {"rule": "error limit", "errors": 3, "limit": 2}
+
+
+def test_a_gates_own_failure_limit_rolls_back_before_the_policys(store):
+    gates = [g.model_dump(mode="json") for g in POLICY.gates]
+    gates = [dict(g, failure_limit=0) if g["metric"] == "tier_miss_rate" else g for g in gates]
+    script = Script(store, POLICY.replace(failure_limit=5, gates=gates))
+    script.climb_to("canary", 0.05)
+    slow = good(upper_bound_utilization=Measurement(0.5, 1000))  # a gate without a limit of its own
+    assert script.interval(slow).action == "hold" and script.state.streak("upper_bound_utilization") == (0, 1)
+    decision = script.interval(good(tier_miss_rate=Measurement(0.1, 1000)))
+    assert decision.action == "rollback"
+    assert decision.reasons[0] == {"rule": "gate failure limit", "gate": "tier_miss_rate", "failures": 1, "limit": 0}
+
+
+def test_a_gates_own_streak_holds_an_advance_the_interval_streak_would_allow(store):
+    gates = [g.model_dump(mode="json") for g in POLICY.gates]
+    gates = [dict(g, consecutive_passes=4) if g["metric"] == "survival_ece" else g for g in gates]
+    script = Script(store, POLICY.replace(gates=gates))  # intervals need 2 passes in a row
+    script.climb_to("shadow")
+    decisions = [script.interval() for _ in range(2)]
+    # The streaks live in the ledger: a restarted controller reads them back.
+    assert ledger.load_state(store, script.policy).streak("survival_ece") == (2, 0)
+    decisions += [script.interval() for _ in range(2)]
+    assert [d.action for d in decisions] == ["hold", "hold", "hold", "advance"]
+    assert decisions[1].reasons[0] == {"rule": "gate streak", "gate": "survival_ece", "passes": 2, "needed": 4}
+    assert script.state.gate_streaks == ()  # a new stage starts its streaks again
