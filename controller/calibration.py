@@ -235,6 +235,42 @@ def null_ece(
     return {d: float(gap[d] / total[d]) for d in range(1, len(total)) if total[d]}
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """One set of labels' survival calibration per depth: plug-in ECE, its noise floor, bootstrap
+    (low, high, se), and the fewest labels of any depth."""
+
+    ece: dict[int, float]
+    null: dict[int, float]
+    bounds: dict[int, tuple[float, float, float]]
+    samples: int
+
+    @classmethod
+    def of(cls, kind: KindStats, resamples: int, level: float, seed: int = 0) -> Calibration:
+        stats = kind.calibration_stats()
+        samples = stats.samples()
+        return cls(
+            stats.ece(), null_ece(stats), bootstrap_ece(kind, resamples, level, seed), min(samples.values(), default=0)
+        )
+
+    def debiased(self) -> dict[int, float]:
+        return {d: self.ece[d] - self.null[d] for d in self.ece if d in self.null and d in self.bounds}
+
+
+def drift_ece(window: Calibration, reference: Calibration, looks: int, level: float) -> Measurement:
+    """The gate input of ``survival_ece_drift``: the worst depth's debiased ECE now minus the reference's
+    (what shadow measured, under the same contract), bounded by both standard errors with the fail side
+    spent over depths and looks as ``debiased_ece`` does. The window and the reference are disjoint label
+    sets, so their errors add in quadrature."""
+    now, then = window.debiased(), reference.debiased()
+    depths = [d for d in now if d in then]
+    if not depths:
+        return Measurement(None, min(window.samples, reference.samples), why="no shadow reference at these depths")
+    gap = {d: now[d] - then[d] for d in depths}
+    se = {d: math.hypot(window.bounds[d][2], reference.bounds[d][2]) for d in depths}
+    return _bounded(gap, se, min(window.samples, reference.samples), looks, level, "debiased ECE now minus shadow's")
+
+
 def debiased_ece(
     ece: dict[int, float],
     null: dict[int, float],
@@ -251,18 +287,26 @@ def debiased_ece(
     depths = [d for d in ece if d in bounds and d in null]
     if not depths:
         return Measurement(None, samples)
-    alpha = (1 - level) / 2
-    fail_alpha = alpha * 6 / (math.pi**2 * max(looks, 1) ** 2) / len(depths)
-    z_fail, z_pass = NormalDist().inv_cdf(1 - fail_alpha), NormalDist().inv_cdf(1 - alpha)
     debiased = {d: ece[d] - null[d] for d in depths}
+    return _bounded(debiased, {d: bounds[d][2] for d in depths}, samples, looks, level, "ECE minus its noise floor")
+
+
+def _bounded(
+    value: dict[int, float], se: dict[int, float], samples: int, looks: int, level: float, what: str
+) -> Measurement:
+    """The worst depth's ``value`` with bounds ± z × ``se``: the fail side one-sided at α / (depths × looks
+    spending), the pass side at α (see ``debiased_ece``)."""
+    alpha = (1 - level) / 2
+    fail_alpha = alpha * 6 / (math.pi**2 * max(looks, 1) ** 2) / len(value)
+    z_fail, z_pass = NormalDist().inv_cdf(1 - fail_alpha), NormalDist().inv_cdf(1 - alpha)
     method = (
-        f"ECE minus its noise floor, worst of {len(depths)} depths, ± bootstrap se over request groups; fail "
-        f"side at {fail_alpha:.2g} per depth (look {looks}), pass side at {alpha:.3g}"
+        f"{what}, worst of {len(value)} depths, ± bootstrap se over request groups; fail side at "
+        f"{fail_alpha:.2g} per depth (look {looks}), pass side at {alpha:.3g}"
     )
     return Measurement(
-        max(debiased.values()),
+        max(value.values()),
         samples,
-        max(debiased[d] - z_fail * bounds[d][2] for d in depths),
-        max(debiased[d] + z_pass * bounds[d][2] for d in depths),
+        max(value[d] - z_fail * se[d] for d in value),
+        max(value[d] + z_pass * se[d] for d in value),
         method,
     )

@@ -32,7 +32,7 @@ from sparkgate.policies.rollout import ESTIMATED_SUFFIX
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES, CheckKind, Phase
 
 from . import queries
-from .calibration import KindStats, bootstrap_ece, debiased_ece, null_ece
+from .calibration import Calibration, KindStats, bootstrap_ece, debiased_ece, drift_ece, null_ece
 from .compact_calibration import compact_ece
 from .measurement import Measurement
 from .queries import Slice, Window
@@ -68,6 +68,8 @@ class Evaluation:
     labels: int = 0  # depth labels in the window, every status
     # Per depth and bin: estimated compact labels' count, sum of S_k and of P(y = 1); None when there are none.
     estimated: np.ndarray | None = None
+    # The survival calibration recorded in shadow under the judged contract (None: not asked for).
+    shadow_reference: Calibration | None = None
 
     # -- gate inputs ---------------------------------------------------------
     def measurements(self, phase: str, looks: int = 1) -> dict[str, Measurement]:
@@ -83,6 +85,7 @@ class Evaluation:
             "survival_ece": Measurement(max(ece.values(), default=None), least),
             "survival_ece_upper": Measurement(max(upper.values(), default=None), least),
             "survival_ece_debiased": debiased_ece(ece, null, self.intervals["survival"], least, looks, INTERVAL_LEVEL),
+            "survival_ece_drift": self._drift(Calibration(ece, null, self.intervals["survival"], least), looks),
             "upper_bound_utilization": self._utilization("shadow" if phase == "shadow" else "cap_accept"),
             "tier_miss_rate": Measurement(self._total("misses") / tier_steps if tier_steps else None, tier_steps),
             "compact_survival_ece": compact_ece(stats, self.compact_counts, None),
@@ -96,6 +99,11 @@ class Evaluation:
                 float(checks[CheckKind.STATE_ROLLBACK]["mismatches"]), checks[CheckKind.STATE_ROLLBACK]["checks"]
             ),
         }
+
+    def _drift(self, now: Calibration, looks: int) -> Measurement:
+        if self.shadow_reference is None or not self.shadow_reference.samples:
+            return Measurement(None, 0, why="no shadow reference under this contract")
+        return drift_ece(now, self.shadow_reference, looks, INTERVAL_LEVEL)
 
     def _estimated(self) -> np.ndarray:
         return self.estimated if self.estimated is not None else np.zeros((1, 1, 3))
@@ -301,6 +309,7 @@ def evaluate(
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = 0,
     contract: queries.SameContract | None = None,
+    shadow_reference: bool = False,
 ) -> Evaluation:
     """Measure ``window`` and ``slice_`` of the store. The baseline is every step recorded in the
     baseline phase (same replica and load slice), whatever the window; with ``contract``, the baseline and
@@ -340,4 +349,14 @@ def evaluate(
         reference,
         len(cols),
         queries.estimated_bins(store, window, slice_, depths) if compact_counts["estimated"] else None,
+        _shadow_reference(store, slice_, contract, resamples, seed) if shadow_reference else None,
     )
+
+
+def _shadow_reference(
+    store: Store, slice_: Slice, contract: queries.SameContract | None, resamples: int, seed: int
+) -> Calibration:
+    """The calibration of every label recorded in shadow (under ``contract``): what drift is measured from."""
+    cols = queries.label_columns(store, Window(), slice_, phase=Phase.SHADOW, contract=contract)
+    survival, _, _ = _kinds(cols, max(cols.depths, 1))
+    return Calibration.of(survival, resamples, INTERVAL_LEVEL, seed)

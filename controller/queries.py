@@ -135,8 +135,18 @@ class LabelColumns:
         return LabelColumns(*(getattr(self, f)[start:stop] for f in self.__dataclass_fields__))
 
 
-def label_columns(store: Store, window: Window, slice_: Slice) -> LabelColumns:
+def label_columns(
+    store: Store, window: Window, slice_: Slice, phase: str | None = None, contract: SameContract | None = None
+) -> LabelColumns:
+    """The window's depth labels; ``phase`` (and ``contract``) keep those of steps recorded in that phase
+    (under that contract): e.g. the shadow reference calibration is compared with."""
     where, params = _where("depth_labels", window, slice_, "l")
+    if phase is not None:
+        clause, extra = _contract_sql(contract, "s")
+        where += (
+            f" AND (l.replica_id, l.step_id) IN (SELECT (replica_id, step_id) FROM steps s WHERE s.phase = ?{clause})"
+        )
+        params = [*params, phase, *extra]
     table = store.query(
         "SELECT enum_code(l.mode)::TINYINT AS mode, l.depth, enum_code(l.status)::TINYINT AS status,"
         f" l.survival, l.confidence, (hash(l.request_id) % {REQUEST_GROUPS})::SMALLINT AS grp,"

@@ -181,6 +181,11 @@ class Controller:
         measured.update({g.name: self._promql(g.promql) for g in gates if g.promql})
         return judge_all(gates, measured, stale)
 
+    def _drifts(self, state: RolloutState) -> bool:
+        """Whether a gate of the stage measures drift from shadow (one more read of the labels)."""
+        phase = self.policy.stages()[state.stage].phase if state.stage is not None else state.phase
+        return state.stage is not None and any(g.metric == "survival_ece_drift" for g in self.policy.gates_for(phase))
+
     def _design(self, state: RolloutState, now: float) -> Design:
         until = self._until(now)
         if self.groups is None:
@@ -213,7 +218,14 @@ class Controller:
         evaluation: Evaluation | None = None
         try:
             reading = contract.read(self.store, window, state.contract)
-            evaluation = evaluate(self.store, window, Slice(), self.resamples, contract=reading.reference())
+            evaluation = evaluate(
+                self.store,
+                window,
+                Slice(),
+                self.resamples,
+                contract=reading.reference(),
+                shadow_reference=self._drifts(state),
+            )
             verdicts = self.judge(state, evaluation, now)
         except duckdb.Error as exc:  # the store could not be read: an error interval, not "no data"
             log.exception("evaluation failed at revision %s", state.revision)

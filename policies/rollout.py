@@ -43,6 +43,8 @@ Bool = Annotated[bool, Strict()]
 METRICS = {
     "survival_ece": "worst per-depth survival ECE on uncensored traffic",
     "survival_ece_upper": "bootstrap upper bound of survival_ece",
+    "survival_ece_drift": "worst per-depth debiased survival ECE now minus shadow's under the same contract, "
+    "judged by bounds that pay for repeated looks",
     "survival_ece_debiased": "worst per-depth survival ECE minus what a calibrated predictor shows at the same "
     "bin counts (its noise floor; zero in expectation when calibrated), judged by bounds that pay for "
     "repeated looks",

@@ -182,3 +182,38 @@ def test_the_debiased_gate_fails_a_calibrated_stage_no_more_often_than_its_level
         failed_stages += failed
     assert failed_stages / runs <= 0.025 + 0.02  # one side of the level, over 3 depths and 4 looks, + sampling
     assert caught / runs >= 0.9
+
+
+def _scaled_survival(wire, factor: float):
+    """``wire`` with every request's survivals times ``factor`` (still non-increasing, in [0, 1])."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lists = wire.column("requests").combine_chunks()
+    rows = lists.values
+    fields = list(rows.type)
+    columns = []
+    for i, f in enumerate(fields):
+        column = rows.field(i)
+        if f.name == "survival":
+            column = pa.ListArray.from_arrays(column.offsets, pc.multiply(column.values, factor))
+        columns.append(column)
+    rebuilt = pa.ListArray.from_arrays(lists.offsets, pa.StructArray.from_arrays(columns, fields=fields))
+    return wire.set_column(wire.schema.get_field_index("requests"), "requests", rebuilt)
+
+
+@pytest.mark.parametrize(("factor", "outcome"), [(1.0, "pass"), (0.6, "fail")])
+def test_drift_from_shadow_passes_the_same_calibration_and_fails_a_shifted_one(store, factor, outcome):
+    from sparkgate.collectors.wire import from_wire
+    from sparkgate.controller.metrics import evaluate
+    from sparkgate.controller.queries import Window
+    from tests.conftest import T0, with_columns
+
+    for i, (phase, scale) in enumerate([("shadow", 1.0), ("canary", factor)]):
+        wire = with_columns(synthetic_wire(400, 16, 5, "r0", first_step=1000 * i, seed=i, ts=T0 + 100 * i), phase=phase)
+        assert store.ingest(from_wire(_scaled_survival(wire, scale)), "test").quarantined == 0
+    evaluation = evaluate(store, Window(since=T0 + 100), resamples=100, shadow_reference=True)
+    gate = Gate(metric="survival_ece_drift", threshold=0.05, direction="at_most")
+    m = evaluation.measurements("canary")["survival_ece_drift"]
+    assert judge(gate, m).outcome == outcome, m
+    assert evaluate(store, Window(since=T0 + 100), resamples=10).measurements("canary")["survival_ece_drift"].why
