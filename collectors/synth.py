@@ -9,6 +9,8 @@ passes validation.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pyarrow as pa
 
@@ -21,20 +23,49 @@ def _lists(values: np.ndarray, width: np.ndarray | int, n: int, type_: pa.DataTy
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type_))
 
 
+@dataclass(frozen=True)
+class RowModel:
+    """How request rows are drawn. The defaults: every mode alike, windows uniform in [0, γ], confidences
+    that are the true acceptance probabilities (calibrated)."""
+
+    mode_weights: tuple[float, ...] | None = None  # per entry of MODES
+    # The window of compact and cap_accept rows (and shadow's suggestion): the depths whose S_k reaches this
+    # (a survival-threshold scheduler) instead of a uniform draw.
+    window_threshold: float | None = None
+    # Reported confidence = true acceptance probability × this, capped at 1 (> 1: overconfident).
+    confidence_scale: float = 1.0
+
+
 def _requests(
-    rng: np.random.Generator, n: int, gamma: int, first_id: int, batch: int, first_step: int, continuing: bool
+    rng: np.random.Generator,
+    n: int,
+    gamma: int,
+    first_id: int,
+    batch: int,
+    first_step: int,
+    continuing: bool,
+    model: RowModel = RowModel(),
 ) -> pa.StructArray:
-    mode = rng.integers(0, len(MODES), n)
-    confidence = rng.uniform(0.3, 1.0, (n, gamma))
+    weights = None if model.mode_weights is None else np.asarray(model.mode_weights) / sum(model.mode_weights)
+    mode = rng.integers(0, len(MODES), n) if weights is None else rng.choice(len(MODES), n, p=weights)
+    truth = rng.uniform(0.3, 1.0, (n, gamma))
+    confidence = np.minimum(truth * model.confidence_scale, 1.0)
     survival = np.cumprod(confidence, axis=1)
-    survived = rng.random((n, gamma)) < confidence
+    survived = rng.random((n, gamma)) < truth
     full = np.where(survived.all(axis=1), gamma, np.argmin(survived, axis=1))
     static_like = np.isin(mode, [MODES.index("static"), MODES.index("shadow")])
-    window = np.where(static_like, gamma, rng.integers(0, gamma + 1, n))
+    chosen = (
+        rng.integers(0, gamma + 1, n)
+        if model.window_threshold is None
+        else (survival >= model.window_threshold).sum(axis=1)
+    )
+    window = np.where(static_like, gamma, chosen)
     accepted = np.minimum(full, window)
     censored = (mode == MODES.index("compact")) & (accepted == window) & (window < gamma)
     cap = mode == MODES.index("cap_accept")
-    suggested = np.where(mode == MODES.index("shadow"), rng.integers(0, gamma + 1, n), -1)
+    suggested = np.where(
+        mode == MODES.index("shadow"), rng.integers(0, gamma + 1, n) if model.window_threshold is None else chosen, -1
+    )
     tokens = rng.integers(0, 32000, int((accepted + 1).sum()))
     ids = np.char.add("req-", (np.arange(n) % batch if continuing else np.arange(first_id, first_id + n)).astype(str))
     # Continuing requests: step s of a request starts at position s * (γ + 1), past anything it committed.
@@ -74,6 +105,7 @@ def synthetic_wire(
     seed: int = 0,
     ts: float = 1.75e9,
     continuing: bool = False,
+    model: RowModel = RowModel(),
 ) -> pa.Table:
     """``steps`` valid step records of ``batch`` requests each, as a ``WIRE_SCHEMA`` table; with
     ``continuing`` the same ``batch`` requests run through every step (recovery has rows to join).
@@ -84,7 +116,7 @@ def synthetic_wire(
     n = steps * batch
     requests = pa.ListArray.from_arrays(
         pa.array(np.arange(steps + 1, dtype=np.int32) * batch),
-        _requests(rng, n, gamma, first_step * batch, batch, first_step, continuing),
+        _requests(rng, n, gamma, first_step * batch, batch, first_step, continuing, model),
     )
     verify_rows = batch * (gamma + 1)
     ms = rng.gamma(4.0, 2.0, steps)

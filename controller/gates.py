@@ -111,9 +111,12 @@ def _judge_interval(gate: Gate, m: Measurement, stale: str | None, verdict: Call
         return verdict(Outcome.PASS, f"interval {span} wholly {_symbol(gate.direction)} {gate.threshold:g}")
     if gate.fails(bad):
         return verdict(Outcome.FAIL, f"interval {span} wholly beyond {limit:g}")
-    return verdict(
-        Outcome.INCONCLUSIVE, f"interval {span} reaches between {gate.threshold:g} and {limit:g}: collect more"
+    where = (
+        f"straddles {gate.threshold:g}"
+        if gate.fail_threshold is None
+        else f"ends between {gate.threshold:g} and {limit:g}"
     )
+    return verdict(Outcome.INCONCLUSIVE, f"interval {span} {where}: collect more")
 
 
 def _symbol(direction: str) -> str:

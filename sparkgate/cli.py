@@ -56,10 +56,13 @@ def _collectors_bench() -> Commands:
 
 
 def _controller() -> Commands:
-    from sparkgate.controller import backtest, commands
+    from sparkgate.controller import backtest, commands, simulate
 
     names = ("serve", "status", "promote", "abort", "pause", "resume", "report")
-    return {name: getattr(commands, name) for name in names} | {"backtest": backtest.backtest}
+    return {name: getattr(commands, name) for name in names} | {
+        "backtest": backtest.backtest,
+        "simulate": simulate.simulate,
+    }
 
 
 def _controller_bench() -> Commands:
@@ -125,6 +128,7 @@ COMMANDS: dict[str, Entry] = {
     "resume": Entry(_controller, "Leave fallback or paused (operator)."),
     "report": Entry(_controller, "Metrics over a window: ECE per depth, utilization, misses, latency."),
     "backtest": Entry(_controller, "Replay a store's history through a policy beside its decisions; acts on nothing."),
+    "simulate": Entry(_controller, "Seeded simulated rollouts through the real controller: how often it is wrong."),
     "policy": Entry(_policies, "The rollout policy file: print its JSON Schema, or check a file."),
     "dashboard": Entry(_dashboards, "Operator dashboards (Streamlit): rollout, calibration, acceptance, tiers, fleet."),
 }

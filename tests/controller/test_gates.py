@@ -126,3 +126,13 @@ def test_verdict_tables_align():
     assert table[0].split()[:2] == ["gate", "value"] and len(table) == len(policy.gates) + 1
     assert "0.310" in table[1] and "fail" in table[1]
     assert len({len(line.split("  ")[0]) for line in table}) == 1  # the gate column is padded to one width
+
+
+def test_an_interval_that_straddles_says_so_and_one_in_a_grey_zone_names_both_thresholds():
+    gate = Gate(metric="p99_tpot_ratio", threshold=1.1, direction="at_most")
+    m = Measurement(1.05, 20, 0.95, 1.2, "sign test")
+    assert judge(gate, m).note == "interval [0.95, 1.2] straddles 1.1: collect more"
+    grey = gate.model_copy(update={"fail_threshold": 1.3})
+    assert judge(grey, m).note == "interval [0.95, 1.2] ends between 1.1 and 1.3: collect more"
+    assert judge(grey, Measurement(1.25, 20, 1.15, 1.28, "sign test")).outcome == "inconclusive"
+    assert judge(grey, Measurement(1.4, 20, 1.31, 1.5, "sign test")).outcome == "fail"

@@ -1,0 +1,249 @@
+"""``sparkgate simulate``: how often the controller is wrong, measured over seeded simulated rollouts
+(docs/design.md §6).
+
+Each seed runs a simulated fleet on an accelerated clock through the real code path: its step and request
+records are ingested into a DuckDB file (validation, labels, recovery), and the ``Controller`` that
+``serve`` runs evaluates, judges, decides and writes its ledger every ``evaluation_interval_s``, without
+HTTP. The fleet follows the policy it is served: baseline and fallback static; shadow logs suggestions;
+canary and compact serve compact windows to their fraction (``observe_fraction`` of it in cap_accept); in
+the serving phases every replica alternates treatment and control switchback epochs on the payload's
+schedule, control epochs static.
+
+The fleet model (``Fleet``) is statistical, not the runtime: acceptance follows the drafter's confidence
+(calibrated unless a scenario says otherwise, ``collectors.synth.RowModel``), windows come from a
+survival-threshold scheduler, step time and request latency are lognormal with a per-epoch factor both
+arms of a pair share (load) and a per-epoch factor each draws alone (the machine's noise). A scenario's
+fault starts when the rollout first serves the treatment (the first canary interval) and stays.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import zlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import click
+import numpy as np
+import pyarrow as pa
+
+from sparkgate.collectors.request_ingest import prepare_requests
+from sparkgate.collectors.schema import MODES
+from sparkgate.collectors.store import Store
+from sparkgate.collectors.synth import RowModel, synthetic_wire
+from sparkgate.collectors.wire import from_wire
+from sparkgate.policies.rollout import RolloutPolicy, load_rollout_policy
+from sparkgate.policies.switchback import Switchback
+from sparkgate.policies.vocabulary import CHANGES_POLICY, SWITCHBACK_PHASES, Arm, Phase
+
+from .supervisor import Controller
+
+T0 = 1.8e9
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The simulated fleet. Noise: ``load_sd`` (log scale) is an epoch's factor both arms of a pair
+    share, ``noise_sd`` one each epoch draws alone, ``step_sd`` each step's own."""
+
+    replicas: int = 3
+    batch: int = 16
+    steps_per_s: float = 2.0
+    step_ms: float = 20.0
+    step_sd: float = 0.2
+    load_sd: float = 0.3
+    noise_sd: float = 0.1
+    requests_per_epoch: int = 6
+    ttft_ms: float = 300.0
+    tpot_ms: float = 30.0
+    window_threshold: float = 0.1  # utilization about 0.93, above the default gate's 0.85
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A fault from the first canary interval on: ``drift`` scales the confidences ``drifting`` replicas
+    report (> 1 overconfident); ``regression`` slows the treatment's steps and tokens by that fraction."""
+
+    name: str
+    drift: float = 1.0
+    drifting: int = 0
+    regression: float = 0.0
+
+    @property
+    def faulty(self) -> bool:
+        return self.drifting > 0 or self.regression > 0
+
+
+SCENARIOS = {
+    s.name: s
+    for s in (
+        Scenario("none"),
+        Scenario("drift-all", drift=1.3, drifting=3),
+        Scenario("drift-one", drift=1.5, drifting=1),
+        Scenario("latency", regression=0.10),
+    )
+}
+
+
+@dataclass
+class Run:
+    """One seed's rollout: what happened, by interval index."""
+
+    onset: int | None = None
+    rollback: int | None = None
+    compact_at: int | None = None
+    inconclusive: int = 0
+    intervals: int = 0
+    phases: list[str] = field(default_factory=list)
+
+
+def _modes(phase: str, fraction: float, observe: float, arm: str | None) -> tuple[float, ...]:
+    weights = dict.fromkeys(MODES, 0.0)
+    if arm == Arm.CONTROL or phase in (Phase.BASELINE, Phase.FALLBACK, Phase.PAUSED):
+        weights["static"] = 1.0
+    elif phase == Phase.SHADOW:
+        weights["shadow"] = 1.0
+    else:
+        weights["compact"], weights["cap_accept"] = fraction * (1 - observe), fraction * observe
+        weights["static"] = 1.0 - fraction
+    return tuple(weights[m] for m in MODES)
+
+
+def _interval(store: Store, ctl: Controller, fleet: Fleet, scenario: Scenario, rng, start: float, step: list[int],
+              faulty: bool) -> None:  # fmt: skip
+    """Ingest every replica's records for one evaluation interval from ``start``."""
+    policy, state = ctl.policy, ctl.state
+    spec, length = policy.comparison, policy.evaluation_interval_s
+    switching = state.phase in SWITCHBACK_PHASES
+    schedule = Switchback(spec.seed, spec.epoch_s, state.entered_at) if switching else None
+    wires, lines = [], []
+    for r in range(fleet.replicas):
+        replica = f"sim-{r}"
+        t = start
+        while t < start + length - 1e-9:
+            epoch = schedule.epoch(t) if schedule else None
+            end = min(start + length, schedule.start(epoch + 1)) if schedule and epoch is not None else start + length
+            arm = str(schedule.arm(replica, epoch)) if schedule and epoch is not None else None
+            pair_load = _pair_load(spec.seed, replica, epoch, fleet.load_sd) if epoch is not None else 0.0
+            slow = 1 + scenario.regression if faulty and arm == Arm.TREATMENT else 1.0
+            model = RowModel(_modes(state.phase, state.compact_fraction, policy.observe_fraction, arm),
+                             fleet.window_threshold,
+                             scenario.drift if faulty and r < scenario.drifting else 1.0)  # fmt: skip
+            n = max(1, round((end - t) * fleet.steps_per_s))
+            wire = synthetic_wire(
+                n, fleet.batch, policy.gamma, replica, step[0], int(rng.integers(1 << 31)), t, model=model
+            )
+            factor = math.exp(pair_load + rng.normal(0, fleet.noise_sd)) * slow
+            ms = fleet.step_ms * factor * np.exp(rng.normal(0, fleet.step_sd, n))
+            wire = _with(wire, phase=str(state.phase), policy_revision=state.revision, epoch=epoch, arm=arm,
+                         step_ms=ms, step_cpu_ms=ms, ts=t + np.arange(n) * (end - t) / n)  # fmt: skip
+            wires.append(wire)
+            lines += _requests(fleet, replica, epoch, arm, state, t, end, factor, step[0], rng)
+            step[0] += n
+            t = end
+    store.ingest(from_wire(pa.concat_tables(wires)), "simulate")  # one transaction per interval, as a flush
+    store.commit_requests(prepare_requests("\n".join(map(json.dumps, lines)).encode()), "simulate")
+
+
+def _pair_load(seed: int, replica: str, epoch: int, sd: float) -> float:
+    """The load factor an epoch pair shares (the same for epochs 2k and 2k + 1 of a replica)."""
+    key = zlib.crc32(f"{seed}/{replica}/{epoch // 2}".encode())  # stable across processes, unlike hash()
+    return float(np.random.default_rng(key).normal(0, sd))
+
+
+def _requests(fleet, replica, epoch, arm, state, start, end, factor, first, rng) -> list[dict]:
+    out = []
+    for i in range(fleet.requests_per_epoch):
+        arrival = start + (end - start) * (i + 0.1) / (fleet.requests_per_epoch + 1)
+        ttft = fleet.ttft_ms * factor * math.exp(rng.normal(0, 0.3)) / 1000
+        tpot = fleet.tpot_ms * factor * math.exp(rng.normal(0, 0.3)) / 1000
+        tokens = 8
+        finish = min(arrival + ttft + tpot * (tokens - 1), end - 1e-3)
+        out.append({"schema_version": 2, "replica_id": replica, "request_id": f"{replica}-{first}-{i}",
+                    "arrival_ts": arrival, "first_token_ts": min(arrival + ttft, finish), "finish_ts": finish,
+                    "finish_reason": "length", "prompt_tokens": 32, "output_tokens": tokens, "mode": "compact",
+                    "phase": str(state.phase), "policy_revision": state.revision, "epoch": epoch, "arm": arm,
+                    "contract": None, "commit_offsets_ms": [(min(arrival + ttft, finish) - arrival) * 1000,
+                                                            (finish - arrival) * 1000],
+                    "commit_tokens": [1, tokens - 1]})  # fmt: skip
+    return out
+
+
+def _with(wire: pa.Table, **values) -> pa.Table:
+    for name, value in values.items():
+        field_ = wire.schema.field(name)
+        column = value if isinstance(value, np.ndarray) else [value] * wire.num_rows
+        wire = wire.set_column(wire.schema.get_field_index(name), field_, pa.array(column, field_.type))
+    return wire
+
+
+def run_seed(policy: RolloutPolicy, scenario: Scenario, seed: int, fleet: Fleet, max_intervals: int) -> Run:
+    """One seeded rollout, from baseline until it falls back or has held the top of the ladder a while."""
+    rng = np.random.default_rng(seed)
+    policy = policy.replace(comparison={**policy.comparison.model_dump(), "seed": seed})
+    run, now, step = Run(), [T0], [0]
+    top = len(policy.stages()) - 1
+    with tempfile.TemporaryDirectory(prefix="sparkgate-simulate-") as tmp, Store(Path(tmp) / "sim.duckdb") as store:
+        ctl = Controller(store, policy, clock=lambda: now[0], resamples=50)
+        for k in range(max_intervals):
+            if run.onset is None and ctl.state.compact_fraction > 0 and scenario.faulty:
+                run.onset = k
+            faulty = run.onset is not None
+            _interval(store, ctl, fleet, scenario, rng, now[0], step, faulty)
+            now[0] += policy.evaluation_interval_s
+            decision = ctl.tick()
+            run.intervals = k + 1
+            if decision is None:
+                continue
+            run.inconclusive += decision.outcome == "inconclusive"
+            if decision.action in CHANGES_POLICY:
+                run.phases.append(decision.phase_to)
+            if decision.phase_to == Phase.FALLBACK:
+                run.rollback = k
+                break
+            if ctl.state.stage == top and run.compact_at is None:
+                run.compact_at = k
+            if run.compact_at is not None and k - run.compact_at >= 3 * policy.consecutive_passes:
+                break
+    return run
+
+
+def _quantile(values: list[int], q: float) -> float | None:
+    return float(np.quantile(values, q)) if values else None
+
+
+def summarize(scenario: Scenario, runs: list[Run]) -> dict:
+    """Rates over the seeds of one scenario (rates of all seeds; delays over those that rolled back)."""
+    rolled = [r for r in runs if r.rollback is not None]
+    after = [r for r in rolled if r.onset is not None and r.rollback >= r.onset]
+    delays = [r.rollback - r.onset for r in after if r.onset is not None and r.rollback is not None]
+    reached = [r.compact_at for r in runs if r.compact_at is not None]
+    return {
+        "scenario": scenario.name,
+        "seeds": len(runs),
+        "rollback_rate": len(rolled) / len(runs),
+        "detection_rate": len(after) / len(runs) if scenario.faulty else None,
+        "rolled_back_before_onset": sum(1 for r in rolled if r.onset is None or r.rollback < r.onset),
+        "detection_delay_intervals": {"median": _quantile(delays, 0.5), "p95": _quantile(delays, 0.95)},
+        "intervals_to_top_of_ladder": {"median": _quantile(reached, 0.5), "reached": len(reached)},
+        "inconclusive_share": sum(r.inconclusive for r in runs) / max(sum(r.intervals for r in runs), 1),
+    }
+
+
+@click.command("simulate")
+@click.option("--policy", "policy_path", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--scenario", type=click.Choice(sorted(SCENARIOS)), default="none", show_default=True)
+@click.option("--seeds", default=20, show_default=True, type=click.IntRange(min=1))
+@click.option("--max-intervals", default=80, show_default=True, type=click.IntRange(min=1))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+def simulate(policy_path: str, scenario: str, seeds: int, max_intervals: int, as_json: bool) -> None:
+    """Seeded simulated rollouts through the real controller: rollback and detection rates, delays."""
+    policy, chosen, fleet = load_rollout_policy(policy_path), SCENARIOS[scenario], Fleet()
+    runs = []
+    for seed in range(seeds):
+        runs.append(run_seed(policy, chosen, seed, fleet, max_intervals))
+        click.echo(f"simulate {scenario}: seed {seed + 1}/{seeds}", err=True)
+    result = {**summarize(chosen, runs), "fleet": fleet.__dict__, "scenario_model": replace(chosen).__dict__}
+    click.echo(json.dumps(result) if as_json else json.dumps(result, indent=1))
