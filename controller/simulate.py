@@ -100,7 +100,7 @@ class Run:
 
 
 def _modes(phase: str, fraction: float, observe: float, arm: str | None) -> tuple[float, ...]:
-    weights = dict.fromkeys(MODES, 0.0)
+    weights: dict[str, float] = dict.fromkeys(map(str, MODES), 0.0)
     if arm == Arm.CONTROL or phase in (Phase.BASELINE, Phase.FALLBACK, Phase.PAUSED):
         weights["static"] = 1.0
     elif phase == Phase.SHADOW:
@@ -108,7 +108,7 @@ def _modes(phase: str, fraction: float, observe: float, arm: str | None) -> tupl
     else:
         weights["compact"], weights["cap_accept"] = fraction * (1 - observe), fraction * observe
         weights["static"] = 1.0 - fraction
-    return tuple(weights[m] for m in MODES)
+    return tuple(weights[str(m)] for m in MODES)
 
 
 def _interval(store: Store, ctl: Controller, fleet: Fleet, scenario: Scenario, rng, start: float, step: list[int],
@@ -216,16 +216,16 @@ def _quantile(values: list[int], q: float) -> float | None:
 
 def summarize(scenario: Scenario, runs: list[Run]) -> dict:
     """Rates over the seeds of one scenario (rates of all seeds; delays over those that rolled back)."""
-    rolled = [r for r in runs if r.rollback is not None]
-    after = [r for r in rolled if r.onset is not None and r.rollback >= r.onset]
-    delays = [r.rollback - r.onset for r in after if r.onset is not None and r.rollback is not None]
+    rolled = [(r, r.rollback) for r in runs if r.rollback is not None]
+    delays = [at - r.onset for r, at in rolled if r.onset is not None and at >= r.onset]
+    early = len(rolled) - len(delays)
     reached = [r.compact_at for r in runs if r.compact_at is not None]
     return {
         "scenario": scenario.name,
         "seeds": len(runs),
         "rollback_rate": len(rolled) / len(runs),
-        "detection_rate": len(after) / len(runs) if scenario.faulty else None,
-        "rolled_back_before_onset": sum(1 for r in rolled if r.onset is None or r.rollback < r.onset),
+        "detection_rate": len(delays) / len(runs) if scenario.faulty else None,
+        "rolled_back_before_onset": early,
         "detection_delay_intervals": {"median": _quantile(delays, 0.5), "p95": _quantile(delays, 0.95)},
         "intervals_to_top_of_ladder": {"median": _quantile(reached, 0.5), "reached": len(reached)},
         "inconclusive_share": sum(r.inconclusive for r in runs) / max(sum(r.intervals for r in runs), 1),
