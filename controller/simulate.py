@@ -41,6 +41,8 @@ from sparkgate.policies.vocabulary import CHANGES_POLICY, SWITCHBACK_PHASES, Arm
 from .supervisor import Controller
 
 T0 = 1.8e9
+# Rollback rules that are evidence of a fault (the progress deadline is a lack of it).
+EVIDENCE = frozenset({"failure limit", "critical gate failed", "gate failure limit"})
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,7 @@ class Run:
 
     onset: int | None = None
     rollback: int | None = None
+    rollback_rule: str | None = None  # why: a gate's failure, or e.g. the progress deadline
     compact_at: int | None = None
     inconclusive: int = 0
     intervals: int = 0
@@ -201,7 +204,7 @@ def run_seed(policy: RolloutPolicy, scenario: Scenario, seed: int, fleet: Fleet,
             if decision.action in CHANGES_POLICY:
                 run.phases.append(decision.phase_to)
             if decision.phase_to == Phase.FALLBACK:
-                run.rollback = k
+                run.rollback, run.rollback_rule = k, decision.reasons[0].get("rule")
                 break
             if ctl.state.stage == top and run.compact_at is None:
                 run.compact_at = k
@@ -217,16 +220,21 @@ def _quantile(values: list[int], q: float) -> float | None:
 def summarize(scenario: Scenario, runs: list[Run]) -> dict:
     """Rates over the seeds of one scenario (rates of all seeds; delays over those that rolled back)."""
     rolled = [(r, r.rollback) for r in runs if r.rollback is not None]
-    delays = [at - r.onset for r, at in rolled if r.onset is not None and at >= r.onset]
-    early = len(rolled) - len(delays)
+    # A detection is a rollback after the onset on the gates' evidence, not on the progress deadline.
+    caught = [at - r.onset for r, at in rolled if r.onset is not None and at >= r.onset and r.rollback_rule in EVIDENCE]
+    early = sum(1 for r, at in rolled if r.onset is None or at < r.onset)
+    rules: dict[str, int] = {}
+    for r, _ in rolled:
+        rules[str(r.rollback_rule)] = rules.get(str(r.rollback_rule), 0) + 1
     reached = [r.compact_at for r in runs if r.compact_at is not None]
     return {
         "scenario": scenario.name,
         "seeds": len(runs),
         "rollback_rate": len(rolled) / len(runs),
-        "detection_rate": len(delays) / len(runs) if scenario.faulty else None,
+        "detection_rate": len(caught) / len(runs) if scenario.faulty else None,
         "rolled_back_before_onset": early,
-        "detection_delay_intervals": {"median": _quantile(delays, 0.5), "p95": _quantile(delays, 0.95)},
+        "rollbacks_by_rule": rules,
+        "detection_delay_intervals": {"median": _quantile(caught, 0.5), "p95": _quantile(caught, 0.95)},
         "intervals_to_top_of_ladder": {"median": _quantile(reached, 0.5), "reached": len(reached)},
         "inconclusive_share": sum(r.inconclusive for r in runs) / max(sum(r.intervals for r in runs), 1),
     }
