@@ -22,6 +22,7 @@ import json
 import math
 import tempfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -240,15 +241,113 @@ def summarize(scenario: Scenario, runs: list[Run]) -> dict:
     }
 
 
+# The operating curve (``--sweep GATE=T1,T2,… --plot FILE``): per threshold of a gate, the false-rollback
+# rate on a healthy fleet against how soon a fault is caught, over the same seeds.
+
+
+def parse_sweep(text: str) -> tuple[str, list[float]]:
+    """``GATE=T1,T2,…`` as (gate name, thresholds); raises ``ValueError`` naming what is wrong."""
+    name, _, values = text.partition("=")
+    try:
+        thresholds = [float(v) for v in values.split(",") if v.strip()]
+    except ValueError:
+        thresholds = []
+    if not name or not thresholds:
+        raise ValueError(f"--sweep {text!r}: expected GATE=T1,T2,... (a gate name and numbers)")
+    return name, thresholds
+
+
+def operating_curve(
+    policy: RolloutPolicy,
+    gate: str,
+    thresholds: list[float],
+    fault: Scenario,
+    seeds: int,
+    fleet: Fleet,
+    max_intervals: int,
+    progress: Callable[[str], object] = lambda _: None,
+) -> list[dict]:
+    """Per threshold of ``gate``: the healthy fleet's rollback rate and the fault's detection figures."""
+    if gate not in {g.name for g in policy.gates}:
+        raise ValueError(
+            f"--sweep {gate!r}: no gate of that name in the policy ({', '.join(g.name for g in policy.gates)})"
+        )
+    points = []
+    for threshold in thresholds:
+        gates = [g.model_dump(mode="json") | ({"threshold": threshold} if g.name == gate else {}) for g in policy.gates]
+        varied = policy.replace(gates=gates)
+        figures = {}
+        for scenario in (SCENARIOS["none"], fault):
+            runs = []
+            for seed in range(seeds):
+                runs.append(run_seed(varied, scenario, seed, fleet, max_intervals))
+                progress(f"sweep {gate}={threshold:g} {scenario.name}: seed {seed + 1}/{seeds}")
+            figures[scenario.name] = summarize(scenario, runs)
+        points.append({
+            "threshold": threshold,
+            "false_rollback_rate": figures["none"]["rollback_rate"],
+            "detection_rate": figures[fault.name]["detection_rate"],
+            "detection_delay_median": figures[fault.name]["detection_delay_intervals"]["median"],
+        })  # fmt: skip
+    return points
+
+
+def plot(points: list[dict], gate: str, fault: str, path: str | Path) -> None:
+    """Detection delay against false-rollback rate, one point per threshold (labelled)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    shown = [p for p in points if p["detection_delay_median"] is not None]
+    ax.plot([p["false_rollback_rate"] for p in shown], [p["detection_delay_median"] for p in shown], "o-")
+    for p in shown:
+        ax.annotate(f"{p['threshold']:g} (caught {p['detection_rate']:.0%})",
+                    (p["false_rollback_rate"], p["detection_delay_median"]), fontsize=8)  # fmt: skip
+    ax.set_xlabel("false-rollback rate (healthy fleet)")
+    ax.set_ylabel(f"median detection delay, intervals ({fault})")
+    ax.set_title(f"Operating curve of {gate}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 @click.command("simulate")
 @click.option("--policy", "policy_path", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--scenario", type=click.Choice(sorted(SCENARIOS)), default="none", show_default=True)
 @click.option("--seeds", default=20, show_default=True, type=click.IntRange(min=1))
 @click.option("--max-intervals", default=80, show_default=True, type=click.IntRange(min=1))
+@click.option("--drift", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="The drift scenarios' confidence scale [default: the scenario's].")  # fmt: skip
+@click.option("--regression", type=click.FloatRange(min=0), default=None,
+              help="The latency scenario's slowdown of the treatment [default: the scenario's].")  # fmt: skip
+@click.option("--sweep", default=None, help="GATE=T1,T2,...: the operating curve of that gate (a faulty --scenario).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="PNG of the operating curve.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
-def simulate(policy_path: str, scenario: str, seeds: int, max_intervals: int, as_json: bool) -> None:
+def simulate(
+    policy_path: str, scenario: str, seeds: int, max_intervals: int, drift: float | None, regression: float | None,
+    sweep: str | None, plot_path: str | None, as_json: bool,
+) -> None:  # fmt: skip
     """Seeded simulated rollouts through the real controller: rollback and detection rates, delays."""
     policy, chosen, fleet = load_rollout_policy(policy_path), SCENARIOS[scenario], Fleet()
+    if drift is not None and chosen.drifting:
+        chosen = replace(chosen, drift=drift)
+    if regression is not None and chosen.regression:
+        chosen = replace(chosen, regression=regression)
+    if sweep is not None or plot_path is not None:
+        if sweep is None or not chosen.faulty:
+            raise click.UsageError("--sweep GATE=T1,T2,... and a faulty --scenario draw the operating curve")
+        try:
+            gate, thresholds = parse_sweep(sweep)
+            points = operating_curve(policy, gate, thresholds, chosen, seeds, fleet, max_intervals,
+                                     lambda line: click.echo(line, err=True))  # fmt: skip
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        if plot_path:
+            plot(points, gate, chosen.name, plot_path)
+        click.echo(json.dumps({"gate": gate, "scenario": chosen.name, "seeds": seeds, "operating_curve": points}))
+        return
     runs = []
     for seed in range(seeds):
         runs.append(run_seed(policy, chosen, seed, fleet, max_intervals))

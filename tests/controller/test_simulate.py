@@ -52,3 +52,28 @@ def test_the_command_prints_the_rates_as_json(tmp_path):
     assert result.exit_code == 0, result.output
     body = json.loads(result.output.strip().splitlines()[-1])
     assert body["scenario"] == "none" and body["seeds"] == 1 and "inconclusive_share" in body
+
+
+def test_the_operating_curve_trades_false_rollbacks_for_detection_and_is_drawn(tmp_path):
+    import yaml
+
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(POLICY))
+    png = tmp_path / "curve.png"
+    argv = ["simulate", "--policy", str(path), "--scenario", "drift-one", "--seeds", "2", "--max-intervals", "20",
+            "--sweep", "survival_ece=0.001,0.08,0.5", "--plot", str(png)]  # fmt: skip
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 0, result.output
+    points = {p["threshold"]: p for p in json.loads(result.output.strip().splitlines()[-1])["operating_curve"]}
+    assert points[0.001]["false_rollback_rate"] == 1.0  # no sample's ECE is that low: healthy rollouts fail
+    assert points[0.08]["false_rollback_rate"] == 0.0 and points[0.08]["detection_rate"] == 1.0
+    assert points[0.5]["detection_rate"] == 0.0  # too loose to see the drift
+    assert png.stat().st_size > 5_000
+    bad = CliRunner().invoke(
+        main, ["simulate", "--policy", str(path), "--scenario", "none", "--sweep", "survival_ece=1"]
+    )
+    assert bad.exit_code != 0 and "faulty --scenario" in bad.output
+    unknown = CliRunner().invoke(
+        main, ["simulate", "--policy", str(path), "--scenario", "drift-one", "--sweep", "nope=1"]
+    )
+    assert unknown.exit_code != 0 and "no gate of that name" in unknown.output
