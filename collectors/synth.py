@@ -40,7 +40,6 @@ def _requests(
     rng: np.random.Generator,
     n: int,
     gamma: int,
-    first_id: int,
     batch: int,
     first_step: int,
     continuing: bool,
@@ -67,7 +66,7 @@ def _requests(
         mode == MODES.index("shadow"), rng.integers(0, gamma + 1, n) if model.window_threshold is None else chosen, -1
     )
     tokens = rng.integers(0, 32000, int((accepted + 1).sum()))
-    ids = np.char.add("req-", (np.arange(n) % batch if continuing else np.arange(first_id, first_id + n)).astype(str))
+    ids = np.char.add("req-", (np.arange(n) % batch if continuing else first_step * batch + np.arange(n)).astype(str))
     # Continuing requests: step s of a request starts at position s * (γ + 1), past anything it committed.
     position = (first_step + np.arange(n) // batch) * (gamma + 1)
     return pa.StructArray.from_arrays(
@@ -116,7 +115,7 @@ def synthetic_wire(
     n = steps * batch
     requests = pa.ListArray.from_arrays(
         pa.array(np.arange(steps + 1, dtype=np.int32) * batch),
-        _requests(rng, n, gamma, first_step * batch, batch, first_step, continuing, model),
+        _requests(rng, n, gamma, batch, first_step, continuing, model),
     )
     verify_rows = batch * (gamma + 1)
     ms = rng.gamma(4.0, 2.0, steps)

@@ -106,13 +106,12 @@ def summary(rows: list[Row]) -> dict:
     """Agreement counts and where the replay first departed from the stored decisions."""
     differ = [r for r in rows if not r.agrees]
     origin = rows[0].at if rows else 0.0
-    changes = [r for r in rows if r.replayed is not None and r.replayed.action in CHANGES_POLICY]
     return {
         "decisions": len(rows),
         "agree": len(rows) - len(differ),
         "first_difference_at_s": round(differ[0].at - origin, 3) if differ else None,
         "stored_phases": _phases(r.stored for r in rows),
-        "replayed_phases": _phases(r.replayed for r in changes if r.replayed is not None),
+        "replayed_phases": _phases(r.replayed for r in rows if r.replayed is not None),
     }
 
 

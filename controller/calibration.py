@@ -271,24 +271,17 @@ def drift_ece(window: Calibration, reference: Calibration, looks: int, level: fl
     return _bounded(gap, se, min(window.samples, reference.samples), looks, level, "debiased ECE now minus shadow's")
 
 
-def debiased_ece(
-    ece: dict[int, float],
-    null: dict[int, float],
-    bounds: dict[int, tuple[float, float, float]],
-    samples: int,
-    looks: int,
-    level: float,
-) -> Measurement:
+def debiased_ece(calibration: Calibration, looks: int, level: float) -> Measurement:
     """The gate input of ``survival_ece_debiased``: the worst depth's ECE minus its noise floor, with bounds
-    from each depth's bootstrap standard error (``bounds``: low, high, se). The fail side is one-sided at
+    from each depth's bootstrap standard error. The fail side is one-sided at
     α / (depths × looks spending), α = (1 - level) / 2, spending 6/(π²k²) of α at the stage's k-th look
     (those sum to 1 over all looks), so a calibrated rollout fails a stage no more often than α whatever
     the depths and however long the stage lasts; the pass side is one-sided at α."""
-    depths = [d for d in ece if d in bounds and d in null]
-    if not depths:
-        return Measurement(None, samples)
-    debiased = {d: ece[d] - null[d] for d in depths}
-    return _bounded(debiased, {d: bounds[d][2] for d in depths}, samples, looks, level, "ECE minus its noise floor")
+    debiased = calibration.debiased()
+    if not debiased:
+        return Measurement(None, calibration.samples)
+    se = {d: calibration.bounds[d][2] for d in debiased}
+    return _bounded(debiased, se, calibration.samples, looks, level, "ECE minus its noise floor")
 
 
 def _bounded(

@@ -86,7 +86,7 @@ def judge(gate: Gate, measurement: Measurement | None, stale: str | None = None)
         return verdict(Outcome.INCONCLUSIVE, f"{m.samples} samples < min_samples {gate.min_samples}")
     if m.method is not None:
         return _judge_interval(gate, m, stale, verdict)
-    limit = gate.threshold if gate.fail_threshold is None else gate.fail_threshold
+    limit = gate.fail_limit
     failed = f"{m.value:.6g} not {_symbol(gate.direction)} {limit:g}"
     if gate.fails(m.value) and gate.critical:
         return verdict(Outcome.FAIL, failed)  # evidence of a correctness bug counts whatever the age of the steps
@@ -106,7 +106,7 @@ def _judge_interval(gate: Gate, m: Measurement, stale: str | None, verdict: Call
     good, bad = (m.high, m.low) if gate.direction == "at_most" else (m.low, m.high)
     if stale is not None:
         return verdict(Outcome.INCONCLUSIVE, stale)
-    limit = gate.threshold if gate.fail_threshold is None else gate.fail_threshold
+    limit = gate.fail_limit
     if gate.passes(good):
         return verdict(Outcome.PASS, f"interval {span} wholly {_symbol(gate.direction)} {gate.threshold:g}")
     if gate.fails(bad):

@@ -76,16 +76,17 @@ class Evaluation:
         """One ``Measurement`` per metric of ``policies.rollout.METRICS`` for a controller in ``phase``, at
         the ``looks``-th evaluation of the stage (the debiased ECE spends its error rate over looks)."""
         stats = self.aggregate.survival
-        ece, samples, null = stats.ece(), stats.samples(), null_ece(stats)
+        ece, samples = stats.ece(), stats.samples()
         upper = {d: hi for d, (_, hi, _) in self.intervals["survival"].items()}
         least = min(samples.values(), default=0)
+        now = Calibration(ece, null_ece(stats), self.intervals["survival"], least)
         checks = {kind: self.consistency.get(kind, {"checks": 0, "mismatches": 0}) for kind in CheckKind}
         tier_steps = self._total("tier_steps")  # steps whose engine reports graph hits and misses
         return {
             "survival_ece": Measurement(max(ece.values(), default=None), least),
             "survival_ece_upper": Measurement(max(upper.values(), default=None), least),
-            "survival_ece_debiased": debiased_ece(ece, null, self.intervals["survival"], least, looks, INTERVAL_LEVEL),
-            "survival_ece_drift": self._drift(Calibration(ece, null, self.intervals["survival"], least), looks),
+            "survival_ece_debiased": debiased_ece(now, looks, INTERVAL_LEVEL),
+            "survival_ece_drift": self._drift(now, looks),
             "upper_bound_utilization": self._utilization("shadow" if phase == "shadow" else "cap_accept"),
             "tier_miss_rate": Measurement(self._total("misses") / tier_steps if tier_steps else None, tier_steps),
             "compact_survival_ece": compact_ece(stats, self.compact_counts, None),

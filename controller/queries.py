@@ -150,7 +150,7 @@ def label_columns(
     table = store.query(
         "SELECT enum_code(l.mode)::TINYINT AS mode, l.depth, enum_code(l.status)::TINYINT AS status,"
         f" l.survival, l.confidence, (hash(l.request_id) % {REQUEST_GROUPS})::SMALLINT AS grp,"
-        " coalesce(l.label, false)::TINYINT AS y FROM depth_labels l WHERE {where}".replace("{where}", where),
+        f" coalesce(l.label, false)::TINYINT AS y FROM depth_labels l WHERE {where}",
         params,
     )
     return LabelColumns(

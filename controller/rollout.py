@@ -63,12 +63,11 @@ class RolloutState:
     errors: int = 0  # consecutive error intervals
     # Per gate that has decided in the stage: (name, consecutive passes, failed intervals).
     gate_streaks: tuple[tuple[str, int, int], ...] = ()
+    contract: str | None = None
 
     def streak(self, gate: str) -> tuple[int, int]:
         """(consecutive passes, failures) of ``gate`` in the stage."""
         return next(((p, f) for name, p, f in self.gate_streaks if name == gate), (0, 0))
-
-    contract: str | None = None
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import math
 import tempfile
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import click
@@ -37,7 +37,7 @@ from sparkgate.collectors.synth import RowModel, synthetic_wire
 from sparkgate.collectors.wire import from_wire
 from sparkgate.policies.rollout import RolloutPolicy, load_rollout_policy
 from sparkgate.policies.switchback import Switchback
-from sparkgate.policies.vocabulary import CHANGES_POLICY, SWITCHBACK_PHASES, Arm, Phase
+from sparkgate.policies.vocabulary import SWITCHBACK_PHASES, Arm, Phase
 
 from .supervisor import Controller
 
@@ -100,7 +100,6 @@ class Run:
     compact_at: int | None = None
     inconclusive: int = 0
     intervals: int = 0
-    phases: list[str] = field(default_factory=list)
 
 
 def _modes(phase: str, fraction: float, observe: float, arm: str | None) -> tuple[float, ...]:
@@ -202,8 +201,6 @@ def run_seed(policy: RolloutPolicy, scenario: Scenario, seed: int, fleet: Fleet,
             if decision is None:
                 continue
             run.inconclusive += decision.outcome == "inconclusive"
-            if decision.action in CHANGES_POLICY:
-                run.phases.append(decision.phase_to)
             if decision.phase_to == Phase.FALLBACK:
                 run.rollback, run.rollback_rule = k, decision.reasons[0].get("rule")
                 break

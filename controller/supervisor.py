@@ -24,7 +24,7 @@ import duckdb
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store
 from sparkgate.policies.payload import PolicyPayload, SwitchbackSpec
-from sparkgate.policies.rollout import RolloutPolicy
+from sparkgate.policies.rollout import Gate, RolloutPolicy
 from sparkgate.policies.vocabulary import SWITCHBACK_PHASES, Arm
 
 from . import contract, ledger, promql, rollout
@@ -161,11 +161,10 @@ class Controller:
         """Verdicts of the gates of the stage's phase (paused: the paused stage's; fallback: every gate,
         for the record). In baseline the one check is whether the reference is large enough."""
         stale = self._stale(evaluation, now)
-        phase = self.policy.stages()[state.stage].phase if state.stage is not None else state.phase
+        phase, gates = self._judged(state)
         if phase == "baseline":
             steps = sum(evaluation.baseline.column("steps").to_pylist()) if evaluation.baseline is not None else 0
             return [judge_baseline(self.policy, steps, stale)]
-        gates = self.policy.gates_for(phase) if state.stage is not None else self.policy.gates
         looks = 1 + int((now - state.entered_at) // self.policy.evaluation_interval_s)
         measured = evaluation.measurements(phase, looks)
         # Comparisons read every pair since the stage began (the window bounds the other gates): pairs are
@@ -181,10 +180,17 @@ class Controller:
         measured.update({g.name: self._promql(g.promql) for g in gates if g.promql})
         return judge_all(gates, measured, stale)
 
+    def _judged(self, state: RolloutState) -> tuple[str, tuple[Gate, ...]]:
+        """The phase whose gates judge ``state`` (paused: the paused stage's) and those gates (fallback: every
+        gate, for the record)."""
+        if state.stage is None:
+            return state.phase, self.policy.gates
+        phase = self.policy.stages()[state.stage].phase
+        return phase, self.policy.gates_for(phase)
+
     def _drifts(self, state: RolloutState) -> bool:
         """Whether a gate of the stage measures drift from shadow (one more read of the labels)."""
-        phase = self.policy.stages()[state.stage].phase if state.stage is not None else state.phase
-        return state.stage is not None and any(g.metric == "survival_ece_drift" for g in self.policy.gates_for(phase))
+        return state.stage is not None and any(g.metric == "survival_ece_drift" for g in self._judged(state)[1])
 
     def _design(self, state: RolloutState, now: float) -> Design:
         until = self._until(now)

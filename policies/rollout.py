@@ -178,10 +178,14 @@ class Gate(BaseModel):
         """Whether ``value`` is on the good side of the threshold (equality passes)."""
         return value <= self.threshold if self.direction == "at_most" else value >= self.threshold
 
+    @property
+    def fail_limit(self) -> float:
+        """What a value must be beyond to fail: ``fail_threshold``, or ``threshold`` without a grey zone."""
+        return self.threshold if self.fail_threshold is None else self.fail_threshold
+
     def fails(self, value: float) -> bool:
-        """Whether ``value`` is beyond the fail threshold (the threshold itself when there is no grey zone)."""
-        limit = self.threshold if self.fail_threshold is None else self.fail_threshold
-        return value > limit if self.direction == "at_most" else value < limit
+        """Whether ``value`` is beyond ``fail_limit``."""
+        return value > self.fail_limit if self.direction == "at_most" else value < self.fail_limit
 
 
 DEFAULT_GATES = (

@@ -21,6 +21,7 @@ from sparkgate.collectors.request_records import RequestRecord
 from sparkgate.collectors.schema import RequestRow, StepRecord
 from sparkgate.policies.contract import Contract, hardware_text
 from sparkgate.policies.cost_profile import hardware_fingerprint
+from sparkgate.policies.vocabulary import Mode
 from sparkgate.policies.window import FixedWindow, WindowContext, WindowPolicy
 
 from .acceptance import AcceptInput, accept, draft_accepts, next_accept_prob
@@ -304,9 +305,9 @@ class Engine:
             u_sample=uniform(seeds[:, None], positions[:, None] + depth, SAMPLE) if sampled else None,
         )
         result = accept(inputs, self.passes)
-        accepted, full, nxt, next_prob = (
-            t.tolist() for t in (result.accepted, result.full, result.next_token, next_accept_prob(inputs))
-        )
+        accepted, full, nxt = (t.tolist() for t in (result.accepted, result.full, result.next_token))
+        # Only a compact row can use up its window below γ: no other reads the next draft's probability.
+        next_prob = next_accept_prob(inputs).tolist() if Mode.COMPACT in modes else [None] * len(reqs)
         syncs += 1
         drafts = draft.tokens.tolist()
         clock.mark()

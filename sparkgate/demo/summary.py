@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
 from sparkgate.controller.comparison import COMPARISON_METRICS
-from sparkgate.controller.metrics import evaluate
+from sparkgate.controller.metrics import COMPACT_COUNTS, evaluate
 from sparkgate.controller.queries import Window
 from sparkgate.controller.rollout import Decision
 from sparkgate.policies.vocabulary import CHANGES_POLICY, Action, Outcome, Phase
@@ -124,10 +124,6 @@ def _by_phase(store: Store) -> dict[str, dict]:
     }
 
 
-# Statuses of labels not observed when their step was verified, counted apart.
-UNOBSERVED = ("recovered", "estimated", "censored")
-
-
 def _labels(store: Store) -> dict:
     rows = store.query(
         "SELECT mode::VARCHAR AS mode, status::VARCHAR AS status, count(*) AS n "
@@ -136,7 +132,7 @@ def _labels(store: Store) -> dict:
     by_mode: dict[str, dict[str, int]] = {}
     for r in rows:
         by_mode.setdefault(r["mode"], {})[r["status"]] = r["n"]
-    total = {status: sum(r["n"] for r in rows if r["status"] == status) for status in UNOBSERVED}
+    total = {status: sum(r["n"] for r in rows if r["status"] == status) for status in COMPACT_COUNTS}
     return {
         "observed": sum(r["n"] for r in rows) - sum(total.values()),
         **total,

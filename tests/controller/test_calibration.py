@@ -14,6 +14,7 @@ from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import flatten
 from sparkgate.controller.calibration import (
     REQUEST_GROUPS,
+    Calibration,
     KindStats,
     bootstrap_ece,
     debiased_ece,
@@ -171,9 +172,8 @@ def test_the_debiased_gate_fails_a_calibrated_stage_no_more_often_than_its_level
             group = rng.integers(0, REQUEST_GROUPS, len(p))
             kind = KindStats.from_rows(mode, depth, p, y, group, depths)
             stats = kind.calibration_stats()
-            m = debiased_ece(
-                stats.ece(), null_ece(stats, seed=run), bootstrap_ece(kind, 100, seed=run), 600, look, 0.95
-            )
+            bounds = bootstrap_ece(kind, 100, seed=run)
+            m = debiased_ece(Calibration(stats.ece(), null_ece(stats, seed=run), bounds, 600), look, 0.95)
             outcome = judge(gate.model_copy(update={"threshold": 0.05 if shift else 0.0}), m).outcome
             if shift:
                 caught += outcome == "fail"  # a 0.12 gap against a 0.05 threshold
