@@ -14,6 +14,8 @@ import time
 
 import duckdb
 
+from sparkgate.collectors import label_sums
+
 MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (
         1,
@@ -146,6 +148,11 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     ALTER TABLE depth_labels_v2 RENAME TO depth_labels;
     DROP TYPE label_status;
     """,
+    ),
+    (
+        8,
+        "incremental evaluation: per-bucket sums of labels and request rows, filled from what is stored",
+        label_sums.create_sql() + label_sums.rebuild_sql(),
     ),
 )
 

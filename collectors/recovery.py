@@ -29,6 +29,8 @@ long request does not make each commit re-read its whole history.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -71,6 +73,7 @@ SET status = 'recovered', label = f.stop IS NULL OR l.depth < f.stop
 FROM recovery_stops f
 WHERE l.ts >= ? AND l.replica_id = f.replica_id AND l.request_id = f.request_id AND l.step_id = f.step_id
   AND l.status = 'censored' AND (f.stop IS NULL OR l.depth < f.stop OR NOT f.stop_unknown)
+RETURNING l.*
 """
 
 # A row whose every label is settled is not walked again.
@@ -82,13 +85,14 @@ WHERE r.ts >= ? AND r.replica_id = f.replica_id AND r.request_id = f.request_id 
 """
 
 
-def recover(con: duckdb.DuckDBPyConnection, requests: pa.Table) -> int:
+def recover(con: duckdb.DuckDBPyConnection, requests: pa.Table) -> Settled | None:
     """Settle what ``requests`` (request rows just inserted, in the caller's open transaction) make known:
     censored labels of the requests they belong to, on earlier rows or their own. Returns the labels
-    settled. Rows without ``position`` (producers that do not report it) cost nothing."""
+    settled, as they are stored now (None: none). Rows without ``position`` (producers that do not
+    report it) cost nothing."""
     known = requests.filter(pc.is_valid(requests.column("position")))
     if not known.num_rows:
-        return 0
+        return None
     con.register("recovery_keys", known.select(["replica_id", "request_id"]))
     try:
         since = pc.min(known.column("ts")).as_py() - HORIZON_S
@@ -96,11 +100,20 @@ def recover(con: duckdb.DuckDBPyConnection, requests: pa.Table) -> int:
     finally:
         con.unregister("recovery_keys")
     if not stops.num_rows:
-        return 0
+        return None
     con.register("recovery_stops", stops)
     try:
-        settled = int(con.execute(_UPDATE, [since]).fetchall()[0][0])  # the ts bound keeps old row groups unread
+        # The ts bound keeps old row groups unread.
+        settled = con.sql(_UPDATE, params=[since]).to_arrow_table()
         con.execute(_CLOSE, [since])
-        return settled
     finally:
         con.unregister("recovery_stops")
+    return Settled(settled, since) if settled is not None and settled.num_rows else None
+
+
+@dataclass(frozen=True)
+class Settled:
+    """Labels one batch settled (their stored rows) and the oldest step time recovery read."""
+
+    labels: pa.Table
+    since: float

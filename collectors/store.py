@@ -33,6 +33,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from sparkgate.collectors import label_sums
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.batch import Prepared, prepare
 from sparkgate.collectors.migrations import migrate
@@ -43,7 +44,7 @@ from sparkgate.collectors.wire import Flat, Parsed, flatten
 # Event tables and the unix-seconds column retention and exports partition them by.
 EVENT_TIME = {"steps": "ts", "requests": "ts", "depth_labels": "ts", "request_records": "finish_ts"}
 EVENT_TABLES = tuple(EVENT_TIME)
-SNAPSHOT_TABLES = EVENT_TABLES + ("quarantine", "decisions", "consistency_checks", "aggregates")
+SNAPSHOT_TABLES = EVENT_TABLES + ("quarantine", "decisions", "consistency_checks", "aggregates") + label_sums.SUM_TABLES
 # Snapshot generations kept, so a reader that opened the previous one can finish.
 _KEEP_GENERATIONS = 2
 CONSISTENCY_SCHEMA = pa.schema(
@@ -142,6 +143,7 @@ class Store:
         self.path = Path(path)
         self._con = duckdb.connect(str(self.path))
         self._lock = threading.Lock()
+        self._sums = label_sums.Keeper()
         self.version = migrate(self._con)
 
     def close(self) -> None:
@@ -245,8 +247,15 @@ class Store:
                 "depth_labels": prepared.labels,
                 "quarantine": prepared.quarantine_table(source, time.time()),
             }
-            # Labels the batch settles (its own censored ones, or earlier rows'), in the same transaction.
-            self._insert(tables, lambda: recover(self._con, prepared.requests))
+
+            def then() -> None:
+                # Labels the batch settles (its own censored ones, or earlier rows'), and the sums the
+                # evaluation reads, in the same transaction.
+                settled = recover(self._con, prepared.requests)
+                self._sums.batch(self._con, prepared.labels, prepared.requests, prepared.flat.steps,
+                                 settled.labels if settled else None, settled.since if settled else None)  # fmt: skip
+
+            self._insert(tables, then)
         return IngestResult(prepared, source)
 
     def _insert(self, tables: dict[str, pa.Table], then: Callable[[], object] | None = None) -> None:
@@ -288,6 +297,7 @@ class Store:
                 deleted[table] = self._con.execute(f"DELETE FROM {table} WHERE {column} < ?", [cutoff_ts]).fetchall()[
                     0
                 ][0]
+            label_sums.forget_before(self._con, cutoff_ts)
         return deleted
 
     def export(self, out_dir: str | os.PathLike, since_ts: float | None = None) -> dict[str, int]:

@@ -28,14 +28,11 @@ import numpy as np
 
 from sparkgate.collectors.aggregate import CalibrationStats
 from sparkgate.collectors.schema import MODES
-from sparkgate.policies.binning import N_BINS
+from sparkgate.policies.binning import FINE_BINS, FINE_PER_BIN, N_BINS, REQUEST_GROUPS
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
 from .measurement import Measurement
 
-FINE_PER_BIN = 64
-FINE_BINS = N_BINS * FINE_PER_BIN
-REQUEST_GROUPS = 1000
 GATED = np.isin(np.arange(len(MODES)), [MODES.index(m) for m in FULL_BLOCK_MODES])
 
 

@@ -25,24 +25,21 @@ import numpy as np
 import pyarrow as pa
 
 from sparkgate.collectors.aggregate import Aggregate
-from sparkgate.collectors.labels import ACCEPTED, CENSORED, ESTIMATED, RECOVERED, REJECTED
 from sparkgate.collectors.schema import MODES
 from sparkgate.collectors.store import Store
 from sparkgate.policies.rollout import ESTIMATED_SUFFIX
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES, CheckKind, Phase
 
-from . import queries
+from . import queries, window_stats
 from .calibration import Calibration, KindStats, bootstrap_ece, debiased_ece, drift_ece, null_ece
 from .compact_calibration import compact_ece
 from .measurement import Measurement
 from .queries import Slice, Window
+from .window_stats import COMPACT_COUNTS
 
 BOOTSTRAP_RESAMPLES = 200
 # The measurement of a gate with use_estimated (``Gate.measured_as``).
 ESTIMATED_KEY = "compact_survival_ece" + ESTIMATED_SUFFIX
-# The statuses the compact view counts per depth.
-COMPACT_COUNTS = ("recovered", "estimated", "censored")
-CHUNK_ROWS = 1 << 20
 INTERVAL_LEVEL = 0.95
 
 
@@ -277,32 +274,6 @@ def step_report(buckets: pa.Table, misses: dict[str, int]) -> dict:
     }
 
 
-def _kinds(cols: queries.LabelColumns, depths: int) -> tuple[KindStats, KindStats, dict[str, dict[int, int]]]:
-    """(survival over observed and recovered labels, conditional over observed labels at risk, counts per depth of
-    the censored, recovered and estimated labels), a chunk of rows at a time: the temporaries of a chunk
-    are reused from the heap, where those of the whole window would be fresh pages every time."""
-    survival: KindStats | None = None
-    conditional: KindStats | None = None
-    codes = {"censored": CENSORED, "recovered": RECOVERED, "estimated": ESTIMATED}
-    counts = {status: np.zeros(depths + 1) for status in codes}
-    for start in range(0, max(len(cols), 1), CHUNK_ROWS):
-        chunk = cols.rows(start, start + CHUNK_ROWS)
-        observed = (chunk.status != CENSORED) & (chunk.status != ESTIMATED)
-        # A recovered label does not record whether its depth was at risk: the conditional view is observed only.
-        at_risk = (chunk.status == ACCEPTED) | (chunk.status == REJECTED)
-        y = chunk.y.astype(bool)
-        s = KindStats.from_rows(chunk.mode, chunk.depth, chunk.survival, y, chunk.group, depths, observed)
-        c = KindStats.from_rows(chunk.mode, chunk.depth, chunk.confidence, y, chunk.group, depths, at_risk)
-        if survival is None or conditional is None:
-            survival, conditional = s, c
-        else:
-            survival, conditional = survival + s, conditional + c
-        for status, code in codes.items():
-            counts[status] += np.bincount(chunk.depth, chunk.status == code, minlength=depths + 1)
-    assert survival is not None and conditional is not None, "the loop runs at least once"
-    return survival, conditional, {s: {d: int(c[d]) for d in range(1, depths + 1) if c[d]} for s, c in counts.items()}
-
-
 def evaluate(
     store: Store,
     window: Window = Window(),
@@ -315,11 +286,9 @@ def evaluate(
     """Measure ``window`` and ``slice_`` of the store. The baseline is every step recorded in the
     baseline phase (same replica and load slice), whatever the window; with ``contract``, the baseline and
     the acceptance reference are that contract's only (a reference measured under another is no control)."""
-    cols = queries.label_columns(store, window, slice_)
-    depths = max(cols.depths, 1)
-    survival, conditional, compact_counts = _kinds(cols, depths)
-    hists = queries.request_histograms(store, window, slice_, depths + 1)
-    aggregate = Aggregate(survival.calibration_stats(), conditional.calibration_stats(), **hists)
+    stats = window_stats.read(store, window, slice_)
+    survival, conditional, compact_counts = stats.survival, stats.conditional, stats.compact_counts()
+    aggregate = Aggregate(survival.calibration_stats(), conditional.calibration_stats(), **stats.hists)
     intervals = {
         name: bootstrap_ece(kind, resamples, INTERVAL_LEVEL, seed)
         for name, kind in (("survival", survival), ("conditional", conditional))
@@ -327,7 +296,7 @@ def evaluate(
     steps = baseline = None
     misses: dict[str, int] = {}
     as_of = None
-    by_phase = queries.full_accept_totals(store, Window(), slice_, (Phase.SHADOW, Phase.BASELINE), contract)
+    by_phase = window_stats.full_accept_totals(store, slice_, (Phase.SHADOW, Phase.BASELINE), contract)
     reference = by_phase.get(Phase.SHADOW) or by_phase.get(Phase.BASELINE) or (0, 0)
     if not slice_.per_request:
         steps = queries.step_buckets(store, window, slice_)
@@ -348,8 +317,8 @@ def evaluate(
         queries.consistency_counts(store, window, slice_),
         as_of,
         reference,
-        len(cols),
-        queries.estimated_bins(store, window, slice_, depths) if compact_counts["estimated"] else None,
+        stats.labels,
+        stats.estimated if compact_counts["estimated"] else None,
         _shadow_reference(store, slice_, contract, resamples, seed) if shadow_reference else None,
     )
 
@@ -358,6 +327,5 @@ def _shadow_reference(
     store: Store, slice_: Slice, contract: queries.SameContract | None, resamples: int, seed: int
 ) -> Calibration:
     """The calibration of every label recorded in shadow (under ``contract``): what drift is measured from."""
-    cols = queries.label_columns(store, Window(), slice_, phase=Phase.SHADOW, contract=contract)
-    survival, _, _ = _kinds(cols, max(cols.depths, 1))
+    survival = window_stats.read(store, Window(), slice_, Phase.SHADOW, contract).survival
     return Calibration.of(survival, resamples, INTERVAL_LEVEL, seed)

@@ -140,13 +140,7 @@ def label_columns(
 ) -> LabelColumns:
     """The window's depth labels; ``phase`` (and ``contract``) keep those of steps recorded in that phase
     (under that contract): e.g. the shadow reference calibration is compared with."""
-    where, params = _where("depth_labels", window, slice_, "l")
-    if phase is not None:
-        clause, extra = _contract_sql(contract, "s")
-        where += (
-            f" AND (l.replica_id, l.step_id) IN (SELECT (replica_id, step_id) FROM steps s WHERE s.phase = ?{clause})"
-        )
-        params = [*params, phase, *extra]
+    where, params = _in_phase(*_where("depth_labels", window, slice_, "l"), "l", phase, contract)
     table = store.query(
         "SELECT enum_code(l.mode)::TINYINT AS mode, l.depth, enum_code(l.status)::TINYINT AS status,"
         f" l.survival, l.confidence, (hash(l.request_id) % {REQUEST_GROUPS})::SMALLINT AS grp,"
@@ -158,10 +152,31 @@ def label_columns(
     )
 
 
-def estimated_bins(store: Store, window: Window, slice_: Slice, depths: int) -> np.ndarray:
+def _in_phase(
+    where: str, params: list, alias: str, phase: str | None, contract: SameContract | None
+) -> tuple[str, list]:
+    """``where`` restricted to the rows of steps recorded in ``phase`` (under ``contract``), when given."""
+    if phase is None:
+        return where, params
+    clause, extra = _contract_sql(contract, "s")
+    where += (
+        f" AND ({alias}.replica_id, {alias}.step_id) IN "
+        f"(SELECT (replica_id, step_id) FROM steps s WHERE s.phase = ?{clause})"
+    )
+    return where, [*params, phase, *extra]
+
+
+def estimated_bins(
+    store: Store,
+    window: Window,
+    slice_: Slice,
+    depths: int,
+    phase: str | None = None,
+    contract: SameContract | None = None,
+) -> np.ndarray:
     """``[depths + 1, N_BINS, 3]``: per depth and equal-width bin of S_k, the estimated compact labels'
     count, sum of S_k and sum of P(y = 1)."""
-    where, params = _where("depth_labels", window, slice_, "l")
+    where, params = _in_phase(*_where("depth_labels", window, slice_, "l"), "l", phase, contract)
     rows = store.query(
         f"SELECT l.depth, least(floor(l.survival * {N_BINS}), {N_BINS - 1})::INTEGER AS b, count(*) AS n, "
         "sum(l.survival) AS p, sum(l.probability) AS y FROM depth_labels l "
@@ -175,10 +190,17 @@ def estimated_bins(store: Store, window: Window, slice_: Slice, depths: int) -> 
     return out
 
 
-def request_histograms(store: Store, window: Window, slice_: Slice, width: int) -> dict[str, np.ndarray]:
+def request_histograms(
+    store: Store,
+    window: Window,
+    slice_: Slice,
+    width: int,
+    phase: str | None = None,
+    contract: SameContract | None = None,
+) -> dict[str, np.ndarray]:
     """The collectors' request histograms ``accept_hist[mode, window, accepted]``, ``full_hist[mode,
     accepted, full_accept]`` and ``suggest_hist[mode, window_suggested, full_accept]``, ``width`` wide."""
-    where, params = _where("requests", window, slice_, "r")
+    where, params = _in_phase(*_where("requests", window, slice_, "r"), "r", phase, contract)
     specs = {
         "accept_hist": ('"window"', "accepted", "TRUE"),
         "full_hist": ("accepted", "full_accept", "full_accept IS NOT NULL"),

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import tempfile
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -188,7 +187,8 @@ def run_seed(policy: RolloutPolicy, scenario: Scenario, seed: int, fleet: Fleet,
     policy = policy.replace(comparison={**policy.comparison.model_dump(), "seed": seed})
     run, now, step = Run(), [T0], [0]
     top = len(policy.stages()) - 1
-    with tempfile.TemporaryDirectory(prefix="sparkgate-simulate-") as tmp, Store(Path(tmp) / "sim.duckdb") as store:
+    # An in-memory database: the same SQL and transactions, without a commit's disk sync per batch.
+    with Store(":memory:") as store:
         ctl = Controller(store, policy, clock=lambda: now[0], resamples=50)
         for k in range(max_intervals):
             if run.onset is None and ctl.state.compact_fraction > 0 and scenario.faulty:

@@ -11,6 +11,11 @@ import numpy as np
 
 N_BINS = 15
 EDGES = np.arange(N_BINS + 1) / N_BINS
+# Fine bins resolve equal-mass bins and AUROC: each equal-width bin is exactly FINE_PER_BIN of them.
+FINE_PER_BIN = 64
+FINE_BINS = N_BINS * FINE_PER_BIN
+# Requests are hashed into this many groups; the bootstrap resamples groups (docs/design.md §2).
+REQUEST_GROUPS = 1000
 
 
 def bin_index(p: np.ndarray) -> np.ndarray:

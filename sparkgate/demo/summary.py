@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
 from sparkgate.controller.comparison import COMPARISON_METRICS
-from sparkgate.controller.metrics import COMPACT_COUNTS, evaluate
+from sparkgate.controller.metrics import evaluate
 from sparkgate.controller.queries import Window
 from sparkgate.controller.rollout import Decision
+from sparkgate.controller.window_stats import COMPACT_COUNTS
 from sparkgate.policies.vocabulary import CHANGES_POLICY, Action, Outcome, Phase
 
 # Bootstrap resamples per stage: the summary shows point figures; the gates had the intervals.

@@ -1,0 +1,243 @@
+"""Sums the gates read instead of the labels, kept by ingest in the rows' own transaction (docs/design.md §4).
+
+Per ``SUM_BUCKET_S`` seconds of step time (``bucket = floor(ts / SUM_BUCKET_S)``), replica, phase and
+contract of the step, four tables hold what an evaluation derives its figures from:
+
+- ``label_fine_sums``: per kind (0 survival over observed labels, 1 conditional over labels at risk),
+  mode, depth, fine bin of the prediction (``FINE_BINS``) and outcome: count, Σp, Σp².
+- ``label_group_sums``: per kind, request group (``hash(request_id) % REQUEST_GROUPS``), depth and
+  equal-width bin, over the full-block modes: count, Σp, Σy (what the bootstrap resamples).
+- ``label_status_sums``: per mode, depth, status and equal-width bin of S_k: count, ΣS_k and
+  Σ probability (the compact view's counts and its estimated labels).
+- ``request_sums``: per mode the request histograms, ``hist`` 0 ``(window, accepted)``, 1 ``(accepted,
+  full_accept)`` and 2 ``(window_suggested, full_accept)``: counts.
+
+Invariants: for every bucket, summing a table's rows over any of its keys gives exactly what the same
+aggregation over that bucket's stored rows gives (counts exactly, float sums up to rounding), whatever
+the batches the rows arrived in. Rows are appended per batch (a recovered label adds −1 to its censored
+cell and +1 to its recovered one) and ``compact`` merges a bucket's rows once the bucket has closed, so a
+reader sums a few rows per cell. ``rebuild`` recomputes buckets from the stored rows (retention, and the
+migration that created the tables).
+"""
+
+from __future__ import annotations
+
+import math
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from sparkgate.collectors.schema import MODES, STATUSES
+from sparkgate.policies.binning import FINE_BINS, N_BINS, REQUEST_GROUPS
+from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
+
+SUM_BUCKET_S = 10.0
+_KEY = {"bucket": "BIGINT NOT NULL", "replica_id": "VARCHAR NOT NULL", "phase": "VARCHAR NOT NULL",
+        "contract": "VARCHAR"}  # fmt: skip
+# Per table: its key columns after ``_KEY``, and its value columns (what ``compact`` sums), with their types.
+TABLES: dict[str, tuple[dict[str, str], dict[str, str]]] = {
+    "label_fine_sums": (
+        {"kind": "TINYINT", "mode": "TINYINT", "depth": "SMALLINT", "fine": "SMALLINT", "y": "BOOLEAN"},
+        {"n": "BIGINT", "sum_p": "DOUBLE", "sum_p2": "DOUBLE"},
+    ),
+    "label_group_sums": (
+        {"kind": "TINYINT", "grp": "SMALLINT", "depth": "SMALLINT", "bin": "TINYINT"},
+        {"n": "BIGINT", "sum_p": "DOUBLE", "sum_y": "BIGINT"},
+    ),
+    "label_status_sums": (
+        {"mode": "TINYINT", "depth": "SMALLINT", "status": "TINYINT", "bin": "TINYINT"},
+        {"n": "BIGINT", "sum_s": "DOUBLE", "sum_prob": "DOUBLE"},
+    ),
+    "request_sums": ({"mode": "TINYINT", "hist": "TINYINT", "x": "SMALLINT", "y": "SMALLINT"}, {"n": "BIGINT"}),
+}
+SUM_TABLES = tuple(TABLES)
+
+
+def create_sql() -> str:
+    """The tables' DDL (the migration that added them)."""
+    out = []
+    for table, (keys, values) in TABLES.items():
+        columns = [f"{c} {t}" for c, t in _KEY.items()]
+        columns += [f"{c} {t} NOT NULL" for c, t in {**keys, **values}.items()]
+        out.append(f"CREATE TABLE {table} ({', '.join(columns)});")
+    return "\n".join(out)
+
+
+def _codes(values: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+def _code(column: str, values: tuple[str, ...]) -> str:
+    """The integer code of an enum or string column (its index in ``values``), for either input."""
+    return f"(list_position({_codes(values)}, {column}::VARCHAR) - 1)::TINYINT"
+
+
+_BUCKET = f"floor(x.ts / {SUM_BUCKET_S})::BIGINT"
+_GATED = ", ".join(f"'{m}'" for m in FULL_BLOCK_MODES)
+_FINE = f"least(floor(x.p * {FINE_BINS}), {FINE_BINS - 1})::SMALLINT"
+_PER_BIN = FINE_BINS // N_BINS
+
+
+def _labels_sql(labels: str, steps: str, sign: int, where: str) -> list[str]:
+    """INSERTs adding ``sign`` × the sums of ``labels`` (joined to ``steps`` for phase and contract)."""
+    joined = (
+        f"SELECT l.*, s.phase, s.contract FROM {labels} l JOIN {steps} s "
+        f"ON l.replica_id = s.replica_id AND l.step_id = s.step_id WHERE {where}"
+    )
+    kinds = f"""
+        WITH j AS ({joined}),
+        x AS (
+            SELECT *, 0::TINYINT AS kind, survival AS p FROM j WHERE status::VARCHAR NOT IN ('censored', 'estimated')
+            UNION ALL
+            SELECT *, 1::TINYINT AS kind, confidence AS p FROM j WHERE status::VARCHAR IN ('accepted', 'rejected'))"""
+    key = f"{_BUCKET} AS bucket, x.replica_id::VARCHAR AS replica_id, x.phase, x.contract"
+    return [
+        f"""INSERT INTO label_fine_sums {kinds}
+        SELECT {key}, x.kind, {_code("x.mode", MODES)} AS mode, x.depth, {_FINE} AS fine,
+               coalesce(x.label, false) AS y, {sign} * count(*), {sign} * sum(x.p), {sign} * sum(x.p * x.p)
+        FROM x GROUP BY ALL""",
+        f"""INSERT INTO label_group_sums {kinds}
+        SELECT {key}, x.kind, (hash(x.request_id::VARCHAR) % {REQUEST_GROUPS})::SMALLINT AS grp, x.depth,
+               ({_FINE} // {_PER_BIN})::TINYINT AS bin, {sign} * count(*), {sign} * sum(x.p),
+               {sign} * count(*) FILTER (WHERE x.label)
+        FROM x WHERE x.mode::VARCHAR IN ({_GATED}) GROUP BY ALL""",
+        f"""INSERT INTO label_status_sums WITH j AS ({joined}), x AS (SELECT *, survival AS p FROM j)
+        SELECT {key}, {_code("x.mode", MODES)} AS mode, x.depth, {_code("x.status", STATUSES)} AS status,
+               ({_FINE} // {_PER_BIN})::TINYINT AS bin, {sign} * count(*), {sign} * sum(x.p),
+               {sign} * coalesce(sum(x.probability), 0)
+        FROM x GROUP BY ALL""",
+    ]
+
+
+def _requests_sql(requests: str, steps: str, where: str) -> str:
+    pairs = (
+        ('"window"', "accepted", "TRUE"),
+        ("accepted", "full_accept", "full_accept IS NOT NULL"),
+        ("window_suggested", "full_accept", "window_suggested IS NOT NULL AND full_accept IS NOT NULL"),
+    )
+    parts = " UNION ALL ".join(
+        f"SELECT *, {h}::TINYINT AS hist, {x} AS hx, {y} AS hy FROM j WHERE {condition}"
+        for h, (x, y, condition) in enumerate(pairs)
+    )
+    return f"""INSERT INTO request_sums
+        WITH j AS (SELECT r.*, s.phase, s.contract FROM {requests} r JOIN {steps} s
+                   ON r.replica_id = s.replica_id AND r.step_id = s.step_id WHERE {where}),
+        x AS ({parts})
+        SELECT {_BUCKET} AS bucket, x.replica_id::VARCHAR, x.phase, x.contract, {_code("x.mode", MODES)} AS mode,
+               x.hist, x.hx, x.hy, count(*)
+        FROM x GROUP BY ALL"""
+
+
+def add_batch(con: duckdb.DuckDBPyConnection, labels: str, requests: str, steps: str) -> None:
+    """Add the sums of a batch's rows (relations registered under these names), in the caller's transaction."""
+    for sql in _labels_sql(labels, steps, 1, "TRUE"):
+        con.execute(sql)
+    con.execute(_requests_sql(requests, steps, "TRUE"))
+
+
+def move_settled(con: duckdb.DuckDBPyConnection, settled: str, since: float) -> None:
+    """Move labels recovery settled (``settled``: their rows after the update) out of their censored cells:
+    −1 where they were counted censored, +1 where they count now. ``since`` bounds the steps read."""
+    as_censored = f"(SELECT * REPLACE ('censored' AS status, NULL::BOOLEAN AS label) FROM {settled})"
+    steps = f"(SELECT replica_id, step_id, phase, contract FROM steps WHERE ts >= {float(since)!r})"
+    for sql in _labels_sql(as_censored, steps, -1, "TRUE") + _labels_sql(settled, steps, 1, "TRUE"):
+        con.execute(sql)
+
+
+def compact(con: duckdb.DuckDBPyConnection, since_bucket: int, before_bucket: int) -> None:
+    """Merge the rows of buckets ``[since_bucket, before_bucket)`` to one per cell, dropping empty cells."""
+    for table, (keys, values) in TABLES.items():
+        columns = ", ".join([*_KEY, *keys])
+        sums = ", ".join(f"sum({v})::{t} AS {v}" for v, t in values.items())
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE merged AS SELECT {columns}, {sums} FROM {table} "
+            "WHERE bucket >= ? AND bucket < ? GROUP BY ALL HAVING sum(n) <> 0",
+            [since_bucket, before_bucket],
+        )
+        con.execute(f"DELETE FROM {table} WHERE bucket >= ? AND bucket < ?", [since_bucket, before_bucket])
+        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM merged")
+    con.execute("DROP TABLE merged")
+
+
+def rebuild(con: duckdb.DuckDBPyConnection, since_bucket: int, before_bucket: int) -> None:
+    """Recompute buckets ``[since_bucket, before_bucket)`` from the stored rows."""
+    for table in TABLES:
+        con.execute(f"DELETE FROM {table} WHERE bucket >= ? AND bucket < ?", [since_bucket, before_bucket])
+    for sql in _stored_sql(f">= {int(since_bucket)}", f"< {int(before_bucket)}"):
+        con.execute(sql)
+
+
+def forget_before(con: duckdb.DuckDBPyConnection, cutoff_ts: float) -> None:
+    """After retention deleted the rows before ``cutoff_ts``: drop the sums of the buckets wholly before it
+    and recompute the one it cuts through."""
+    cut = math.floor(cutoff_ts / SUM_BUCKET_S)
+    for table in TABLES:
+        con.execute(f"DELETE FROM {table} WHERE bucket < ?", [cut])
+    rebuild(con, cut, cut + 1)
+
+
+def rebuild_sql() -> str:
+    """The sums of everything stored, as one script (the migration that created the tables)."""
+    return "".join(f"\n{sql};" for sql in _stored_sql(">= -9223372036854775807", "< 9223372036854775807"))
+
+
+def _stored_sql(low: str, high: str) -> list[str]:
+    bucket = f"floor(l.ts / {SUM_BUCKET_S})"
+    where = f"{bucket} {low} AND {bucket} {high}"
+    return [
+        *_labels_sql("depth_labels", "steps", 1, where),
+        _requests_sql("requests", "steps", where.replace("l.ts", "r.ts")),
+    ]
+
+
+class Keeper:
+    """Keeps one store's sums as batches commit: adds each batch, moves what recovery settled, and compacts
+    buckets once they have closed (older than the newest step's bucket by two) if more than one batch
+    wrote to them (a bucket written once has one row per cell already). Which buckets have rows left to
+    merge is a hint held in memory: a bucket a restart forgets stays correct, only unmerged."""
+
+    def __init__(self) -> None:
+        self._writes: dict[int, int] = {}  # bucket: batches that appended to it since it was last merged
+
+    def batch(self, con: duckdb.DuckDBPyConnection, labels: pa.Table, requests: pa.Table, steps: pa.Table,
+              settled: pa.Table | None, since: float | None) -> None:  # fmt: skip
+        """Called inside the batch's transaction, after its rows (and recovery's updates) are written."""
+        if not steps.num_rows:
+            return
+        tables = {"sum_labels": labels, "sum_requests": requests, "sum_steps": steps}
+        for name, table in tables.items():
+            con.register(name, table)
+        try:
+            add_batch(con, "sum_labels", "sum_requests", "sum_steps")
+        finally:
+            for name in tables:
+                con.unregister(name)
+        touched = [steps.column("ts")]
+        if settled is not None and settled.num_rows and since is not None:
+            con.register("sum_settled", settled)
+            try:
+                move_settled(con, "sum_settled", since)
+            finally:
+                con.unregister("sum_settled")
+            touched.append(settled.column("ts"))
+        for ts in touched:
+            for b in np.unique(np.floor(ts.to_numpy() / SUM_BUCKET_S)).astype(np.int64).tolist():
+                self._writes[b] = self._writes.get(b, 0) + 1
+        newest = math.floor(float(np.max(steps.column("ts").to_numpy())) / SUM_BUCKET_S)
+        closed = sorted(b for b in self._writes if b < newest - 1)
+        for low, high in _runs([b for b in closed if self._writes[b] > 1]):
+            compact(con, low, high)
+        for b in closed:
+            del self._writes[b]
+
+
+def _runs(buckets: list[int]) -> list[tuple[int, int]]:
+    """Sorted buckets as ``[low, high)`` runs of consecutive ones."""
+    runs: list[tuple[int, int]] = []
+    for b in buckets:
+        if runs and runs[-1][1] == b:
+            runs[-1] = (runs[-1][0], b + 1)
+        else:
+            runs.append((b, b + 1))
+    return runs

@@ -1,0 +1,245 @@
+"""What an evaluation window's labels and request rows sum to, read from the ingest-time sums
+(``collectors.label_sums``) where they cover the window, and from the rows themselves elsewhere.
+
+The sums are kept per bucket of ``SUM_BUCKET_S`` seconds, so a window ``[since, until)`` reads its whole
+buckets from the sums and only the parts of its first and last bucket from the rows: the figures are
+those of a scan of every row in the window (counts exactly, float sums up to rounding), at a cost set by
+the window's length and the number of distinct cells, not by the rows stored or their rate. A slice by
+task, temperature or load bucket reads the rows (the sums are not kept per slice), and so does a store
+without the sums tables (a snapshot published before they existed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import duckdb
+import numpy as np
+
+from sparkgate.collectors.label_sums import SUM_BUCKET_S
+from sparkgate.collectors.labels import ACCEPTED, CENSORED, ESTIMATED, REJECTED
+from sparkgate.collectors.schema import MODES, STATUSES
+from sparkgate.collectors.store import Store
+from sparkgate.policies.binning import FINE_BINS, N_BINS, REQUEST_GROUPS
+from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
+
+from . import queries
+from .calibration import KindStats
+from .queries import SameContract, Slice, Window
+
+# The statuses the compact view counts per depth.
+COMPACT_COUNTS = ("recovered", "estimated", "censored")
+HISTOGRAMS = ("accept_hist", "full_hist", "suggest_hist")
+CHUNK_ROWS = 1 << 20
+_FAR = 1 << 62
+
+
+@dataclass
+class WindowStats:
+    """A window's calibration histograms (survival and conditional), labels per status and depth
+    (``[len(STATUSES), depths + 1]``, every mode), the estimated labels' bins (``[depths + 1, N_BINS, 3]``:
+    count, ΣS_k, ΣP(y = 1)) and the request histograms (``[len(MODES), depths + 1, depths + 1]``)."""
+
+    survival: KindStats
+    conditional: KindStats
+    statuses: np.ndarray
+    estimated: np.ndarray
+    hists: dict[str, np.ndarray]
+
+    def __add__(self, other: WindowStats) -> WindowStats:
+        return WindowStats(
+            self.survival + other.survival,
+            self.conditional + other.conditional,
+            self.statuses + other.statuses,
+            self.estimated + other.estimated,
+            {k: self.hists[k] + other.hists[k] for k in HISTOGRAMS},
+        )
+
+    @property
+    def labels(self) -> int:
+        return int(self.statuses.sum())
+
+    def compact_counts(self) -> dict[str, dict[int, int]]:
+        """Per status of ``COMPACT_COUNTS``: labels per depth (depths with none left out)."""
+        return {
+            s: {d: int(n) for d, n in enumerate(self.statuses[STATUSES.index(s)]) if d and n} for s in COMPACT_COUNTS
+        }
+
+
+def read(
+    store: Store, window: Window, slice_: Slice, phase: str | None = None, contract: SameContract | None = None
+) -> WindowStats:
+    """The window's statistics; ``phase`` (with ``contract``) keeps the steps recorded in that phase."""
+    if slice_.per_request or slice_.load_bucket is not None:
+        return _from_rows(store, window, slice_, phase, contract, None)
+    low = None if window.since is None else _clamp(math.ceil(window.since / SUM_BUCKET_S))
+    high = None if window.until is None else _clamp(math.floor(window.until / SUM_BUCKET_S))
+    if low is not None and high is not None and low >= high:
+        return _from_rows(store, window, slice_, phase, contract, None)
+    try:
+        cells = _sums(store, low, high, slice_.replica_id, phase, contract)
+    except duckdb.CatalogException:
+        return _from_rows(store, window, slice_, phase, contract, None)
+    edges = []
+    if low is not None and window.since is not None and window.since < low * SUM_BUCKET_S:
+        edges.append(Window(window.since, low * SUM_BUCKET_S))
+    if high is not None and window.until is not None and high * SUM_BUCKET_S < window.until:
+        edges.append(Window(high * SUM_BUCKET_S, window.until))
+    columns = [queries.label_columns(store, w, slice_, phase, contract) for w in edges]
+    depths = max([cells.depths, *(c.depths for c in columns), 1])
+    out = cells.stats(depths)
+    for w, c in zip(edges, columns):
+        out = out + _from_rows(store, w, slice_, phase, contract, depths, c)
+    return out
+
+
+def _clamp(bucket: int) -> int:
+    """A bucket bound within BIGINT (a window bound far outside any step time)."""
+    return max(-_FAR, min(_FAR, bucket))
+
+
+def _from_rows(store, window, slice_, phase, contract, depths, cols=None) -> WindowStats:
+    """The statistics of the window's rows themselves (``depths`` None: as many as they have)."""
+    if cols is None:
+        cols = queries.label_columns(store, window, slice_, phase, contract)
+    depths = depths or max(cols.depths, 1)
+    survival, conditional, statuses = _kinds(cols, depths)
+    hists = queries.request_histograms(store, window, slice_, depths + 1, phase, contract)
+    estimated = queries.estimated_bins(store, window, slice_, depths, phase, contract)
+    return WindowStats(survival, conditional, statuses, estimated, hists)
+
+
+def _kinds(cols: queries.LabelColumns, depths: int) -> tuple[KindStats, KindStats, np.ndarray]:
+    """(survival over observed and recovered labels, conditional over observed labels at risk, labels per
+    status and depth), a chunk of rows at a time: the temporaries of a chunk are reused from the heap,
+    where those of the whole window would be fresh pages every time."""
+    survival: KindStats | None = None
+    conditional: KindStats | None = None
+    statuses = np.zeros((len(STATUSES), depths + 1), np.int64)
+    for start in range(0, max(len(cols), 1), CHUNK_ROWS):
+        chunk = cols.rows(start, start + CHUNK_ROWS)
+        observed = (chunk.status != CENSORED) & (chunk.status != ESTIMATED)
+        # A recovered label does not record whether its depth was at risk: the conditional view is observed only.
+        at_risk = (chunk.status == ACCEPTED) | (chunk.status == REJECTED)
+        y = chunk.y.astype(bool)
+        s = KindStats.from_rows(chunk.mode, chunk.depth, chunk.survival, y, chunk.group, depths, observed)
+        c = KindStats.from_rows(chunk.mode, chunk.depth, chunk.confidence, y, chunk.group, depths, at_risk)
+        if survival is None or conditional is None:
+            survival, conditional = s, c
+        else:
+            survival, conditional = survival + s, conditional + c
+        np.add.at(statuses, (chunk.status.astype(np.int64), chunk.depth.astype(np.int64)), 1)
+    assert survival is not None and conditional is not None, "the loop runs at least once"
+    return survival, conditional, statuses
+
+
+@dataclass
+class _Cells:
+    """The sums tables' rows for a bucket range, summed per cell (numpy columns by name)."""
+
+    fine: dict[str, np.ndarray]
+    grouped: dict[str, np.ndarray]
+    status: dict[str, np.ndarray]
+    requests: dict[str, np.ndarray]
+
+    @property
+    def depths(self) -> int:
+        found = [int(t["depth"].max(initial=0)) for t in (self.fine, self.grouped, self.status)]
+        return max([*found, int(self.requests["x"].max(initial=0)), int(self.requests["y"].max(initial=0))])
+
+    def stats(self, depths: int) -> WindowStats:
+        width = depths + 1
+        kinds = []
+        for kind in (0, 1):
+            f = {k: v[self.fine["kind"] == kind] for k, v in self.fine.items()}
+            g = {k: v[self.grouped["kind"] == kind] for k, v in self.grouped.items()}
+            fine_index = (f["mode"], f["depth"], f["fine"], f["y"].astype(np.int64))
+            group_index = (g["grp"], g["depth"], g["bin"])
+            arrays = []
+            for shape, index, columns in (
+                ((len(MODES), width, FINE_BINS, 2), fine_index, (f["n"], f["sum_p"], f["sum_p2"])),
+                ((REQUEST_GROUPS, width, N_BINS), group_index, (g["n"], g["sum_p"], g["sum_y"])),
+            ):
+                for values in columns:
+                    a = np.zeros(shape, values.dtype)
+                    a[index] = values
+                    arrays.append(a)
+            kinds.append(KindStats(*arrays))
+        s = self.status
+        statuses = np.zeros((len(STATUSES), width), np.int64)
+        np.add.at(statuses, (s["status"], s["depth"]), s["n"])
+        estimated = np.zeros((width, N_BINS, 3))
+        e = s["status"] == ESTIMATED
+        for i, column in enumerate(("n", "sum_s", "sum_prob")):
+            np.add.at(estimated[..., i], (s["depth"][e], s["bin"][e]), s[column][e])
+        r = self.requests
+        hists = {}
+        for h, name in enumerate(HISTOGRAMS):
+            hist = np.zeros((len(MODES), width, width), np.int64)
+            keep = r["hist"] == h
+            hist[r["mode"][keep], r["x"][keep], r["y"][keep]] = r["n"][keep]
+            hists[name] = hist
+        return WindowStats(kinds[0], kinds[1], statuses, estimated, hists)
+
+
+_QUERIES = {
+    "fine": ("label_fine_sums", "kind, mode, depth, fine, y", "sum(sum_p) AS sum_p, sum(sum_p2) AS sum_p2"),
+    "grouped": ("label_group_sums", "kind, grp, depth, bin", "sum(sum_p) AS sum_p, sum(sum_y)::BIGINT AS sum_y"),
+    "status": ("label_status_sums", "mode, depth, status, bin", "sum(sum_s) AS sum_s, sum(sum_prob) AS sum_prob"),
+    "requests": ("request_sums", "mode, hist, x, y", ""),
+}
+
+
+def _sums(
+    store: Store,
+    low: int | None,
+    high: int | None,
+    replica_id: str | None,
+    phase: str | None,
+    contract: SameContract | None,
+) -> _Cells:
+    where, params = _sums_where(low, high, replica_id, phase, contract)
+    out = {}
+    for name, (table, keys, values) in _QUERIES.items():
+        rows = store.query(
+            f"SELECT {keys}, sum(n)::BIGINT AS n{', ' + values if values else ''} FROM {table} WHERE {where} "
+            "GROUP BY ALL HAVING sum(n) <> 0",
+            params,
+        )
+        out[name] = {c: rows.column(c).to_numpy() for c in rows.column_names}
+    return _Cells(**out)
+
+
+def _sums_where(low, high, replica_id, phase, contract) -> tuple[str, list]:
+    clauses, params = ["TRUE"], []
+    for clause, value in (("bucket >= ?", low), ("bucket < ?", high), ("replica_id = ?", replica_id),
+                          ("phase = ?", phase)):  # fmt: skip
+        if value is not None:
+            clauses.append(clause)
+            params.append(value)
+    if contract is not None:
+        clauses.append("contract IS NOT DISTINCT FROM ?")
+        params.append(contract.contract)
+    return " AND ".join(clauses), params
+
+
+def full_accept_totals(
+    store: Store, slice_: Slice, phases: tuple[str, ...], contract: SameContract | None = None
+) -> dict[str, tuple[int, int]]:
+    """Per phase of ``phases`` with any: (sum of a*, rows) over every full-block request row recorded in it
+    (the acceptance reference); ``contract`` restricts to one contract's steps."""
+    if slice_.per_request or slice_.load_bucket is not None:
+        return queries.full_accept_totals(store, Window(), slice_, phases, contract)
+    where, params = _sums_where(None, None, slice_.replica_id, None, contract)
+    modes = ", ".join(str(MODES.index(m)) for m in FULL_BLOCK_MODES)
+    marks = ", ".join("?" * len(phases))
+    try:
+        rows = store.query(
+            f"SELECT phase, sum(n * y)::BIGINT AS total, sum(n)::BIGINT AS n FROM request_sums "
+            f"WHERE {where} AND hist = 1 AND mode IN ({modes}) AND phase IN ({marks}) GROUP BY phase HAVING sum(n) > 0",
+            [*params, *phases],
+        ).to_pylist()
+    except duckdb.CatalogException:
+        return queries.full_accept_totals(store, Window(), slice_, phases, contract)
+    return {r["phase"]: (int(r["total"]), int(r["n"])) for r in rows}

@@ -1,0 +1,107 @@
+"""Figures read from the ingest-time sums equal those of a scan of every row in the window."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparkgate.collectors.store import Store
+from sparkgate.collectors.synth import synthetic_wire
+from sparkgate.collectors.wire import from_wire
+from sparkgate.controller import window_stats
+from sparkgate.controller.metrics import evaluate
+from sparkgate.controller.queries import SameContract, Slice, Window
+from sparkgate.controller.window_stats import WindowStats
+
+T0 = 1e9
+
+
+@pytest.fixture(scope="module")
+def store():
+    with Store(":memory:") as s:
+        for i in range(12):
+            for replica in ("a", "b"):
+                wire = synthetic_wire(40, 6, 5, replica, first_step=i * 40, seed=i, ts=T0 + i * 8.3, continuing=True)
+                wire = wire.set_column(wire.schema.get_field_index("phase"), "phase",
+                                       pa.array([("shadow", "canary")[i // 6]] * 40))  # fmt: skip
+                s.ingest(from_wire(wire), "test")
+        yield s
+
+
+def _scan(store, window, slice_, phase=None, contract=None) -> WindowStats:
+    return window_stats._from_rows(store, window, slice_, phase, contract, None)
+
+
+def _assert_same(a: WindowStats, b: WindowStats) -> None:
+    for kind in ("survival", "conditional"):
+        for name in a.survival.__dataclass_fields__:
+            x, y = getattr(getattr(a, kind), name), getattr(getattr(b, kind), name)
+            assert x.shape == y.shape and np.allclose(x, y), (kind, name)
+    assert np.array_equal(a.statuses, b.statuses)
+    assert np.allclose(a.estimated, b.estimated)
+    for name in a.hists:
+        assert np.array_equal(a.hists[name], b.hists[name]), name
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    since=st.one_of(st.none(), st.floats(T0 - 5, T0 + 110)),
+    length=st.one_of(st.none(), st.floats(0.01, 120)),
+    replica=st.sampled_from([None, "a", "b"]),
+)
+def test_any_window_reads_the_figures_of_its_rows(store, since, length, replica):
+    until = None if length is None else (since if since is not None else T0) + length
+    window, slice_ = Window(since, until), Slice(replica_id=replica)
+    a, b = window_stats.read(store, window, slice_), _scan(store, window, slice_)
+    assert a.labels == b.labels and (a.labels > 0 or (length or 1) < 60)
+    _assert_same(a, b)
+
+
+def test_a_phase_and_contract_read_the_steps_recorded_in_them(store):
+    shadow = window_stats.read(store, Window(), Slice(), "shadow", SameContract(None))
+    _assert_same(shadow, _scan(store, Window(), Slice(), "shadow", SameContract(None)))
+    assert 0 < shadow.labels < window_stats.read(store, Window(), Slice()).labels
+    assert window_stats.read(store, Window(), Slice(), "shadow", SameContract("other")).labels == 0
+    totals = window_stats.full_accept_totals(store, Slice(), ("shadow", "baseline"))
+    from sparkgate.controller import queries
+
+    assert totals == queries.full_accept_totals(store, Window(), Slice(), ("shadow", "baseline"))
+
+
+def test_the_evaluation_is_the_same_from_sums_or_rows(store, monkeypatch):
+    window = Window(T0 + 3.7, T0 + 77.7)
+    from_sums = evaluate(store, window).report("canary")
+    monkeypatch.setattr(window_stats, "read", lambda s, w, sl, *a: _scan(s, w, sl, *a))
+    _assert_close(evaluate(store, window).report("canary"), from_sums)
+
+
+def _assert_close(a, b, path="report"):
+    """Equal structure and values, floats to 1e-9 relative (sums add in another order)."""
+    if isinstance(a, dict):
+        assert set(a) == set(b), path
+        for k in a:
+            _assert_close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and b is not None:
+        assert a == pytest.approx(b, rel=1e-9, abs=1e-12), path
+    else:
+        assert a == b, path
+
+
+def test_a_store_without_the_sums_tables_is_read_from_its_rows(store):
+    class Old:  # a reader over a snapshot published before the sums existed
+        def query(self, sql, params=None):
+            if "_sums" in sql:
+                import duckdb
+
+                raise duckdb.CatalogException("Table with name label_fine_sums does not exist")
+            return store.query(sql, params)
+
+    window = Window(T0 + 3.7, T0 + 77.7)
+    _assert_same(window_stats.read(Old(), window, Slice()), _scan(store, window, Slice()))
