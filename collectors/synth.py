@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from sparkgate.collectors.schema import MODES, REQUEST_TYPE, SCHEMA_VERSION, WIRE_SCHEMA
+from sparkgate.policies.binning import N_BINS, bin_index
 
 
 def _lists(values: np.ndarray, width: np.ndarray | int, n: int, type_: pa.DataType) -> pa.ListArray:
@@ -36,6 +37,25 @@ class RowModel:
     confidence_scale: float = 1.0
 
 
+# Rows draw each depth's true conditional acceptance from this range.
+TRUTH_RANGE = (0.3, 1.0)
+
+
+def worst_depth_ece(confidence_scale: float, gamma: int, rows: int = 100_000, seed: int = 0) -> float:
+    """The worst depth's survival ECE (15 equal-width bins) of rows whose confidences are the truth ×
+    ``confidence_scale``, against the true survival itself: the miscalibration the scale causes, without
+    the sampling noise of drawn labels."""
+    truth = np.random.default_rng(seed).uniform(*TRUTH_RANGE, (rows, gamma))
+    survival = np.cumprod(np.minimum(truth * confidence_scale, 1.0), axis=1)
+    true_survival = np.cumprod(truth, axis=1)
+    worst = 0.0
+    for d in range(gamma):
+        b = bin_index(survival[:, d])
+        gap = np.bincount(b, survival[:, d] - true_survival[:, d], minlength=N_BINS)
+        worst = max(worst, float(np.abs(gap).sum() / rows))
+    return worst
+
+
 def _requests(
     rng: np.random.Generator,
     n: int,
@@ -47,7 +67,7 @@ def _requests(
 ) -> pa.StructArray:
     weights = None if model.mode_weights is None else np.asarray(model.mode_weights) / sum(model.mode_weights)
     mode = rng.integers(0, len(MODES), n) if weights is None else rng.choice(len(MODES), n, p=weights)
-    truth = rng.uniform(0.3, 1.0, (n, gamma))
+    truth = rng.uniform(*TRUTH_RANGE, (n, gamma))
     confidence = np.minimum(truth * model.confidence_scale, 1.0)
     survival = np.cumprod(confidence, axis=1)
     survived = rng.random((n, gamma)) < truth

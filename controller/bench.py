@@ -1,16 +1,23 @@
-"""``sparkgate bench controller``: one full gate evaluation over stored labels, and a fleet merge.
+"""``sparkgate bench controller``: one controller tick over a long stored history, and a fleet merge.
 
 - evaluation: a fresh DuckDB file holds ``--labels`` synthetic depth labels
-  (γ = 7, 32 requests per step; the first tenth recorded in baseline, the rest in
-  canary). One evaluation is everything a controller tick computes: every
-  metric (all depths, both kinds, bootstrap intervals with 200 resamples,
-  equal-mass ECE, AUROC, step latency against the baseline) and a verdict for
-  every gate of the default policy. Building the file is not timed.
+  (γ = 7, 32 requests per step, a step every ``--step-s`` seconds, replicas
+  taking turns; the first tenth recorded in baseline, the rest in canary). One
+  evaluation is what a controller tick computes over its window (the newest
+  five evaluation intervals of the default policy): every metric (all depths,
+  both kinds, bootstrap intervals with 200 resamples, equal-mass ECE, AUROC,
+  step latency against the baseline) and a verdict for every gate of the
+  default policy. It reads the ingest-time sums; the baseline, run in the same
+  process in paired, alternating rounds, reads the same window's rows. The
+  report is a full-history ``evaluate(...).report()``. Building the file is not
+  timed.
 - merge: ``--replicas`` per-replica ``Aggregate``s merged in one vectorised sum,
   beside the baseline of folding ``Aggregate.merge`` pairwise.
 
-Times are medians of ``--repeats`` runs; the 1-minute load average is printed
-with them because the figures scale with whatever else the machine runs.
+Times are medians over ``--repeats`` rounds, with wall and CPU time (DuckDB's
+threads included) and the ratio of each round's pair; the 1-minute load average
+is printed with them because the figures scale with whatever else the machine
+runs. Peak resident memory is the process's.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import resource
 import statistics
 import tempfile
 import time
@@ -37,13 +45,16 @@ from sparkgate.policies.rollout import load_rollout_policy
 from .fleet import merge_aggregates
 from .gates import judge_all
 from .metrics import evaluate
+from .queries import Window
 
 GAMMA, BATCH, BATCH_STEPS, REPLICAS = 7, 32, 2000, 4
-EVAL_TARGET_MS, MERGE_TARGET_MS = 1000, 50
+EVAL_TARGET_MS, REPORT_TARGET_MS, MERGE_TARGET_MS = 100, 1000, 50
+WINDOW_INTERVALS = 5
 
 
-def build_store(store: Store, labels: int) -> int:
-    """Fill ``store`` with about ``labels`` depth labels over ``REPLICAS`` replicas; returns the stored count."""
+def build_store(store: Store, labels: int, step_s: float = 0.01) -> int:
+    """Fill ``store`` with about ``labels`` depth labels over ``REPLICAS`` replicas, a step every ``step_s``
+    seconds; returns the stored count."""
     steps = max(1, labels // (GAMMA * BATCH))
     baseline_steps = steps // 10
 
@@ -56,24 +67,41 @@ def build_store(store: Store, labels: int) -> int:
             f"replica-{first // BATCH_STEPS % REPLICAS}",
             first_step=first,
             seed=first,
-            ts=1.75e9 + first * 0.01,
+            ts=1.75e9 + first * step_s,
         )
+        ts = 1.75e9 + (first + np.arange(n)) * step_s
+        wire = wire.set_column(wire.schema.get_field_index("ts"), "ts", pa.array(ts))
         phase = "baseline" if first < baseline_steps else "canary"
         return from_wire(wire.set_column(wire.schema.get_field_index("phase"), "phase", pa.array([phase] * n)))
 
     return sum(r.labels for r in store.ingest_stream((batch(first), "bench") for first in range(0, steps, BATCH_STEPS)))
 
 
-def time_evaluation(store: Store, repeats: int) -> list[float]:
-    """Milliseconds per full evaluation: metrics, bootstrap and every gate's verdict."""
-    gates = load_rollout_policy().gates
-    runs = []
+def _timed(fn) -> tuple[float, float]:
+    """(wall ms, CPU ms) of one call."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return (time.perf_counter() - wall) * 1000, (time.process_time() - cpu) * 1000
+
+
+def time_evaluation(store: Store, repeats: int) -> dict[str, list[tuple[float, float]]]:
+    """Per round, (wall ms, CPU ms) of a tick's evaluation from the sums and from the rows (alternating which
+    goes first), and of a full-history report."""
+    policy = load_rollout_policy()
+    newest = store.query("SELECT max(ts) AS t FROM steps").to_pylist()[0]["t"]
+    window = Window(newest - WINDOW_INTERVALS * policy.evaluation_interval_s, newest + 1e-3)
+
+    def tick(use_sums: bool, seed: int) -> None:
+        evaluation = evaluate(store, window, seed=seed, use_sums=use_sums)
+        assert len(judge_all(policy.gates, evaluation.measurements("canary"))) == len(policy.gates)
+
+    runs: dict[str, list[tuple[float, float]]] = {"sums": [], "rows": [], "report": []}
+    tick(True, 0)  # first touch of the file's pages, in neither arm
     for seed in range(repeats):
-        start = time.perf_counter()
-        evaluation = evaluate(store, seed=seed)
-        verdicts = judge_all(gates, evaluation.measurements("canary"))
-        runs.append((time.perf_counter() - start) * 1000)
-        assert len(verdicts) == len(gates)
+        order = ("sums", "rows") if seed % 2 == 0 else ("rows", "sums")
+        for arm in order:
+            runs[arm].append(_timed(functools.partial(tick, arm == "sums", seed)))
+        runs["report"].append(_timed(lambda: evaluate(store, Window(), seed=seed).report("canary")))  # noqa: B023
     return runs
 
 
@@ -100,25 +128,45 @@ def time_merge(aggregates: list[Aggregate], repeats: int) -> tuple[list[float], 
     return fast, fold
 
 
-def run(labels: int, replicas: int, repeats: int) -> dict:
+def _ms(runs: list[tuple[float, float]], i: int) -> float:
+    return round(statistics.median(r[i] for r in runs), 1)
+
+
+def run(labels: int, replicas: int, repeats: int, step_s: float = 0.01) -> dict:
     with tempfile.TemporaryDirectory(prefix="sparkgate-bench-") as tmp, Store(Path(tmp) / "bench.duckdb") as store:
         start = time.perf_counter()
-        stored = build_store(store, labels)
+        stored = build_store(store, labels, step_s)
         setup_s = time.perf_counter() - start
-        eval_runs = time_evaluation(store, repeats)
+        history_s = store.query("SELECT max(ts) - min(ts) AS s FROM steps").to_pylist()[0]["s"]
+        window_labels = store.query(
+            "SELECT count(*) AS n FROM depth_labels WHERE ts >= (SELECT max(ts) FROM steps) - ?",
+            [WINDOW_INTERVALS * load_rollout_policy().evaluation_interval_s],
+        ).to_pylist()[0]["n"]
+        runs = time_evaluation(store, repeats)
     merge_runs, fold_runs = time_merge(replica_aggregates(replicas), repeats)
-    eval_ms, merge_ms = statistics.median(eval_runs), statistics.median(merge_runs)
+    merge_ms = statistics.median(merge_runs)
+    ratios = [s[1] / r[1] for s, r in zip(runs["sums"], runs["rows"])]  # CPU time: the cost itself
     return {
         "labels": stored,
-        "eval_ms": round(eval_ms, 1),
-        "eval_runs_ms": [round(x, 1) for x in eval_runs],
+        "history_s": round(history_s, 1),
+        "window_labels": window_labels,
+        "eval_ms": _ms(runs["sums"], 0),
+        "eval_cpu_ms": _ms(runs["sums"], 1),
+        "eval_runs_ms": [round(w, 1) for w, _ in runs["sums"]],
+        "eval_from_rows_ms": _ms(runs["rows"], 0),
+        "eval_from_rows_cpu_ms": _ms(runs["rows"], 1),
+        "eval_cpu_ratio": round(statistics.median(ratios), 3),
+        "eval_cpu_ratio_range": [round(min(ratios), 3), round(max(ratios), 3)],
         "eval_target_ms": EVAL_TARGET_MS,
+        "report_ms": _ms(runs["report"], 0),
+        "report_target_ms": REPORT_TARGET_MS,
         "merge_replicas": replicas,
         "merge_ms": round(merge_ms, 2),
         "merge_fold_ms": round(statistics.median(fold_runs), 2),
         "merge_target_ms": MERGE_TARGET_MS,
         "merge_speedup": round(statistics.median(fold_runs) / merge_ms, 1),
         "setup_s": round(setup_s, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(),
     }
@@ -127,11 +175,15 @@ def run(labels: int, replicas: int, repeats: int) -> dict:
 @click.command("controller")
 @click.option("--labels", default=10_000_000, show_default=True, help="Depth labels in the evaluated store.")
 @click.option("--replicas", default=1000, show_default=True, help="Aggregates merged.")
-@click.option("--repeats", default=3, show_default=True, help="Timed runs (the median is reported).")
+@click.option("--repeats", default=5, show_default=True, help="Timed rounds (the median is reported).")
+@click.option("--step-s", default=0.01, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds between steps: with --labels, how long the history is.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def bench_controller(labels: int, replicas: int, repeats: int, as_json: bool) -> None:
-    """Full gate evaluation over stored labels, and a merge of per-replica aggregates."""
-    result = run(labels, replicas, repeats)
+def bench_controller(labels: int, replicas: int, repeats: int, step_s: float, as_json: bool) -> None:
+    """A controller tick's evaluation over a long history (from the sums and from the rows), a full-history
+    report, and a merge of per-replica aggregates."""
+    click.echo(f"building a store of {labels:,} labels …", err=True)
+    result = run(labels, replicas, repeats, step_s)
     if as_json:
         click.echo(json.dumps(result))
     else:

@@ -281,17 +281,33 @@ def debiased_ece(calibration: Calibration, looks: int, level: float) -> Measurem
     return _bounded(debiased, se, calibration.samples, looks, level, "ECE minus its noise floor")
 
 
+def worst_replica_debiased_ece(replicas: dict[str, Calibration], looks: int, level: float) -> Measurement:
+    """The gate input of ``survival_ece_debiased_replica``: ``debiased_ece`` over every (replica, depth)
+    cell, the fail side spent over all of them, so one replica's miscalibration, which the fleet's figure
+    dilutes by the other replicas' traffic, is judged on that replica's labels alone. Replicas without
+    labels are left out; the samples are the fewest of any depth of any replica judged."""
+    value: dict[tuple[str, int], float] = {}
+    se: dict[tuple[str, int], float] = {}
+    for replica, calibration in replicas.items():
+        for d, v in calibration.debiased().items():
+            value[replica, d], se[replica, d] = v, calibration.bounds[d][2]
+    samples = min((c.samples for c in replicas.values() if c.samples), default=0)
+    if not value:
+        return Measurement(None, samples, why="no replica has labels in the window")
+    return _bounded(value, se, samples, looks, level, "ECE minus its noise floor", "(replica, depth) cells")
+
+
 def _bounded(
-    value: dict[int, float], se: dict[int, float], samples: int, looks: int, level: float, what: str
+    value: dict, se: dict, samples: int, looks: int, level: float, what: str, cells: str = "depths"
 ) -> Measurement:
-    """The worst depth's ``value`` with bounds ± z × ``se``: the fail side one-sided at α / (depths × looks
-    spending), the pass side at α (see ``debiased_ece``)."""
+    """The worst cell's ``value`` (a depth, or a replica's depth) with bounds ± z × ``se``: the fail side
+    one-sided at α / (cells × looks spending), the pass side at α (see ``debiased_ece``)."""
     alpha = (1 - level) / 2
     fail_alpha = alpha * 6 / (math.pi**2 * max(looks, 1) ** 2) / len(value)
     z_fail, z_pass = NormalDist().inv_cdf(1 - fail_alpha), NormalDist().inv_cdf(1 - alpha)
     method = (
-        f"{what}, worst of {len(value)} depths, ± bootstrap se over request groups; fail side at "
-        f"{fail_alpha:.2g} per depth (look {looks}), pass side at {alpha:.3g}"
+        f"{what}, worst of {len(value)} {cells}, ± bootstrap se over request groups; fail side at "
+        f"{fail_alpha:.2g} per cell (look {looks}), pass side at {alpha:.3g}"
     )
     return Measurement(
         max(value.values()),

@@ -19,7 +19,7 @@ baseline phase are reported beside them, never gated.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +31,15 @@ from sparkgate.policies.rollout import ESTIMATED_SUFFIX
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES, CheckKind, Phase
 
 from . import queries, window_stats
-from .calibration import Calibration, KindStats, bootstrap_ece, debiased_ece, drift_ece, null_ece
+from .calibration import (
+    Calibration,
+    KindStats,
+    bootstrap_ece,
+    debiased_ece,
+    drift_ece,
+    null_ece,
+    worst_replica_debiased_ece,
+)
 from .compact_calibration import compact_ece
 from .measurement import Measurement
 from .queries import Slice, Window
@@ -67,6 +75,8 @@ class Evaluation:
     estimated: np.ndarray | None = None
     # The survival calibration recorded in shadow under the judged contract (None: not asked for).
     shadow_reference: Calibration | None = None
+    # Each replica's survival calibration in the window (None: not asked for).
+    replicas: dict[str, Calibration] | None = None
 
     # -- gate inputs ---------------------------------------------------------
     def measurements(self, phase: str, looks: int = 1) -> dict[str, Measurement]:
@@ -84,6 +94,11 @@ class Evaluation:
             "survival_ece_upper": Measurement(max(upper.values(), default=None), least),
             "survival_ece_debiased": debiased_ece(now, looks, INTERVAL_LEVEL),
             "survival_ece_drift": self._drift(now, looks),
+            "survival_ece_debiased_replica": (
+                worst_replica_debiased_ece(self.replicas, looks, INTERVAL_LEVEL)
+                if self.replicas is not None
+                else Measurement(None, 0, why="per-replica calibration not read")
+            ),
             "upper_bound_utilization": self._utilization("shadow" if phase == "shadow" else "cap_accept"),
             "tier_miss_rate": Measurement(self._total("misses") / tier_steps if tier_steps else None, tier_steps),
             "compact_survival_ece": compact_ece(stats, self.compact_counts, None),
@@ -282,11 +297,13 @@ def evaluate(
     seed: int = 0,
     contract: queries.SameContract | None = None,
     shadow_reference: bool = False,
+    per_replica: bool = False,
+    use_sums: bool = True,
 ) -> Evaluation:
     """Measure ``window`` and ``slice_`` of the store. The baseline is every step recorded in the
     baseline phase (same replica and load slice), whatever the window; with ``contract``, the baseline and
     the acceptance reference are that contract's only (a reference measured under another is no control)."""
-    stats = window_stats.read(store, window, slice_)
+    stats = window_stats.read(store, window, slice_, use_sums=use_sums)
     survival, conditional, compact_counts = stats.survival, stats.conditional, stats.compact_counts()
     aggregate = Aggregate(survival.calibration_stats(), conditional.calibration_stats(), **stats.hists)
     intervals = {
@@ -320,7 +337,22 @@ def evaluate(
         stats.labels,
         stats.estimated if compact_counts["estimated"] else None,
         _shadow_reference(store, slice_, contract, resamples, seed) if shadow_reference else None,
+        _replicas(store, window, slice_, resamples, seed) if per_replica else None,
     )
+
+
+def _replicas(store: Store, window: Window, slice_: Slice, resamples: int, seed: int) -> dict[str, Calibration]:
+    """Each replica's survival calibration over the window (the replicas that have steps in it)."""
+    return {
+        replica: Calibration.of(
+            window_stats.read(store, window, replace(slice_, replica_id=replica)).survival,
+            resamples,
+            INTERVAL_LEVEL,
+            seed,
+        )
+        for replica in queries.slice_values(store, "replica", window)
+        if slice_.replica_id in (None, replica)
+    }
 
 
 def _shadow_reference(

@@ -18,29 +18,36 @@ fault starts when the rollout first serves the treatment (the first canary inter
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import multiprocessing
+import os
+import time
 import zlib
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import click
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sparkgate.collectors.request_ingest import prepare_requests
 from sparkgate.collectors.schema import MODES
 from sparkgate.collectors.store import Store
-from sparkgate.collectors.synth import RowModel, synthetic_wire
+from sparkgate.collectors.synth import RowModel, synthetic_wire, worst_depth_ece
 from sparkgate.collectors.wire import from_wire
 from sparkgate.policies.rollout import RolloutPolicy, load_rollout_policy
 from sparkgate.policies.switchback import Switchback
-from sparkgate.policies.vocabulary import SWITCHBACK_PHASES, Arm, Phase
+from sparkgate.policies.vocabulary import SWITCHBACK_PHASES, Arm, CheckKind, Phase
 
 from .supervisor import Controller
 
 T0 = 1.8e9
+CHECKS_PER_INTERVAL = 4
 # Rollback rules that are evidence of a fault (the progress deadline is a lack of it).
 EVIDENCE = frozenset({"failure limit", "critical gate failed", "gate failure limit"})
 
@@ -57,34 +64,67 @@ class Fleet:
     step_sd: float = 0.2
     load_sd: float = 0.3
     noise_sd: float = 0.1
-    requests_per_epoch: int = 6
+    requests_per_epoch: int = 12
     ttft_ms: float = 300.0
     tpot_ms: float = 30.0
     window_threshold: float = 0.1  # utilization about 0.93, above the default gate's 0.85
+    # Step time = step_ms × (fixed_cost + (1 − fixed_cost) × rows / the full block's rows): shorter windows
+    # verify fewer rows, the compact gain the comparisons weigh against its shorter accepted length.
+    fixed_cost: float = 0.5
 
 
 @dataclass(frozen=True)
 class Scenario:
-    """A fault from the first canary interval on: ``drift`` scales the confidences ``drifting`` replicas
-    report (> 1 overconfident); ``regression`` slows the treatment's steps and tokens by that fraction."""
+    """What goes wrong from the first canary interval on (the onset).
+
+    Faults: ``ece`` adds that much to the worst depth's survival ECE of the confidences ``drifting``
+    replicas report (overconfidence, ``drift_scale``); ``regression`` slows the treatment's steps and
+    tokens by that fraction; ``tier_misses`` makes that fraction of the treatment's steps run eager;
+    ``mismatches`` greedy-replay checks a replica reports per interval find a mismatch. No fault:
+    ``load_swing`` swings the batch size (and step time with it) by that fraction over a slow cycle;
+    ``silent`` replicas stop reporting at the onset."""
 
     name: str
-    drift: float = 1.0
+    ece: float = 0.0
     drifting: int = 0
     regression: float = 0.0
+    tier_misses: float = 0.0
+    mismatches: int = 0
+    load_swing: float = 0.0
+    silent: int = 0
 
     @property
     def faulty(self) -> bool:
-        return self.drifting > 0 or self.regression > 0
+        return self.drifting > 0 or self.regression > 0 or self.tier_misses > 0 or self.mismatches > 0
+
+    @property
+    def changes(self) -> bool:
+        """Whether anything changes at the onset (a fault, or one of the healthy changes)."""
+        return self.faulty or self.silent > 0 or self.load_swing > 0
+
+
+@functools.cache
+def drift_scale(ece: float, gamma: int) -> float:
+    """The confidence scale whose worst-depth survival ECE is ``ece`` (``collectors.synth.worst_depth_ece``),
+    by bisection: the drift scenarios are sized in the unit the gates judge."""
+    low, high = 1.0, 4.0
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (middle, high) if worst_depth_ece(middle, gamma) < ece else (low, middle)
+    return (low + high) / 2
 
 
 SCENARIOS = {
     s.name: s
     for s in (
         Scenario("none"),
-        Scenario("drift-all", drift=1.3, drifting=3),
-        Scenario("drift-one", drift=1.5, drifting=1),
+        Scenario("drift-all", ece=0.05, drifting=3),
+        Scenario("drift-one", ece=0.10, drifting=1),
         Scenario("latency", regression=0.10),
+        Scenario("tier-misses", tier_misses=0.05),
+        Scenario("consistency", mismatches=1),
+        Scenario("load-swing", load_swing=0.5),
+        Scenario("stops-reporting", silent=1),
     )
 }
 
@@ -114,14 +154,18 @@ def _modes(phase: str, fraction: float, observe: float, arm: str | None) -> tupl
 
 
 def _interval(store: Store, ctl: Controller, fleet: Fleet, scenario: Scenario, rng, start: float, step: list[int],
-              faulty: bool) -> None:  # fmt: skip
-    """Ingest every replica's records for one evaluation interval from ``start``."""
+              onset: bool) -> None:  # fmt: skip
+    """Ingest every replica's records for one evaluation interval from ``start`` (``onset``: the scenario's
+    change is in force)."""
     policy, state = ctl.policy, ctl.state
     spec, length = policy.comparison, policy.evaluation_interval_s
     switching = state.phase in SWITCHBACK_PHASES
     schedule = Switchback(spec.seed, spec.epoch_s, state.entered_at) if switching else None
-    wires, lines = [], []
+    scale = drift_scale(scenario.ece, policy.gamma) if scenario.drifting else 1.0
+    wires, lines, checks = [], [], []
     for r in range(fleet.replicas):
+        if onset and r < scenario.silent:
+            continue
         replica = f"sim-{r}"
         t = start
         while t < start + length - 1e-9:
@@ -129,24 +173,62 @@ def _interval(store: Store, ctl: Controller, fleet: Fleet, scenario: Scenario, r
             end = min(start + length, schedule.start(epoch + 1)) if schedule and epoch is not None else start + length
             arm = str(schedule.arm(replica, epoch)) if schedule and epoch is not None else None
             pair_load = _pair_load(spec.seed, replica, epoch, fleet.load_sd) if epoch is not None else 0.0
-            slow = 1 + scenario.regression if faulty and arm == Arm.TREATMENT else 1.0
+            treated = onset and arm == Arm.TREATMENT
+            # A load swing: a slow cycle of the batch size, its step time following (both arms alike).
+            swing = 1 + scenario.load_swing * math.sin(2 * math.pi * (t - T0) / (20 * length)) if onset else 1.0
             model = RowModel(_modes(state.phase, state.compact_fraction, policy.observe_fraction, arm),
-                             fleet.window_threshold,
-                             scenario.drift if faulty and r < scenario.drifting else 1.0)  # fmt: skip
+                             fleet.window_threshold, scale if onset and r < scenario.drifting else 1.0)  # fmt: skip
             n = max(1, round((end - t) * fleet.steps_per_s))
-            wire = synthetic_wire(
-                n, fleet.batch, policy.gamma, replica, step[0], int(rng.integers(1 << 31)), t, model=model
-            )
-            factor = math.exp(pair_load + rng.normal(0, fleet.noise_sd)) * slow
-            ms = fleet.step_ms * factor * np.exp(rng.normal(0, fleet.step_sd, n))
+            batch = max(1, round(fleet.batch * swing))
+            wire = synthetic_wire(n, batch, policy.gamma, replica, step[0], int(rng.integers(1 << 31)), t, model=model)
+            factor = math.exp(pair_load + rng.normal(0, fleet.noise_sd)) * swing
+            factor *= 1 + scenario.regression if treated else 1.0
+            rows = _verify_rows(wire, policy.gamma)
+            cost = fleet.fixed_cost + (1 - fleet.fixed_cost) * rows / (batch * (policy.gamma + 1))
+            ms = fleet.step_ms * factor * cost * np.exp(rng.normal(0, fleet.step_sd, n))
+            hit = ~(rng.random(n) < scenario.tier_misses) if treated else np.ones(n, bool)
             wire = _with(wire, phase=str(state.phase), policy_revision=state.revision, epoch=epoch, arm=arm,
-                         step_ms=ms, step_cpu_ms=ms, ts=t + np.arange(n) * (end - t) / n)  # fmt: skip
+                         step_ms=ms, step_cpu_ms=ms, ts=t + np.arange(n) * (end - t) / n, graph_hit=hit,
+                         verify_rows=rows, tier_rows=rows,
+                         miss_reason=np.array([None if h else "over_max_tier" for h in hit], object),
+                         tier=np.where(hit, wire.column("tier").to_numpy(), -1))  # fmt: skip
             wires.append(wire)
             lines += _requests(fleet, replica, epoch, arm, state, t, end, factor, step[0], rng)
             step[0] += n
             t = end
+        if switching:
+            checks += _checks(replica, start + length, scenario.mismatches if onset and r == 0 else 0, step[0])
     store.ingest(from_wire(pa.concat_tables(wires)), "simulate")  # one transaction per interval, as a flush
     store.commit_requests(prepare_requests("\n".join(map(json.dumps, lines)).encode()), "simulate")
+    if checks:
+        store.record_consistency(checks)
+
+
+def _verify_rows(wire: pa.Table, gamma: int) -> np.ndarray:
+    """Target rows per step: w + 1 per compact row, γ + 1 per row verified in full."""
+    rows = pc.list_flatten(wire.column("requests").combine_chunks())
+    compact = pc.equal(rows.field("mode"), "compact").to_numpy(zero_copy_only=False)
+    per_row = np.where(compact, rows.field("window").to_numpy(zero_copy_only=False) + 1, gamma + 1)
+    lengths = pc.list_value_length(wire.column("requests")).to_numpy(zero_copy_only=False)
+    return np.add.reduceat(per_row, np.r_[0, np.cumsum(lengths)[:-1]]).astype(np.int64)
+
+
+def _checks(replica: str, at: float, mismatches: int, first: int) -> list[dict]:
+    """Greedy-replay checks a replica reports in an interval (``CHECKS_PER_INTERVAL``), ``mismatches`` of
+    them failed."""
+    return [
+        {
+            "received_at": at - 1e-3,
+            "replica_id": replica,
+            "request_id": f"{replica}-check-{first}-{i}",
+            "kind": str(CheckKind.GREEDY_REPLAY),
+            "tokens": 16,
+            "mismatch_at": 3 if i < mismatches else None,
+            "expected": 1 if i < mismatches else None,
+            "got": 2 if i < mismatches else None,
+        }
+        for i in range(CHECKS_PER_INTERVAL)
+    ]
 
 
 def _pair_load(seed: int, replica: str, epoch: int, sd: float) -> float:
@@ -191,10 +273,9 @@ def run_seed(policy: RolloutPolicy, scenario: Scenario, seed: int, fleet: Fleet,
     with Store(":memory:") as store:
         ctl = Controller(store, policy, clock=lambda: now[0], resamples=50)
         for k in range(max_intervals):
-            if run.onset is None and ctl.state.compact_fraction > 0 and scenario.faulty:
+            if run.onset is None and ctl.state.compact_fraction > 0 and scenario.changes:
                 run.onset = k
-            faulty = run.onset is not None
-            _interval(store, ctl, fleet, scenario, rng, now[0], step, faulty)
+            _interval(store, ctl, fleet, scenario, rng, now[0], step, run.onset is not None)
             now[0] += policy.evaluation_interval_s
             decision = ctl.tick()
             run.intervals = k + 1
@@ -209,6 +290,30 @@ def run_seed(policy: RolloutPolicy, scenario: Scenario, seed: int, fleet: Fleet,
             if run.compact_at is not None and k - run.compact_at >= 3 * policy.consecutive_passes:
                 break
     return run
+
+
+def run_seeds(
+    policy: RolloutPolicy,
+    scenario: Scenario,
+    seeds: int,
+    fleet: Fleet,
+    max_intervals: int,
+    workers: int = 1,
+    progress: Callable[[str], object] = lambda _: None,
+) -> list[Run]:
+    """Seeds ``0 .. seeds - 1`` in ``workers`` processes; the runs in seed order (each is determined by its
+    seed alone, so the result does not depend on ``workers``)."""
+    if workers <= 1:
+        runs = []
+        for seed in range(seeds):
+            runs.append(run_seed(policy, scenario, seed, fleet, max_intervals))
+            progress(f"seed {seed + 1}/{seeds}")
+        return runs
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(run_seed, policy, scenario, seed, fleet, max_intervals) for seed in range(seeds)]
+        for done, _ in enumerate(as_completed(futures), 1):
+            progress(f"{done}/{seeds} seeds")
+        return [f.result() for f in futures]
 
 
 def _quantile(values: list[int], q: float) -> float | None:
@@ -233,6 +338,10 @@ def summarize(scenario: Scenario, runs: list[Run]) -> dict:
         "rolled_back_before_onset": early,
         "rollbacks_by_rule": rules,
         "detection_delay_intervals": {"median": _quantile(caught, 0.5), "p95": _quantile(caught, 0.95)},
+        # Seeds caught within k intervals of the onset (a delay of at most k), of all seeds: the targets' form.
+        "detected_within": (
+            {str(k): sum(d <= k for d in caught) / len(runs) for k in (1, 3, 5)} if scenario.faulty else None
+        ),
         "intervals_to_top_of_ladder": {"median": _quantile(reached, 0.5), "reached": len(reached)},
         "inconclusive_share": sum(r.inconclusive for r in runs) / max(sum(r.intervals for r in runs), 1),
     }
@@ -262,6 +371,7 @@ def operating_curve(
     seeds: int,
     fleet: Fleet,
     max_intervals: int,
+    workers: int = 1,
     progress: Callable[[str], object] = lambda _: None,
 ) -> list[dict]:
     """Per threshold of ``gate``: the healthy fleet's rollback rate and the fault's detection figures."""
@@ -275,10 +385,9 @@ def operating_curve(
         varied = policy.replace(gates=gates)
         figures = {}
         for scenario in (SCENARIOS["none"], fault):
-            runs = []
-            for seed in range(seeds):
-                runs.append(run_seed(varied, scenario, seed, fleet, max_intervals))
-                progress(f"sweep {gate}={threshold:g} {scenario.name}: seed {seed + 1}/{seeds}")
+            label = f"sweep {gate}={threshold:g} {scenario.name}"
+            runs = run_seeds(varied, scenario, seeds, fleet, max_intervals, workers,
+                             functools.partial(_labelled, progress, label))  # fmt: skip
             figures[scenario.name] = summarize(scenario, runs)
         points.append({
             "threshold": threshold,
@@ -287,6 +396,10 @@ def operating_curve(
             "detection_delay_median": figures[fault.name]["detection_delay_intervals"]["median"],
         })  # fmt: skip
     return points
+
+
+def _labelled(progress: Callable[[str], object], label: str, line: str) -> object:
+    return progress(f"{label}: {line}")
 
 
 def plot(points: list[dict], gate: str, fault: str, path: str | Path) -> None:
@@ -316,20 +429,22 @@ def plot(points: list[dict], gate: str, fault: str, path: str | Path) -> None:
 @click.option("--seeds", default=20, show_default=True, type=click.IntRange(min=1))
 @click.option("--max-intervals", default=80, show_default=True, type=click.IntRange(min=1))
 @click.option("--drift", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="The drift scenarios' confidence scale [default: the scenario's].")  # fmt: skip
+              help="The drift scenarios' worst-depth survival ECE added [default: the scenario's].")  # fmt: skip
+@click.option("--workers", default=os.cpu_count() or 1, show_default=True, type=click.IntRange(min=1),
+              help="Processes running seeds.")  # fmt: skip
 @click.option("--regression", type=click.FloatRange(min=0), default=None,
               help="The latency scenario's slowdown of the treatment [default: the scenario's].")  # fmt: skip
 @click.option("--sweep", default=None, help="GATE=T1,T2,...: the operating curve of that gate (a faulty --scenario).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="PNG of the operating curve.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 def simulate(
-    policy_path: str, scenario: str, seeds: int, max_intervals: int, drift: float | None, regression: float | None,
-    sweep: str | None, plot_path: str | None, as_json: bool,
+    policy_path: str, scenario: str, seeds: int, max_intervals: int, drift: float | None, workers: int,
+    regression: float | None, sweep: str | None, plot_path: str | None, as_json: bool,
 ) -> None:  # fmt: skip
     """Seeded simulated rollouts through the real controller: rollback and detection rates, delays."""
     policy, chosen, fleet = load_rollout_policy(policy_path), SCENARIOS[scenario], Fleet()
     if drift is not None and chosen.drifting:
-        chosen = replace(chosen, drift=drift)
+        chosen = replace(chosen, ece=drift)
     if regression is not None and chosen.regression:
         chosen = replace(chosen, regression=regression)
     if sweep is not None or plot_path is not None:
@@ -337,7 +452,7 @@ def simulate(
             raise click.UsageError("--sweep GATE=T1,T2,... and a faulty --scenario draw the operating curve")
         try:
             gate, thresholds = parse_sweep(sweep)
-            points = operating_curve(policy, gate, thresholds, chosen, seeds, fleet, max_intervals,
+            points = operating_curve(policy, gate, thresholds, chosen, seeds, fleet, max_intervals, workers,
                                      lambda line: click.echo(line, err=True))  # fmt: skip
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
@@ -345,9 +460,14 @@ def simulate(
             plot(points, gate, chosen.name, plot_path)
         click.echo(json.dumps({"gate": gate, "scenario": chosen.name, "seeds": seeds, "operating_curve": points}))
         return
-    runs = []
-    for seed in range(seeds):
-        runs.append(run_seed(policy, chosen, seed, fleet, max_intervals))
-        click.echo(f"simulate {scenario}: seed {seed + 1}/{seeds}", err=True)
-    result = {**summarize(chosen, runs), "fleet": fleet.__dict__, "scenario_model": replace(chosen).__dict__}
+    started = time.perf_counter()
+    runs = run_seeds(policy, chosen, seeds, fleet, max_intervals, workers,
+                     lambda done: click.echo(f"simulate {scenario}: {done}", err=True))  # fmt: skip
+    result = {
+        **summarize(chosen, runs),
+        "fleet": fleet.__dict__,
+        "scenario_model": replace(chosen).__dict__,
+        "wall_s": round(time.perf_counter() - started, 1),
+        "workers": workers,
+    }
     click.echo(json.dumps(result) if as_json else json.dumps(result, indent=1))

@@ -188,9 +188,10 @@ class Controller:
         phase = self.policy.stages()[state.stage].phase
         return phase, self.policy.gates_for(phase)
 
-    def _drifts(self, state: RolloutState) -> bool:
-        """Whether a gate of the stage measures drift from shadow (one more read of the labels)."""
-        return state.stage is not None and any(g.metric == "survival_ece_drift" for g in self._judged(state)[1])
+    def _asks(self, state: RolloutState, metric: str) -> bool:
+        """Whether a gate of the stage measures ``metric`` (drift from shadow and per-replica calibration
+        cost more reads of the labels, made only then)."""
+        return state.stage is not None and any(g.metric == metric for g in self._judged(state)[1])
 
     def _design(self, state: RolloutState, now: float) -> Design:
         until = self._until(now)
@@ -230,7 +231,8 @@ class Controller:
                 Slice(),
                 self.resamples,
                 contract=reading.reference(),
-                shadow_reference=self._drifts(state),
+                shadow_reference=self._asks(state, "survival_ece_drift"),
+                per_replica=self._asks(state, "survival_ece_debiased_replica"),
             )
             verdicts = self.judge(state, evaluation, now)
         except duckdb.Error as exc:  # the store could not be read: an error interval, not "no data"

@@ -68,10 +68,16 @@ class WindowStats:
 
 
 def read(
-    store: Store, window: Window, slice_: Slice, phase: str | None = None, contract: SameContract | None = None
+    store: Store,
+    window: Window,
+    slice_: Slice,
+    phase: str | None = None,
+    contract: SameContract | None = None,
+    use_sums: bool = True,
 ) -> WindowStats:
-    """The window's statistics; ``phase`` (with ``contract``) keeps the steps recorded in that phase."""
-    if slice_.per_request or slice_.load_bucket is not None:
+    """The window's statistics; ``phase`` (with ``contract``) keeps the steps recorded in that phase.
+    ``use_sums`` False reads the rows alone (what the sums are checked and benchmarked against)."""
+    if not use_sums or slice_.per_request or slice_.load_bucket is not None:
         return _from_rows(store, window, slice_, phase, contract, None)
     low = None if window.since is None else _clamp(math.ceil(window.since / SUM_BUCKET_S))
     high = None if window.until is None else _clamp(math.floor(window.until / SUM_BUCKET_S))

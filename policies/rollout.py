@@ -48,6 +48,8 @@ METRICS = {
     "survival_ece_debiased": "worst per-depth survival ECE minus what a calibrated predictor shows at the same "
     "bin counts (its noise floor; zero in expectation when calibrated), judged by bounds that pay for "
     "repeated looks",
+    "survival_ece_debiased_replica": "survival_ece_debiased of the worst replica, bounds paying for every "
+    "(replica, depth) cell and repeated looks",
     "upper_bound_utilization": "sum(a) / sum(min(a*, gamma)) over cap-accept samples (shadow: suggested)",
     "tier_miss_rate": "steps that ran eager / all steps",
     "compact_survival_ece": "worst per-depth survival ECE of compact traffic over observed and recovered labels "

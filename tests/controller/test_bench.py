@@ -6,6 +6,8 @@ from sparkgate.controller.bench import run
 
 
 def test_benchmark_smoke():
-    result = run(labels=20_000, replicas=5, repeats=1)
+    result = run(labels=20_000, replicas=5, repeats=2, step_s=5.0)
     assert result["labels"] == 89 * 7 * 32 and result["merge_replicas"] == 5
-    assert {"eval_ms", "merge_ms", "merge_fold_ms", "load_avg_1m"} <= result.keys()
+    assert result["history_s"] == 88 * 5.0 and 0 < result["window_labels"] < result["labels"]
+    keys = {"eval_ms", "eval_from_rows_ms", "eval_cpu_ratio", "report_ms", "merge_ms", "peak_rss_mb", "load_avg_1m"}
+    assert keys <= result.keys() and len(result["eval_runs_ms"]) == 2

@@ -20,6 +20,7 @@ from sparkgate.controller.calibration import (
     debiased_ece,
     fine_bin,
     null_ece,
+    worst_replica_debiased_ece,
 )
 from sparkgate.controller.gates import judge
 from sparkgate.policies.rollout import Gate
@@ -182,6 +183,28 @@ def test_the_debiased_gate_fails_a_calibrated_stage_no_more_often_than_its_level
         failed_stages += failed
     assert failed_stages / runs <= 0.025 + 0.02  # one side of the level, over 3 depths and 4 looks, + sampling
     assert caught / runs >= 0.9
+
+
+def _calibration(rng, n: int, shift: float, depths: int = 2) -> Calibration:
+    depth = np.repeat(np.arange(1, depths + 1), n)
+    p = rng.uniform(0.05, 0.85, len(depth))
+    y = (rng.random(len(p)) < p + shift).astype(np.int64)
+    kind = KindStats.from_rows(np.full(len(p), STATIC), depth, p, y, rng.integers(0, REQUEST_GROUPS, len(p)), depths)
+    return Calibration.of(kind, 100, 0.95, int(rng.integers(1 << 30)))
+
+
+def test_the_worst_replica_gate_finds_the_one_drifting_replica_the_fleet_figure_dilutes():
+    gate = Gate(metric="survival_ece_debiased_replica", threshold=0.03, direction="at_most")
+    rng = np.random.default_rng(5)
+    healthy = {f"r{i}": _calibration(rng, 3000, 0.0) for i in range(3)}
+    m = worst_replica_debiased_ece(healthy, 1, 0.95)
+    assert judge(gate, m).outcome == "pass" and m.samples == 3000 and "6 (replica, depth) cells" in m.method
+    one_off = {**healthy, "r2": _calibration(rng, 3000, 0.1)}
+    assert judge(gate, worst_replica_debiased_ece(one_off, 1, 0.95)).outcome == "fail"
+    # The same drift diluted by two healthy replicas: the fleet-wide figure stays within 0.03.
+    fleet = debiased_ece(_calibration(rng, 9000, 0.1 / 3), 1, 0.95)
+    assert fleet.value < 0.04 and judge(gate, worst_replica_debiased_ece(one_off, 30, 0.95)).outcome == "fail"
+    assert worst_replica_debiased_ece({}, 1, 0.95).value is None
 
 
 def _scaled_survival(wire, factor: float):

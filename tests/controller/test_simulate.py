@@ -5,21 +5,26 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from sparkgate.cli import main
-from sparkgate.controller.simulate import SCENARIOS, Fleet, run_seed, summarize
+from sparkgate.collectors.synth import worst_depth_ece
+from sparkgate.controller.simulate import SCENARIOS, Fleet, drift_scale, run_seed, run_seeds, summarize
 from sparkgate.policies.rollout import parse_rollout_policy
 
-# Calibration and tier gates only: what this fleet model feeds quickly (comparisons need many epoch pairs).
+# Calibration, tier and consistency gates: what this fleet model feeds quickly (comparisons need many
+# epoch pairs).
 POLICY = {
     "phases": ["baseline", "shadow", "canary", "compact"],
     "canary_steps": [0.5],
     "consecutive_passes": 2,
     "failure_limit": 0,
     "gates": [
-        {"metric": "survival_ece", "threshold": 0.08, "direction": "at_most", "min_samples": 500},
+        {"metric": "survival_ece_debiased", "threshold": 0.02, "direction": "at_most", "min_samples": 500},
+        {"metric": "survival_ece_debiased_replica", "threshold": 0.03, "direction": "at_most", "min_samples": 300},
         {"metric": "tier_miss_rate", "threshold": 0.02, "direction": "at_most", "min_samples": 100},
+        {"metric": "consistency_mismatches", "threshold": 0, "direction": "at_most", "critical": True},
     ],
 }
 FLEET = Fleet(steps_per_s=1.0)
@@ -48,7 +53,7 @@ def test_the_command_prints_the_rates_as_json(tmp_path):
     path = tmp_path / "policy.yaml"
     path.write_text(yaml.safe_dump(POLICY))
     result = CliRunner().invoke(main, ["simulate", "--policy", str(path), "--scenario", "none", "--seeds", "1",
-                                       "--max-intervals", "6", "--json"])  # fmt: skip
+                                       "--max-intervals", "6", "--json", "--workers", "1"])  # fmt: skip
     assert result.exit_code == 0, result.output
     body = json.loads(result.output.strip().splitlines()[-1])
     assert body["scenario"] == "none" and body["seeds"] == 1 and "inconclusive_share" in body
@@ -61,12 +66,11 @@ def test_the_operating_curve_trades_false_rollbacks_for_detection_and_is_drawn(t
     path.write_text(yaml.safe_dump(POLICY))
     png = tmp_path / "curve.png"
     argv = ["simulate", "--policy", str(path), "--scenario", "drift-one", "--seeds", "2", "--max-intervals", "20",
-            "--sweep", "survival_ece=0.001,0.08,0.5", "--plot", str(png)]  # fmt: skip
+            "--sweep", "survival_ece_debiased_replica=0.03,0.5", "--plot", str(png), "--workers", "1"]  # fmt: skip
     result = CliRunner().invoke(main, argv)
     assert result.exit_code == 0, result.output
     points = {p["threshold"]: p for p in json.loads(result.output.strip().splitlines()[-1])["operating_curve"]}
-    assert points[0.001]["false_rollback_rate"] == 1.0  # no sample's ECE is that low: healthy rollouts fail
-    assert points[0.08]["false_rollback_rate"] == 0.0 and points[0.08]["detection_rate"] == 1.0
+    assert points[0.03]["false_rollback_rate"] == 0.0 and points[0.03]["detection_rate"] == 1.0
     assert points[0.5]["detection_rate"] == 0.0  # too loose to see the drift
     assert png.stat().st_size > 5_000
     bad = CliRunner().invoke(
@@ -77,3 +81,30 @@ def test_the_operating_curve_trades_false_rollbacks_for_detection_and_is_drawn(t
         main, ["simulate", "--policy", str(path), "--scenario", "drift-one", "--sweep", "nope=1"]
     )
     assert unknown.exit_code != 0 and "no gate of that name" in unknown.output
+
+
+def test_seeds_in_worker_processes_give_the_runs_of_one_process():
+    policy = parse_rollout_policy(POLICY)
+    alone = run_seeds(policy, SCENARIOS["drift-one"], 2, FLEET, 10, workers=1)
+    assert run_seeds(policy, SCENARIOS["drift-one"], 2, FLEET, 10, workers=2) == alone
+
+
+def test_the_drift_scenarios_are_sized_in_worst_depth_ece():
+    for ece in (0.05, 0.10):
+        assert worst_depth_ece(drift_scale(ece, 7), 7) == pytest.approx(ece, abs=1e-4)
+    assert drift_scale(0.10, 7) > drift_scale(0.05, 7) > 1.0
+
+
+@pytest.mark.parametrize("name, rule", [("tier-misses", "failure limit"), ("consistency", "critical gate failed")])
+def test_tier_misses_and_a_consistency_mismatch_in_the_treatment_are_caught(name, rule):
+    policy = parse_rollout_policy(POLICY)
+    run = run_seed(policy, SCENARIOS[name], 0, FLEET, 20)
+    assert run.onset is not None and run.rollback is not None and run.rollback >= run.onset
+    assert run.rollback_rule == rule
+
+
+@pytest.mark.parametrize("name", ["load-swing", "stops-reporting"])
+def test_a_load_swing_or_a_replica_that_stops_reporting_is_no_fault(name):
+    policy = parse_rollout_policy(POLICY)
+    run = run_seed(policy, SCENARIOS[name], 0, FLEET, 20)
+    assert run.onset is not None and run.rollback is None and run.compact_at is not None

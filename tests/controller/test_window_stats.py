@@ -56,7 +56,7 @@ def test_any_window_reads_the_figures_of_its_rows(store, since, length, replica)
     until = None if length is None else (since if since is not None else T0) + length
     window, slice_ = Window(since, until), Slice(replica_id=replica)
     a, b = window_stats.read(store, window, slice_), _scan(store, window, slice_)
-    assert a.labels == b.labels and (a.labels > 0 or (length or 1) < 60)
+    assert a.labels == b.labels
     _assert_same(a, b)
 
 
@@ -71,11 +71,11 @@ def test_a_phase_and_contract_read_the_steps_recorded_in_them(store):
     assert totals == queries.full_accept_totals(store, Window(), Slice(), ("shadow", "baseline"))
 
 
-def test_the_evaluation_is_the_same_from_sums_or_rows(store, monkeypatch):
-    window = Window(T0 + 3.7, T0 + 77.7)
-    from_sums = evaluate(store, window).report("canary")
-    monkeypatch.setattr(window_stats, "read", lambda s, w, sl, *a: _scan(s, w, sl, *a))
-    _assert_close(evaluate(store, window).report("canary"), from_sums)
+def test_the_evaluation_is_the_same_from_sums_or_rows(store):
+    for window in (Window(T0 + 3.7, T0 + 77.7), Window()):
+        _assert_close(
+            evaluate(store, window, use_sums=False).report("canary"), evaluate(store, window).report("canary")
+        )
 
 
 def _assert_close(a, b, path="report"):
