@@ -31,6 +31,7 @@ from sparkgate.collectors.writers import Writers, load_writers
 from sparkgate.policies.rollout import DEFAULT_PATH, load_rollout_policy
 
 from .actuators import SGLangActuator
+from .collector_health import CollectorHealth
 from .metrics import evaluate
 from .notify import Notifier, resolve
 from .queries import SLICE_COLUMNS, Slice, Window, slice_values
@@ -66,14 +67,20 @@ def evaluate_forever(controller: Controller, stop: threading.Event, snapshot_dir
             log.exception("evaluation failed")
 
 
-def poll_forever(pollers: list[SGLangPoller], stop: threading.Event, interval_s: float) -> None:
-    """Poll every server each ``interval_s`` until ``stop``; a server that fails is logged and retried."""
+def poll_forever(
+    pollers: list[SGLangPoller], stop: threading.Event, interval_s: float, health: CollectorHealth
+) -> None:
+    """Poll every server each ``interval_s`` until ``stop``; a server that fails is logged, reported to
+    ``health`` (the controller counts it as an error) and retried."""
     while not stop.wait(interval_s):
         for poller in pollers:
             try:
                 poller.poll_once()
             except Exception as exc:
                 log.warning("polling %s failed: %s", poller.url, exc)
+                health.failed(f"collector {poller.url}", str(exc) or type(exc).__name__)
+            else:
+                health.succeeded(f"collector {poller.url}")
 
 
 @click.command()
@@ -152,6 +159,7 @@ def serve(
     tracer = provider.get_tracer("sparkgate.collectors") if provider else None
     with Store(db) as store, _flushed(provider):
         sglang = SGLangActuator(sglang_urls) if sglang_urls else None
+        health = CollectorHealth()
         controller = Controller(
             store,
             policy,
@@ -161,6 +169,7 @@ def serve(
             observers=[notifier] if notifier is not None else [],
             prometheus_url=prometheus,
             versions=Versions(cost_table_version, sts_version),
+            collector_errors=health.errors,
         )
         ingestor = Ingestor(store, metrics, tracer)
         app = create_app(controller, ingestor, token, writers)
@@ -174,7 +183,10 @@ def serve(
             pollers = [SGLangPoller(url, ingestor, greedy=sglang_greedy) for url in sglang_urls]
             loops.append(
                 threading.Thread(
-                    target=poll_forever, args=(pollers, stop, sglang_interval), name="sparkgate-sglang", daemon=True
+                    target=poll_forever,
+                    args=(pollers, stop, sglang_interval, health),
+                    name="sparkgate-sglang",
+                    daemon=True,
                 )
             )
         for loop in loops:

@@ -123,9 +123,10 @@ def _symbol(direction: str) -> str:
     return "<=" if direction == "at_most" else ">="
 
 
-def error_verdict(note: str) -> Verdict:
-    """The one verdict of an interval that could not be evaluated at all (``note`` says why)."""
-    return Verdict("evaluation", "evaluation", Outcome.ERROR, None, 0.0, "at_most", 0, 0, False, False, note)
+def error_verdict(note: str, name: str = "evaluation") -> Verdict:
+    """An error verdict: the interval could not be evaluated at all (``evaluation``), or a source of its
+    records failed (``collector``); ``note`` says why."""
+    return Verdict(name, name, Outcome.ERROR, None, 0.0, "at_most", 0, 0, False, False, note)
 
 
 def judge_all(

@@ -83,7 +83,8 @@ def fit(store: Store) -> dict:
 def _step_model(rows: np.ndarray, ms: np.ndarray, keys: list[list]) -> dict:
     """``ms = fixed + per_row × rows`` by least squares; the log residual's sd within a (replica, epoch,
     arm) and the sd of epoch means beyond what their steps' own noise gives them."""
-    per_row, fixed = np.polyfit(rows, ms, 1)
+    # Steps that all verified as many rows say nothing of the per-row cost: the fixed part is their mean.
+    per_row, fixed = np.polyfit(rows, ms, 1) if np.ptp(rows) > 0 else (0.0, float(np.mean(ms)))
     residual = np.log(ms / np.maximum(fixed + per_row * rows, 1e-3))
     _, epoch_of = np.unique(np.array([f"{r}|{e}|{m}" for r, e, m in zip(*keys)]), return_inverse=True)
     in_epoch = np.array(keys[1]) >= 0

@@ -75,10 +75,11 @@ class Controller:
         lookback_s: float | None = None,
         resamples: int = 200,
         clock: Callable[[], float] = time.time,
+        collector_errors: Callable[[], list[str]] = list,
     ):
         self.store, self.policy, self.versions, self.clock = store, policy, versions, clock
         self.actuators, self.prometheus_url, self.resamples = list(actuators), prometheus_url, resamples
-        self.observers, self.groups = list(observers), groups
+        self.observers, self.groups, self.collector_errors = list(observers), groups, collector_errors
         self.lookback_s = policy.evaluation_interval_s * LOOKBACK_INTERVALS if lookback_s is None else lookback_s
         self.exporter = ControllerMetrics(metrics) if metrics is not None else None
         self.last_verdicts: list[Verdict] = []
@@ -238,6 +239,8 @@ class Controller:
         except duckdb.Error as exc:  # the store could not be read: an error interval, not "no data"
             log.exception("evaluation failed at revision %s", state.revision)
             reading, verdicts = contract.ContractReading(state.contract), [error_verdict(f"store: {exc}")]
+        # A collector that cannot read its source leaves records out: an error, whatever the gates read.
+        verdicts += [error_verdict(error, "collector") for error in self.collector_errors()]
         with self._lock:
             if self.state.revision != state.revision:
                 return None

@@ -163,3 +163,40 @@ def test_a_drift_gate_reads_the_shadow_reference_of_the_judged_contract(store):
     (verdict,) = ctl.tick().reasons[1:]
     assert verdict["gate"] == "survival_ece_drift" and verdict["value"] is not None and verdict["samples"] > 0
     assert verdict["outcome"] == "pass"  # the same calibrated drafter in both phases
+
+
+def test_a_collector_that_cannot_read_its_source_is_an_error_with_its_own_limit(store):
+    from sparkgate.controller.collector_health import CollectorHealth
+    from sparkgate.controller.commands import poll_forever
+
+    class Down:
+        url = "http://sglang-0:30000"
+
+        def __init__(self):
+            self.calls = 0
+
+        def poll_once(self):
+            self.calls += 1
+            if self.calls < 3:
+                raise ConnectionError("connection refused")
+
+    health, poller = CollectorHealth(), Down()
+
+    class TwoPolls:  # ``poll_forever``'s stop event: two rounds, then stop
+        rounds = 0
+
+        def wait(self, _):
+            self.rounds += 1
+            return self.rounds > 2
+
+    poll_forever([poller], TwoPolls(), 0.0, health)
+    assert health.errors() == ["collector http://sglang-0:30000: connection refused"]
+    ingest_synthetic(store, 20, T0 + 1, phase="shadow")
+    ctl = controller(store, POLICY.replace(error_limit=1), now=T0 + 60, collector_errors=health.errors)
+    ctl.act("promote", "ops")
+    first = ctl.tick()
+    collector = next(r for r in first.reasons if r.get("gate") == "collector")
+    assert (first.action, first.outcome) == ("hold", "error") and "connection refused" in collector["note"]
+    assert ctl.tick().reasons[0] == {"rule": "error limit", "errors": 2, "limit": 1}
+    poll_forever([poller], TwoPolls(), 0.0, health)  # the server answers again
+    assert health.errors() == []
