@@ -18,6 +18,7 @@ fault starts when the rollout first serves the treatment (the first canary inter
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -356,11 +357,34 @@ def run_seeds(
             runs.append(run_seed(policy, scenario, seed, fleet, max_intervals))
             progress(f"seed {seed + 1}/{seeds}")
         return runs
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    # One BLAS thread per worker: the bootstrap's small products run several times slower when each of the
+    # workers' BLAS pools spins up threads for cores the other workers hold.
+    with (
+        _environment(BLAS_THREADS),
+        ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool,
+    ):
         futures = [pool.submit(run_seed, policy, scenario, seed, fleet, max_intervals) for seed in range(seeds)]
         for done, _ in enumerate(as_completed(futures), 1):
             progress(f"{done}/{seeds} seeds")
         return [f.result() for f in futures]
+
+
+BLAS_THREADS = {name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]):
+    """``values`` set in this process's environment (which spawned children start with), then restored."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _quantile(values: list[int], q: float) -> float | None:
