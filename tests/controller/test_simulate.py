@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 from sparkgate.cli import main
 from sparkgate.collectors.synth import worst_depth_ece
-from sparkgate.controller.simulate import SCENARIOS, Fleet, drift_scale, run_seed, run_seeds, summarize
+from sparkgate.controller.simulate import run_seed, run_seeds, summarize
+from sparkgate.controller.simulate_fleet import SCENARIOS, Fleet, drift_scale
 from sparkgate.policies.rollout import parse_rollout_policy
 
 # Calibration, tier and consistency gates: what this fleet model feeds quickly (comparisons need many
@@ -44,6 +45,7 @@ def test_a_healthy_fleet_climbs_and_a_drift_on_every_replica_is_caught_after_its
     drifting = [run_seed(policy, SCENARIOS["drift-all"], seed, FLEET, 30) for seed in range(2)]
     found = summarize(SCENARIOS["drift-all"], drifting)
     assert found["detection_rate"] == 1.0 and found["rolled_back_before_onset"] == 0
+    assert [r["seed"] for r in found["rollbacks"]] == [0, 1]  # each replayable by its seed
     assert found["detection_delay_intervals"]["p95"] <= 5
 
 
