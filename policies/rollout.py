@@ -191,14 +191,22 @@ class Gate(BaseModel):
 
 
 DEFAULT_GATES = (
-    Gate(metric="survival_ece", threshold=0.05, direction="at_most", min_samples=2000),
-    Gate(metric="survival_ece_upper", threshold=0.08, direction="at_most", min_samples=2000),
-    Gate(metric="upper_bound_utilization", threshold=0.85, direction="at_least", min_samples=500),
+    Gate(metric="survival_ece_debiased", threshold=0.08, direction="at_most", min_samples=2000, failure_limit=1),
+    Gate(
+        metric="survival_ece_drift",
+        threshold=0.03,
+        direction="at_most",
+        min_samples=2000,
+        failure_limit=1,
+        phases=["canary", "compact", "adaptive"],
+    ),
+    Gate(metric="survival_ece_debiased_replica", threshold=0.09, direction="at_most", min_samples=500, failure_limit=1),
+    Gate(metric="upper_bound_utilization", threshold=0.85, direction="at_least", min_samples=500, guard=True),
     Gate(metric="tier_miss_rate", threshold=0.02, direction="at_most", min_samples=200),
-    Gate(metric="p99_tpot_ratio", threshold=1.10, direction="at_most", min_samples=10),
-    Gate(metric="p99_ttft_ratio", threshold=1.20, direction="at_most", min_samples=10),
-    Gate(metric="tokens_per_s_ratio", threshold=0.98, direction="at_least", min_samples=10),
-    Gate(metric="goodput_ratio", threshold=0.95, direction="at_least", min_samples=10),
+    Gate(metric="tokens_per_s_ratio", threshold=0.97, direction="at_least", min_samples=10, guard=True),
+    Gate(metric="p99_tpot_ratio", threshold=1.10, direction="at_most", min_samples=10, guard=True),
+    Gate(metric="p99_ttft_ratio", threshold=1.20, direction="at_most", min_samples=10, guard=True),
+    Gate(metric="goodput_ratio", threshold=0.95, direction="at_least", min_samples=10, guard=True),
     Gate(metric="consistency_mismatches", threshold=0, direction="at_most", critical=True),
     Gate(metric="state_rollback_failures", threshold=0, direction="at_most", critical=True),
 )

@@ -121,7 +121,7 @@ def test_interval_outcome_is_the_worst_deciding_verdict(verdicts, outcome):
 
 def test_verdict_tables_align():
     policy = parse_rollout_policy({})
-    verdicts = [v.to_dict() for v in judge_all(policy.gates, {"survival_ece": Measurement(0.31, 5000)})]
+    verdicts = [v.to_dict() for v in judge_all(policy.gates, {"survival_ece_debiased": Measurement(0.31, 5000)})]
     table = verdict_table(verdicts).splitlines()
     assert table[0].split()[:2] == ["gate", "value"] and len(table) == len(policy.gates) + 1
     assert "0.310" in table[1] and "fail" in table[1]

@@ -23,6 +23,20 @@ from sparkgate.controller.rollout import (
 from sparkgate.policies.rollout import parse_rollout_policy
 from sparkgate.policies.vocabulary import Phase
 
+# The state machine's rules, on gates of every kind (a level, a bound, comparisons with intervals, critical
+# counts), fixed here rather than taken from the shipped defaults.
+GATES = [
+    {"metric": "survival_ece", "threshold": 0.05, "direction": "at_most", "min_samples": 2000},
+    {"metric": "survival_ece_upper", "threshold": 0.08, "direction": "at_most", "min_samples": 2000},
+    {"metric": "upper_bound_utilization", "threshold": 0.85, "direction": "at_least", "min_samples": 500},
+    {"metric": "tier_miss_rate", "threshold": 0.02, "direction": "at_most", "min_samples": 200},
+    {"metric": "p99_tpot_ratio", "threshold": 1.10, "direction": "at_most", "min_samples": 10},
+    {"metric": "p99_ttft_ratio", "threshold": 1.20, "direction": "at_most", "min_samples": 10},
+    {"metric": "tokens_per_s_ratio", "threshold": 0.98, "direction": "at_least", "min_samples": 10},
+    {"metric": "goodput_ratio", "threshold": 0.95, "direction": "at_least", "min_samples": 10},
+    {"metric": "consistency_mismatches", "threshold": 0, "direction": "at_most", "critical": True},
+    {"metric": "state_rollback_failures", "threshold": 0, "direction": "at_most", "critical": True},
+]
 POLICY = parse_rollout_policy(
     {
         "canary_steps": [0.05, 0.5],
@@ -30,6 +44,7 @@ POLICY = parse_rollout_policy(
         "failure_limit": 1,
         "evaluation_interval_s": 60,
         "progress_deadline_s": 300,
+        "gates": GATES,
     }
 )
 GOOD = {
