@@ -54,6 +54,25 @@ TABLES: dict[str, tuple[dict[str, str], dict[str, str]]] = {
 SUM_TABLES = tuple(TABLES)
 
 
+# When each (phase, contract) recorded steps: the bounds that keep reads of a reference phase (baseline's
+# latency, the acceptance reference) to its own span instead of the whole history.
+SPANS_SQL = """CREATE TABLE phase_spans (phase VARCHAR NOT NULL, contract VARCHAR, first_ts DOUBLE NOT NULL,
+    last_ts DOUBLE NOT NULL);
+INSERT INTO phase_spans SELECT phase, contract, min(ts), max(ts) FROM steps GROUP BY ALL;"""
+
+
+def add_spans(con: duckdb.DuckDBPyConnection, steps: str) -> None:
+    """Widen each (phase, contract) span to the batch's steps (``steps``, a registered relation)."""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE span_new AS SELECT phase, contract, min(ts) AS lo, max(ts) AS hi "
+                f"FROM {steps} GROUP BY ALL")  # fmt: skip
+    same = "p.phase = n.phase AND p.contract IS NOT DISTINCT FROM n.contract"
+    con.execute(f"UPDATE phase_spans p SET first_ts = least(p.first_ts, n.lo), last_ts = greatest(p.last_ts, n.hi) "
+                f"FROM span_new n WHERE {same}")  # fmt: skip
+    con.execute(f"INSERT INTO phase_spans SELECT n.phase, n.contract, n.lo, n.hi FROM span_new n "
+                f"WHERE NOT EXISTS (SELECT 1 FROM phase_spans p WHERE {same})")  # fmt: skip
+    con.execute("DROP TABLE span_new")
+
+
 def create_sql() -> str:
     """The tables' DDL (the migration that added them)."""
     out = []
@@ -214,6 +233,7 @@ class Keeper:
             con.register(name, table)
         try:
             add_batch(con, "sum_labels", "sum_requests", "sum_steps")
+            add_spans(con, "sum_steps")
         finally:
             for name in tables:
                 con.unregister(name)

@@ -154,6 +154,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         "incremental evaluation: per-bucket sums of labels and request rows, filled from what is stored",
         label_sums.create_sql() + label_sums.rebuild_sql(),
     ),
+    (9, "each phase and contract's span of step time, for reads of a reference phase", label_sums.SPANS_SQL),
 )
 
 

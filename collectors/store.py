@@ -44,7 +44,12 @@ from sparkgate.collectors.wire import Flat, Parsed, flatten
 # Event tables and the unix-seconds column retention and exports partition them by.
 EVENT_TIME = {"steps": "ts", "requests": "ts", "depth_labels": "ts", "request_records": "finish_ts"}
 EVENT_TABLES = tuple(EVENT_TIME)
-SNAPSHOT_TABLES = EVENT_TABLES + ("quarantine", "decisions", "consistency_checks", "aggregates") + label_sums.SUM_TABLES
+SNAPSHOT_TABLES = (
+    EVENT_TABLES
+    + ("quarantine", "decisions", "consistency_checks", "aggregates")
+    + label_sums.SUM_TABLES
+    + ("phase_spans",)
+)
 # Snapshot generations kept, so a reader that opened the previous one can finish.
 _KEEP_GENERATIONS = 2
 CONSISTENCY_SCHEMA = pa.schema(

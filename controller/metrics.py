@@ -317,7 +317,9 @@ def evaluate(
     reference = by_phase.get(Phase.SHADOW) or by_phase.get(Phase.BASELINE) or (0, 0)
     if not slice_.per_request:
         steps = queries.step_buckets(store, window, slice_)
-        baseline = queries.step_buckets(store, Window(), slice_, phase="baseline", contract=contract)
+        # Baseline's steps, read over the span it recorded in rather than the whole history.
+        span = window_stats.phase_span(store, (Phase.BASELINE,), contract)
+        baseline = queries.step_buckets(store, span, slice_, phase="baseline", contract=contract)
         misses = queries.miss_reasons(store, window, slice_)
         as_of = max(steps.column("newest").to_pylist(), default=None)
     return Evaluation(

@@ -230,14 +230,32 @@ def _sums_where(low, high, replica_id, phase, contract) -> tuple[str, list]:
     return " AND ".join(clauses), params
 
 
+def phase_span(store: Store, phases: tuple[str, ...], contract: SameContract | None = None) -> Window:
+    """The step time that the steps recorded in ``phases`` (under ``contract``) span, as a window over which a
+    reference phase is read instead of the whole history (``Window()``: the store does not say, or none)."""
+    marks = ", ".join("?" * len(phases))
+    clause, params = contract.sql("p") if contract is not None else ("", [])
+    try:
+        row = store.query(
+            f"SELECT min(first_ts) AS lo, max(last_ts) AS hi FROM phase_spans p WHERE phase IN ({marks}){clause}",
+            [*phases, *params],
+        ).to_pylist()[0]
+    except duckdb.CatalogException:
+        return Window()
+    return Window() if row["lo"] is None else Window(row["lo"], row["hi"] + 1e-3)
+
+
 def full_accept_totals(
     store: Store, slice_: Slice, phases: tuple[str, ...], contract: SameContract | None = None
 ) -> dict[str, tuple[int, int]]:
     """Per phase of ``phases`` with any: (sum of a*, rows) over every full-block request row recorded in it
-    (the acceptance reference); ``contract`` restricts to one contract's steps."""
+    (the acceptance reference), read over the phases' span; ``contract`` restricts to one contract's steps."""
     if slice_.per_request or slice_.load_bucket is not None:
         return queries.full_accept_totals(store, Window(), slice_, phases, contract)
-    where, params = _sums_where(None, None, slice_.replica_id, None, contract)
+    span = phase_span(store, phases, contract)
+    low = None if span.since is None else _clamp(math.floor(span.since / SUM_BUCKET_S))
+    high = None if span.until is None else _clamp(math.floor(span.until / SUM_BUCKET_S) + 1)
+    where, params = _sums_where(low, high, slice_.replica_id, None, contract)
     modes = ", ".join(str(MODES.index(m)) for m in FULL_BLOCK_MODES)
     marks = ", ".join("?" * len(phases))
     try:

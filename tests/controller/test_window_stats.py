@@ -26,7 +26,7 @@ def store():
             for replica in ("a", "b"):
                 wire = synthetic_wire(40, 6, 5, replica, first_step=i * 40, seed=i, ts=T0 + i * 8.3, continuing=True)
                 wire = wire.set_column(wire.schema.get_field_index("phase"), "phase",
-                                       pa.array([("shadow", "canary")[i // 6]] * 40))  # fmt: skip
+                                       pa.array([("baseline", "shadow", "canary")[i // 4]] * 40))  # fmt: skip
                 s.ingest(from_wire(wire), "test")
         yield s
 
@@ -105,3 +105,15 @@ def test_a_store_without_the_sums_tables_is_read_from_its_rows(store):
 
     window = Window(T0 + 3.7, T0 + 77.7)
     _assert_same(window_stats.read(Old(), window, Slice()), _scan(store, window, Slice()))
+
+
+def test_a_reference_phase_is_read_over_its_own_span_with_the_figures_of_the_whole_history(store):
+    from sparkgate.controller import queries
+
+    span = window_stats.phase_span(store, ("baseline",))
+    assert span.since == pytest.approx(T0) and span.until < T0 + 4 * 8.3 + 1
+    for phase in ("baseline", "shadow"):
+        whole = queries.step_buckets(store, Window(), Slice(), phase=phase).to_pylist()
+        span = window_stats.phase_span(store, (phase,))
+        assert queries.step_buckets(store, span, Slice(), phase=phase).to_pylist() == whole
+    assert window_stats.phase_span(store, ("adaptive",)) == Window()  # none recorded: the whole (empty) history
