@@ -361,5 +361,6 @@ def _shadow_reference(
     store: Store, slice_: Slice, contract: queries.SameContract | None, resamples: int, seed: int
 ) -> Calibration:
     """The calibration of every label recorded in shadow (under ``contract``): what drift is measured from."""
-    survival = window_stats.read(store, Window(), slice_, Phase.SHADOW, contract).survival
+    span = window_stats.phase_span(store, (Phase.SHADOW,), contract)  # not the whole history, as baseline's
+    survival = window_stats.read(store, span, slice_, Phase.SHADOW, contract).survival
     return Calibration.of(survival, resamples, INTERVAL_LEVEL, seed)
