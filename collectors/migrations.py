@@ -155,6 +155,17 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         label_sums.create_sql() + label_sums.rebuild_sql(),
     ),
     (9, "each phase and contract's span of step time, for reads of a reference phase", label_sums.SPANS_SQL),
+    (
+        10,
+        "versioned cost tables: the static tables replicas start from and the ones adaptive fits",
+        """
+    CREATE TABLE cost_tables (
+        version VARCHAR PRIMARY KEY, replica_group VARCHAR NOT NULL, parent VARCHAR, source VARCHAR NOT NULL,
+        created_at DOUBLE NOT NULL, fitted_since DOUBLE, fitted_until DOUBLE, fitted_steps BIGINT,
+        heldout_steps BIGINT, error_parent DOUBLE, error_candidate DOUBLE, body VARCHAR NOT NULL
+    );
+    """,
+    ),
 )
 
 

@@ -48,7 +48,7 @@ SNAPSHOT_TABLES = (
     EVENT_TABLES
     + ("quarantine", "decisions", "consistency_checks", "aggregates")
     + label_sums.SUM_TABLES
-    + ("phase_spans",)
+    + ("phase_spans", "cost_tables")
 )
 # Snapshot generations kept, so a reader that opened the previous one can finish.
 _KEEP_GENERATIONS = 2
@@ -182,6 +182,11 @@ class Store:
         """Run a read query in the writer process and return an Arrow table."""
         with self._lock:
             return self._con.sql(sql, params=params or None).to_arrow_table()
+
+    def execute(self, sql: str, params: list | None = None) -> None:
+        """Run one write statement in its own transaction, committed before this returns."""
+        with self._lock, self._transaction():
+            self._con.execute(sql, params or [])
 
     def counts(self) -> dict[str, int]:
         """Row counts of the event and quarantine tables."""

@@ -8,7 +8,8 @@ the persisted decisions.
 
 Invariants:
 - ``revision`` grows by one exactly when the served policy changes (advance,
-  rollback, promote, abort, pause, resume); holds keep it.
+  rollback, promote, abort, pause, resume, revert_table); holds and table
+  publications keep it.
 - ``fallback`` is left only by ``resume``; nothing automatic leaves it.
 - An advance needs ``consecutive_passes`` all-pass intervals in the current
   stage; a failed or inconclusive interval resets the streak, so a value that
@@ -16,6 +17,10 @@ Invariants:
   until the failure limit sends the rollout to the sticky fallback: no flapping.
 - ``paused`` holds the stage it paused at (``stage``), never advances, and still
   rolls back on a critical failure.
+- In ``adaptive`` a failed interval while fitted cost tables are served reverts to
+  the static tables (a new revision of the same stage, judged afresh); only a
+  failure on the static tables counts towards fallback. Publishing a fitted table
+  changes no counter and no revision.
 - One contract is judged at a time (``controller.contract``): a window that mixes
   contracts is inconclusive, and a window on a new one re-evaluates (back to shadow,
   or to baseline when the new contract has no baseline steps); every decision
@@ -64,6 +69,10 @@ class RolloutState:
     # Per gate that has decided in the stage: (name, consecutive passes, failed intervals).
     gate_streaks: tuple[tuple[str, int, int], ...] = ()
     contract: str | None = None
+    # Adaptive: the fitted cost table each replica group serves, as sorted (group, version) pairs (empty: the
+    # static tables); ``static_only`` once the stage was entered by a revert, which no fitted table follows.
+    tables: tuple[tuple[str, str], ...] = ()
+    static_only: bool = False
 
     def streak(self, gate: str) -> tuple[int, int]:
         """(consecutive passes, failures) of ``gate`` in the stage."""
@@ -202,6 +211,11 @@ def decide(
         return move(Action.REEVALUATE, target, because(rule, **detail), paused=state.phase == Phase.PAUSED)
     if state.phase == Phase.PAUSED:
         return hold(because("paused"))
+    if outcome == Outcome.FAIL and state.phase == Phase.ADAPTIVE and state.tables:
+        # Fitted tables are the one thing adaptive changes: undo them first, and fall back only when the
+        # static tables fail too.
+        rule = "failed interval on fitted cost tables: back to the static tables"
+        return move(Action.REVERT_TABLE, state.stage, because(rule, tables=dict(state.tables)))
     limits = {g.name: g for g in policy.gates}
     for v in verdicts:
         gate = limits.get(v.gate)
@@ -263,8 +277,14 @@ def command(
         raise TransitionError(f"action={action!r}: expected one of {', '.join(OPERATOR_ACTIONS)}")
     if not operator:
         raise TransitionError("operator: required for a manual action")
-    reasons = ({"rule": f"operator {action}", "note": note},)
+    reasons: tuple[dict[str, Any], ...] = ({"rule": f"operator {action}", "note": note},)
     last = len(policy.stages()) - 1
+    if action == Action.REVERT_TABLE:
+        if state.phase != Phase.ADAPTIVE or state.static_only:
+            why = "already reverted in this stage" if state.static_only else f"only in adaptive, not {state.phase}"
+            raise TransitionError(f"revert_table: {why}")
+        reasons = ({**reasons[0], "tables": dict(state.tables)},)
+        return _move(policy, state, now, Action.REVERT_TABLE, state.stage, reasons, operator=operator)
     if action == Action.ABORT:
         if state.phase == Phase.FALLBACK:
             raise TransitionError("abort: already in fallback")
@@ -285,8 +305,19 @@ def command(
     return _move(policy, state, now, Action.PROMOTE, state.stage + 1, reasons, operator=operator)
 
 
+def publish_table(state: RolloutState, now: float, group: str, version: str, detail: dict[str, Any]) -> Decision:
+    """Replica group ``group`` serves fitted table ``version`` from now on (adaptive only); ``detail`` says
+    why the update rule published it."""
+    if state.phase != Phase.ADAPTIVE or state.static_only:
+        raise TransitionError(f"publish_table: only in adaptive before a revert, not {state.phase}")
+    reasons = ({"rule": "cost table published", "group": group, "version": version, **detail},)
+    return Decision(now, state.revision, state.phase, state.phase, state.compact_fraction, Action.PUBLISH_TABLE,
+                    None, reasons, None, state.stage, state.contract)  # fmt: skip
+
+
 def apply(state: RolloutState | None, decision: Decision) -> RolloutState:
-    """The state after ``decision`` (which ``decide``/``command``/``start`` made from ``state``)."""
+    """The state after ``decision`` (which ``decide``/``command``/``start``/``publish_table`` made from
+    ``state``)."""
     if decision.action in CHANGES_POLICY:
         return RolloutState(
             decision.revision,
@@ -296,9 +327,14 @@ def apply(state: RolloutState | None, decision: Decision) -> RolloutState:
             decision.decided_at,
             last_conclusive_at=decision.decided_at,
             contract=decision.contract,
+            static_only=decision.action == Action.REVERT_TABLE,
         )
     if state is None:
         raise ValueError(f"action={decision.action!r}: a ledger must begin with {str(Action.START)!r}")
+    if decision.action == Action.PUBLISH_TABLE:
+        rule = decision.reasons[0]
+        tables = dict(state.tables) | {rule["group"]: rule["version"]}
+        return replace(state, tables=tuple(sorted(tables.items())))
     conclusive = decision.outcome in (Outcome.PASS, Outcome.FAIL)
     return replace(
         state,

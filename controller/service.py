@@ -10,7 +10,8 @@
 | ``GET /v1/requests/{request_id}/committed`` | a request's stored committed tokens, in step order |
 | ``GET /v1/replicas/{replica_id}`` | the step id a (restarted) replica continues from |
 | ``GET /v1/status``, ``GET /v1/decisions``, ``GET /v1/report`` | state, ledger, metrics |
-| ``POST /v1/rollout/{promote,abort,pause,resume}`` | operator actions (bearer token) |
+| ``GET /v1/cost-tables[/{version}]``, ``POST /v1/cost-tables`` | versioned cost tables (``cost_table_api``) |
+| ``POST /v1/rollout/{promote,abort,pause,resume,revert_table}`` | operator actions (bearer token) |
 | ``GET /metrics``, ``GET /healthz`` | Prometheus exposition, liveness |
 
 Operator routes answer 401 without a bearer token and 403 with a wrong one when
@@ -46,6 +47,7 @@ from sparkgate.policies.payload import PolicyPayload
 from sparkgate.policies.vocabulary import CheckKind, OperatorAction
 
 from . import ledger
+from .cost_table_api import cost_table_router
 from .fleet import fleet_report, merge_aggregates
 from .metrics import evaluate
 from .queries import Slice, Window
@@ -164,6 +166,7 @@ def create_app(
             raise HTTPException(refused.status, refused.reason) from None
 
     app.include_router(ingest)
+    app.include_router(cost_table_router(store, permit))
     endpoint = next(r.endpoint for r in ingest.routes if isinstance(r, APIRoute) and r.path == "/v1/ingest")
     app.add_api_route(
         "/v1/records", endpoint, methods=["POST"], summary="Ingest step records", openapi_extra=_ingest_body_spec()

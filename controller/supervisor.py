@@ -21,13 +21,14 @@ from dataclasses import dataclass
 
 import duckdb
 
+from sparkgate.collectors import cost_tables
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store
 from sparkgate.policies.payload import PolicyPayload, SwitchbackSpec
 from sparkgate.policies.rollout import Gate, RolloutPolicy
-from sparkgate.policies.vocabulary import SWITCHBACK_PHASES, Arm
+from sparkgate.policies.vocabulary import CHANGES_POLICY, SWITCHBACK_PHASES, Arm, Phase
 
-from . import contract, ledger, promql, rollout
+from . import adaptive_gates, contract, cost_updates, ledger, promql, rollout
 from .comparison import COMPARISON_METRICS, Design, Epochs, Groups, comparisons
 from .exporter import ControllerMetrics
 from .gates import Verdict, error_verdict, judge_all, judge_baseline
@@ -135,6 +136,7 @@ class Controller:
             fallback_window=self.policy.fallback_window_value,
             gamma=self.policy.gamma,
             cost_table_version=self.versions.cost_table_version,
+            cost_tables=dict(state.tables),
             sts_version=self.versions.sts_version,
             switchback=switchback,
         )
@@ -178,8 +180,25 @@ class Controller:
                 # Every server serves one arm in this stage (e.g. shadow: all verify in full), so there is no
                 # effect to measure: the gates are recorded, and cannot hold the stage back.
                 gates = tuple(g.model_copy(update={"dry_run": True}) if g in comparing else g for g in gates)
+        measured.update(self._adaptive_measurements(state, gates, now))
         measured.update({g.name: self._promql(g.promql) for g in gates if g.promql})
         return judge_all(gates, measured, stale)
+
+    def _adaptive_measurements(self, state: RolloutState, gates: Sequence[Gate], now: float) -> dict[str, Measurement]:
+        """The adaptive gates' inputs, read only when a gate of the stage asks for them."""
+        metrics = {g.metric for g in gates if not g.promql}
+        window, level = self.window(state, now), self.policy.comparison.level
+        out: dict[str, Measurement] = {}
+        if "cost_prediction_error" in metrics:
+            out["cost_prediction_error"] = adaptive_gates.prediction_error(
+                self.store, window.since or state.entered_at, window.until, self.policy.adaptive.step_time, level
+            )
+        if "window_oscillation" in metrics:
+            # Epochs since the stage began: an oscillation shows across many of them, not in one window.
+            out["window_oscillation"] = adaptive_gates.window_oscillation(
+                self.store, state.entered_at, window.until, level, self.resamples
+            )
+        return out
 
     def _judged(self, state: RolloutState) -> tuple[str, tuple[Gate, ...]]:
         """The phase whose gates judge ``state`` (paused: the paused stage's) and those gates (fallback: every
@@ -249,8 +268,38 @@ class Controller:
             self.last_verdicts = verdicts
         if self.exporter is not None and evaluation is not None:
             self.exporter.evaluation(evaluation, verdicts)
+        if decision.action not in CHANGES_POLICY:
+            self._adapt(now)
         self._actuate()
         return decision
+
+    # -- adaptive: fitted cost tables ----------------------------------------------
+    def _adapt(self, now: float) -> list[Decision]:
+        """In adaptive (before any revert), one update decision per replica group with steps in the window;
+        each table published is stored, then its decision persisted, then adopted."""
+        state = self.state
+        if state.phase != Phase.ADAPTIVE or state.static_only:
+            return []
+        window, spec, served = self.window(state, now), self.policy.adaptive, dict(state.tables)
+        published: list[Decision] = []
+        for group in cost_updates.groups_with_steps(self.store, window.since or state.entered_at, window.until):
+            current = cost_tables.get(self.store, served.get(group, group))
+            if current is None:  # a static table no replica registered: nothing to fit from
+                continue
+            since = max(current.created_at, state.entered_at) if group in served else state.entered_at
+            ctx = cost_updates.Context(current, since, window.since or state.entered_at, window.until, now)
+            update = cost_updates.propose(self.store, spec, ctx)
+            if update.entry is None:
+                continue
+            cost_tables.add(self.store, update.entry)
+            with self._lock:
+                if self.state.revision != state.revision:
+                    return published  # an operator acted meanwhile: that stage is over
+                detail = {k: v for k, v in update.reasons.items() if k != "rule"}
+                decision = rollout.publish_table(self.state, now, group, update.entry.version, detail)
+                self._commit(self.state, decision)
+            published.append(decision)
+        return published
 
     def act(self, action: str, operator: str, note: str = "") -> Decision:
         """An operator action (raises ``rollout.TransitionError`` when the phase does not allow it)."""
@@ -275,4 +324,6 @@ class Controller:
             "last_conclusive_at": state.last_conclusive_at,
             "ladder": [{"phase": s.phase, "compact_fraction": s.compact_fraction} for s in self.policy.stages()],
             "gates": [v.to_dict() for v in self.last_verdicts],
+            "cost_tables": dict(state.tables),
+            "static_only": state.static_only,
         }

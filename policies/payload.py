@@ -32,7 +32,8 @@ class PolicyPayload(BaseModel):
     """What every replica of a fleet follows.
 
     Invariants: ``revision`` grows by one exactly when anything a replica acts on
-    changes; ``0 <= compact_fraction, observe_fraction <= 1``;
+    changes, but for ``cost_tables`` (a table update must not restart the stage's evidence);
+    ``0 <= compact_fraction, observe_fraction <= 1``;
     ``0 <= fallback_window <= gamma``.
     """
 
@@ -45,6 +46,11 @@ class PolicyPayload(BaseModel):
     fallback_window: int = Field(ge=0)
     gamma: int = Field(ge=1)
     cost_table_version: str | None
+    cost_tables: dict[str, str] = Field(
+        description="Adaptive: the fitted cost table version each replica group serves, keyed by the version of "
+        "the static table the group starts from (empty: every group serves its static table). A change here "
+        "keeps the revision: replicas compare it on every poll.",
+    )
     sts_version: str | None
     switchback: SwitchbackSpec | None = Field(
         description="The epoch schedule replicas alternate treatment and control on (null: no control)."

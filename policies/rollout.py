@@ -15,18 +15,18 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
-    Strict,
     ValidationError,
     model_validator,
 )
 
+from sparkgate.policies.adaptive import Adaptive
+from sparkgate.policies.fields import FROZEN, Bool, Float, Int
 from sparkgate.policies.vocabulary import LADDER, SERVING_PHASES, Phase
 
 Direction = Literal["at_most", "at_least"]
@@ -36,10 +36,6 @@ ServingPhase = Literal["shadow", "canary", "compact", "adaptive"]
 LADDER_PHASES: tuple[LadderPhase, ...] = get_args(LadderPhase)
 SERVING_PHASE_NAMES: tuple[ServingPhase, ...] = get_args(ServingPhase)
 assert tuple(LADDER) == LADDER_PHASES and tuple(SERVING_PHASES) == SERVING_PHASE_NAMES
-# Booleans are never numbers here (YAML's `yes` must not pass for 1).
-Int = Annotated[int, Strict()]
-Float = Annotated[float, Strict()]
-Bool = Annotated[bool, Strict()]
 METRICS = {
     "survival_ece": "worst per-depth survival ECE on uncensored traffic",
     "survival_ece_upper": "bootstrap upper bound of survival_ece",
@@ -60,13 +56,17 @@ METRICS = {
     "p99_ttft_ratio": "p99 time to first token, treatment / control epochs (with its interval)",
     "goodput_ratio": "requests meeting comparison.ttft_slo_ms and tpot_slo_ms, treatment / control epochs",
     "accepted_length_ratio": "mean full-block a* / the shadow reference's (baseline's without shadow)",
+    "cost_prediction_error": "adaptive: median |predicted - measured| / measured step time of treatment steps "
+    "served on fitted cost tables (adaptive.step_time), with its interval",
+    "window_oscillation": "adaptive: coefficient of variation of the per-epoch mean window, treatment minus "
+    "control (the static tables), with its interval",
     "consistency_mismatches": "greedy compact-vs-static replay mismatches",
     "state_rollback_failures": "state-after-rollback check failures",
 }
 DEFAULT_PATH = Path(__file__).with_name("default_rollout.yaml")
 # Appended to a metric's name for the measurement of a gate with use_estimated.
 ESTIMATED_SUFFIX = ":estimated"
-_FROZEN = ConfigDict(extra="forbid", frozen=True)
+_FROZEN = FROZEN
 
 
 class RolloutPolicyError(ValueError):
@@ -322,6 +322,7 @@ class RolloutPolicy(BaseModel):
     gates: tuple[Gate, ...] = Field(DEFAULT_GATES, description="The checks every evaluation interval runs.")
     notify: tuple[Webhook, ...] = Field((), description="Webhooks told of every decision that changes the policy.")
     comparison: Comparison = Field(Comparison(), description="Switchback epochs and SLOs of the comparison gates.")
+    adaptive: Adaptive = Field(Adaptive(), description="How the adaptive phase updates the cost tables.")
 
     @model_validator(mode="after")
     def _check(self) -> RolloutPolicy:

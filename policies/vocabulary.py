@@ -76,21 +76,26 @@ class Action(StrEnum):
     PAUSE = "pause"
     RESUME = "resume"
     REEVALUATE = "reevaluate"  # the fleet's joint contract changed: judge it again from shadow (or baseline)
+    # Adaptive only: back to the static cost tables, the stage judged afresh on them (a policy change).
+    REVERT_TABLE = "revert_table"
+    # Adaptive only: a replica group serves a new fitted cost table. Not a policy change: the stage, its
+    # evidence and its counters go on (the table's version travels in the payload's ``cost_tables``).
+    PUBLISH_TABLE = "publish_table"
 
 
-OPERATOR_ACTIONS: tuple[Action, ...] = (Action.PROMOTE, Action.ABORT, Action.PAUSE, Action.RESUME)
-# The same four as a type, for the API's path parameter; it must stay the tuple above.
-OperatorAction = Literal["promote", "abort", "pause", "resume"]
+OPERATOR_ACTIONS: tuple[Action, ...] = (Action.PROMOTE, Action.ABORT, Action.PAUSE, Action.RESUME, Action.REVERT_TABLE)
+# The same as a type, for the API's path parameter; it must stay the tuple above.
+OperatorAction = Literal["promote", "abort", "pause", "resume", "revert_table"]
 assert get_args(OperatorAction) == OPERATOR_ACTIONS
-# Every action but a hold serves a new policy revision.
-CHANGES_POLICY: frozenset[Action] = frozenset(Action) - {Action.HOLD}
+# Every action but a hold or a table publication serves a new policy revision.
+CHANGES_POLICY: frozenset[Action] = frozenset(Action) - {Action.HOLD, Action.PUBLISH_TABLE}
 
 
 class Arm(StrEnum):
     """Which side of a switchback comparison an epoch serves (§6)."""
 
     TREATMENT = "treatment"  # the phase's policy
-    CONTROL = "control"  # the baseline's: every request static
+    CONTROL = "control"  # the baseline's: every request static (adaptive: compact on the static cost table)
 
 
 class FinishReason(StrEnum):

@@ -56,13 +56,14 @@ def _collectors_bench() -> Commands:
 
 
 def _controller() -> Commands:
-    from sparkgate.controller import backtest, commands, simulate, simulate_fit
+    from sparkgate.controller import backtest, commands, cost_table_cli, simulate, simulate_fit
 
     names = ("serve", "status", "promote", "abort", "pause", "resume", "report")
     return {name: getattr(commands, name) for name in names} | {
         "backtest": backtest.backtest,
         "simulate": simulate.simulate,
         "simulate-fit": simulate_fit.simulate_fit,
+        "cost-table": cost_table_cli.cost_table,
     }
 
 
@@ -131,6 +132,7 @@ COMMANDS: dict[str, Entry] = {
     "backtest": Entry(_controller, "Replay a store's history through a policy beside its decisions; acts on nothing."),
     "simulate": Entry(_controller, "Seeded simulated rollouts through the real controller: how often it is wrong."),
     "simulate-fit": Entry(_controller, "Fit the simulator's fleet model to a runtime's records and check it (KS)."),
+    "cost-table": Entry(_controller, "The controller's versioned cost tables: list, show, revert to static."),
     "policy": Entry(_policies, "The rollout policy file: print its JSON Schema, or check a file."),
     "dashboard": Entry(_dashboards, "Operator dashboards (Streamlit): rollout, calibration, acceptance, tiers, fleet."),
 }

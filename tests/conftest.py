@@ -66,8 +66,8 @@ def fixture_store(tmp_path_factory):
 
 def policy_payload(phase: str, compact_fraction: float = 0.0, **changes) -> PolicyPayload:
     """A policy payload at revision 1 (γ 7, observe 0.05, static fallback) with ``changes``."""
-    fields = {"revision": 1, "observe_fraction": 0.05, "fallback_window": 7, "gamma": 7,
-              "cost_table_version": None, "sts_version": None, "switchback": None, **changes}  # fmt: skip
+    fields = {"revision": 1, "observe_fraction": 0.05, "fallback_window": 7, "gamma": 7, "cost_table_version": None,
+              "cost_tables": {}, "sts_version": None, "switchback": None, **changes}  # fmt: skip
     return PolicyPayload(phase=phase, compact_fraction=compact_fraction, **fields)
 
 

@@ -12,21 +12,28 @@
   ``SLOW_VERIFY_EXTRA`` of the time the call took, so the extra cost scales with
   the rows verified, as a slower kernel's would. Control epochs run untouched,
   so only a comparison against a concurrent control can tell.
+- ``load-shift`` changes what a step costs without anything being wrong: new
+  requests carry prompts of ``LOAD_SHIFT_PROMPT_LEN`` tokens instead of 96, so
+  every verified row attends over a longer context (about 30% more CPU time per
+  step here) and the offline table goes stale. Adaptive must refit the table;
+  nothing should roll back.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 
 from sparkgate.policies.cost_model import FingerprintMismatch, load_cost_table
 from sparkgate.policies.cost_profile import hardware_fingerprint
-from sparkgate.policies.vocabulary import Arm, Phase
+from sparkgate.policies.vocabulary import Arm
 from sparkgate.policies.window import CostAwareScheduler
 
 from .arrivals import Arrivals
+from .engine import Request
 from .profiler import step_version
 from .replica import Replica
 from .tiers import measured_grid
@@ -37,11 +44,13 @@ class Fault(StrEnum):
     DRIFT = "drift"
     COST_TABLE = "cost-table"
     SLOW_VERIFY = "slow-verify"
+    LOAD_SHIFT = "load-shift"
 
 
 # The slow-verify fault's extra verify time, a fraction of what the call took (verification about 25%
 # slower, about 15% slower steps on this CPU, where verification is most of a step).
 SLOW_VERIFY_EXTRA = 0.25
+LOAD_SHIFT_PROMPT_LEN = 384
 
 
 # A table measured on an accelerator: verifying a whole block costs about what one row does,
@@ -69,16 +78,29 @@ FOREIGN_COST_TABLE = {
 }
 
 
-def fire(fault: Fault, node: Replica, arrivals: Arrivals | None, drift_temperature: float, out_dir: Path | None) -> str:
-    """Apply ``fault`` to the running replica; returns what was done, for the log."""
+def fire(
+    fault: Fault,
+    node: Replica,
+    arrivals: Arrivals | None,
+    drift_temperature: float,
+    out_dir: Path | None,
+    shifted: Iterator[Request] | None = None,
+) -> str:
+    """Apply ``fault`` to the running replica; returns what was done, for the log. ``shifted`` is the
+    workload of long prompts the load shift serves from then on."""
+    if fault in (Fault.DRIFT, Fault.LOAD_SHIFT) and arrivals is None:
+        raise ValueError(f"the {fault} fault needs an arrival process (--rate)")
     if fault is Fault.DRIFT:
-        if arrivals is None:
-            raise ValueError("the drift fault needs an arrival process (--rate)")
+        assert arrivals is not None
         arrivals.temperature = drift_temperature
         return f"drift: new requests sample at temperature {drift_temperature}"
     if fault is Fault.SLOW_VERIFY:
         slow_verify(node.engine)
         return f"slow-verify: treatment verification {SLOW_VERIFY_EXTRA:.0%} slower"
+    if fault is Fault.LOAD_SHIFT:
+        assert arrivals is not None and shifted is not None
+        arrivals.source = shifted
+        return f"load-shift: new requests carry {LOAD_SHIFT_PROMPT_LEN}-token prompts"
     path = (out_dir or Path(".")) / "foreign_cost_table.json"
     path.write_text(json.dumps(FOREIGN_COST_TABLE, indent=2) + "\n")
     engine = node.engine
@@ -90,11 +112,9 @@ def fire(fault: Fault, node: Replica, arrivals: Arrivals | None, drift_temperatu
     except FingerprintMismatch as exc:
         refused = f"refused ({exc}), forced"
         table = load_cost_table(path, force=True)
-    node.scheduler = CostAwareScheduler(table)
+    node.use_static(CostAwareScheduler(table))
     engine.runner.grid = measured_grid(table.meta.tiers)
-    engine.config.cost_table_version = table.meta.version
-    if node.payload is not None and node.payload.phase is not Phase.FALLBACK:
-        engine.policy = node.scheduler
+    node.switch()
     return f"cost-table: {path} {refused}"
 
 

@@ -10,8 +10,10 @@ request's cache state is checked against a dense replay, and both kinds of
 comparison are posted to ``POST /v1/consistency``.
 
 Under a payload with a switchback schedule the replica alternates epochs: in a
-control epoch every request is verified static (the baseline), in a treatment
-epoch as the phase says; steps carry the epoch and arm. Every request that
+control epoch every request is verified static (the baseline; in adaptive,
+compact on the static cost table), in a treatment epoch as the phase says (in
+adaptive, on the fitted table the payload names, ``table_swap``); steps carry
+the epoch, the arm and the cost table they were served on. Every request that
 finishes or is cancelled becomes a request record, posted to
 ``POST /v1/request-records`` beside the step records.
 
@@ -34,14 +36,16 @@ import httpx
 
 from sparkgate.collectors.request_records import RequestRecord
 from sparkgate.collectors.schema import StepRecord
+from sparkgate.policies.cost_model import CostTable
 from sparkgate.policies.payload import WRITER_TOKEN_ENV, PolicyPayload
 from sparkgate.policies.switchback import Switchback
 from sparkgate.policies.vocabulary import Arm, Mode, Phase
-from sparkgate.policies.window import FixedWindow, WindowPolicy
+from sparkgate.policies.window import CostAwareScheduler, FixedWindow, WindowPolicy
 
 from .consistency import GreedyReplay, state_check, unit_hash, wanted
 from .engine import Engine, Request
 from .spool import Spool, ndjson
+from .table_swap import TableSwap
 
 log = logging.getLogger(__name__)
 MAX_PENDING_RECORDS = 10_000
@@ -106,6 +110,15 @@ class ControllerClient:
             return response.json()
         return self._json(response)
 
+    def cost_table(self, version: str) -> Any:
+        """A stored cost table's JSON (``GET /v1/cost-tables/{version}``)."""
+        return self._json(self.http.get(f"/v1/cost-tables/{version}"))
+
+    def register_table(self, replica_id: str, table: CostTable) -> dict:
+        """Register the static table this replica starts from, so the controller can fit its group's."""
+        body = {"replica_id": replica_id, "table": table.to_json_dict()}
+        return self._json(self.http.post("/v1/cost-tables", json=body))
+
     def committed(self, request_id: str, replica_id: str) -> list[int] | None:
         response = self.http.get(f"/v1/requests/{request_id}/committed", params={"replica_id": replica_id})
         return None if response.status_code == 404 else self._json(response)["tokens"]
@@ -115,7 +128,9 @@ class ControllerClient:
 
 
 class Replica:
-    """An engine driven by a controller's policy. ``scheduler`` chooses windows outside fallback."""
+    """An engine driven by a controller's policy. ``scheduler`` chooses windows outside fallback; when it is
+    cost-aware, its table is the replica's static one, and in adaptive treatment epochs serve the fitted table
+    the payload names for the replica's group (``table_swap``)."""
 
     def __init__(
         self,
@@ -143,13 +158,15 @@ class Replica:
         self.request_spool = Spool(spool.dir / "requests", spool.max_bytes) if spool is not None else None
         self.payload: PolicyPayload | None = None
         self.schedule: Switchback | None = None
+        self.tables: TableSwap | None = None
+        self.use_static(scheduler)
         self.pending: list[StepRecord] = []
         self.pending_requests: list[RequestRecord] = []
         self.compact_ids: set[str] = set()
         self.to_check: list[Request] = []
         self.checked: list[dict] = []  # state checks waiting to be posted
         self.stats = {"steps": 0, "finished": 0, "posted": 0, "dropped": 0, "checks": 0, "mismatches": 0,
-                      "request_records": 0, "requests_dropped": 0, "cancelled": 0}  # fmt: skip
+                      "request_records": 0, "requests_dropped": 0, "cancelled": 0, "tables_refused": 0}  # fmt: skip
         self._last_poll = float("-inf")
         engine.sink = self._keep
         engine.request_sink = self._keep_request
@@ -162,6 +179,31 @@ class Replica:
         self.compact_ids.update(r.request_id for r in record.requests if r.mode == "compact")
 
     # -- policy ----------------------------------------------------------------
+    def use_static(self, scheduler: WindowPolicy) -> None:
+        """Serve ``scheduler`` outside fallback from now on, its table as the static one (a fault swaps it)."""
+        self.scheduler = scheduler
+        self.tables = TableSwap(scheduler) if isinstance(scheduler, CostAwareScheduler) else None
+        if self.tables is not None:
+            self.engine.config.cost_table_version = self.tables.group
+
+    def register(self) -> None:
+        """Tell the controller the static table (nothing to tell without a cost-aware scheduler)."""
+        if self.tables is None or self.tables.group is None:
+            return
+        try:
+            self.client.register_table(self.engine.config.replica_id, self.tables.static.cost_table)
+        except httpx.HTTPError as exc:  # adaptive cannot fit this group's table; serving goes on
+            log.warning("registering cost table %s failed: %s", self.tables.group, exc)
+
+    def _follow_tables(self, payload: PolicyPayload) -> None:
+        if self.tables is None:
+            return
+        try:
+            self.tables.follow(payload.cost_tables, self.client.cost_table)
+        except httpx.HTTPError as exc:
+            log.warning("fetching a cost table failed (%s); will retry", exc)
+        self.stats["tables_refused"] = len(self.tables.refused)
+
     def follow(self, payload: PolicyPayload) -> None:
         """Serve under ``payload`` from the next step on."""
         config = self.engine.config
@@ -171,20 +213,30 @@ class Replica:
                 "restart it with the policy's gamma"
             )
         config.phase, config.policy_revision = payload.phase, payload.revision
-        self.engine.policy = FixedWindow(payload.fallback_window) if payload.phase is Phase.FALLBACK else self.scheduler
+        # Adaptive's control serves compact on the static table: what adaptation changes is the table alone.
+        static_control = payload.phase is not Phase.ADAPTIVE
         self.engine.mode_for = lambda request: (
-            Mode.STATIC if config.arm == Arm.CONTROL else mode_for(request.request_id, payload)
+            Mode.STATIC if config.arm == Arm.CONTROL and static_control else mode_for(request.request_id, payload)
         )
         self.payload, self.schedule = payload, payload.schedule()
+        self._follow_tables(payload)
         self.switch()
 
     def switch(self, now: float | None = None) -> None:
-        """Serve the epoch and arm the schedule holds at ``now`` (unix seconds); none without a schedule."""
-        config, schedule = self.engine.config, self.schedule
+        """Serve the epoch and arm the schedule holds at ``now`` (unix seconds; none without a schedule), and
+        the window policy of that arm."""
+        config, schedule, payload = self.engine.config, self.schedule, self.payload
         epoch = schedule.epoch(time.time() if now is None else now) if schedule is not None else -1
         config.epoch, config.arm = (
             (epoch, schedule.arm(config.replica_id, epoch)) if schedule and epoch >= 0 else (None, None)
         )
+        if payload is not None and payload.phase is Phase.FALLBACK:
+            self.engine.policy = FixedWindow(payload.fallback_window)
+        elif self.tables is not None:
+            fitted = payload is not None and payload.phase is Phase.ADAPTIVE and config.arm != Arm.CONTROL
+            config.cost_table_version, self.engine.policy = self.tables.current(fitted)
+        else:
+            self.engine.policy = self.scheduler
 
     def poll(self, force: bool = False) -> None:
         if not force and self.clock() - self._last_poll < self.poll_s:
@@ -197,8 +249,14 @@ class Replica:
                 raise
             log.warning("policy poll failed (%s); keeping revision %s", exc, self.payload.revision)
             return
-        if self.payload is None or payload.revision != self.payload.revision:
+        if self.payload is None:
             self.follow(payload)
+            self.register()
+        elif payload.revision != self.payload.revision:
+            self.follow(payload)
+        elif payload.cost_tables != self.payload.cost_tables:
+            self.payload = payload
+            self._follow_tables(payload)
 
     # -- records and checks ----------------------------------------------------
     def flush(self) -> None:
@@ -319,13 +377,19 @@ class Replica:
 
 
 def workload_requests(
-    replica_id: str, count: int, max_new_tokens: int, temperature: float, seed: int, cancel_fraction: float = 0.0
+    replica_id: str,
+    count: int,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    cancel_fraction: float = 0.0,
+    prompt_len: int = 96,
 ) -> Iterator[Request]:
     """Requests over the mixed workload (``count`` 0: endless), ids unique per replica; a stable
     ``cancel_fraction`` of them is cancelled by its client after a uniform share of its tokens."""
     from .workload import mixed_workload
 
-    prompts = mixed_workload(256, seed)
+    prompts = mixed_workload(256, seed, prompt_len=prompt_len)
     numbers = itertools.count() if count == 0 else range(count)
     for i in numbers:
         prompt, request_id = prompts[i % len(prompts)], f"{replica_id}-{i}"

@@ -40,7 +40,7 @@ from sparkgate.policies.window import CostAwareScheduler, FixedWindow, WindowPol
 from .arrivals import Arrivals, swing
 from .consistency import GreedyReplay
 from .engine import Engine, EngineConfig, Request
-from .faults import Fault, fire
+from .faults import LOAD_SHIFT_PROMPT_LEN, Fault, fire
 from .replica import ControllerClient, Replica, workload_requests
 from .spool import Spool
 from .tiers import measured_grid
@@ -247,8 +247,8 @@ def replica(
     import torch
 
     armed = Fault(fault)
-    if armed is Fault.DRIFT and rate is None:
-        raise click.UsageError("--fault drift changes the temperature of arriving requests: it needs --rate")
+    if armed in (Fault.DRIFT, Fault.LOAD_SHIFT) and rate is None:
+        raise click.UsageError(f"--fault {armed} changes the requests that arrive: it needs --rate")
     load = swing(rate, amplitude, period_s, offset) if rate is not None else None
     replica_id = replica_id or f"replica-{socket.gethostname()}-{os.getpid()}"
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {replica_id} %(message)s")
@@ -319,7 +319,9 @@ def replica(
         try:
             while not flags.stop:
                 if flags.fault and armed is not Fault.NONE:
-                    log.info("fault fired: %s", fire(armed, node, arrivals, drift_temperature, out_dir))
+                    shifted = workload_requests(f"{replica_id}-long", count, max_new_tokens, temperature, seed + 1,
+                                                cancel_fraction, LOAD_SHIFT_PROMPT_LEN)  # fmt: skip
+                    log.info("fault fired: %s", fire(armed, node, arrivals, drift_temperature, out_dir, shifted))
                     armed = Fault.NONE
                 before = node.stats["steps"]
                 if arrivals is None or arrivals.pending() or engine.active or engine.queue:

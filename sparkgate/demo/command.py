@@ -5,15 +5,18 @@ default models (``sparkgate replica`` with an arrival process) under a mixed wor
 arrival rate swings over time, waits for them to warm up, then starts the
 controller service (``sparkgate serve``: policy and ingest API, gates, the
 DuckDB file). It watches the controller walk ``baseline -> shadow -> canary
-(5% -> 25% -> 50%) -> compact`` on evidence alone, printing a live phase line
-and the gate table of every decision. Once compact has passed an interval it
-fires the fault on ``replica-c`` and waits for the automatic fallback. Then it
-stops the fleet, reads the figures back from the DuckDB file, exports Parquet
+(5% -> 25% -> 50%) -> compact -> adaptive`` on evidence alone, printing a live
+phase line and the gate table of every decision. Once the top of the ladder has
+passed an interval it fires the fault on ``replica-c`` and waits for the
+automatic fallback; ``--fault load-shift`` instead changes every replica's step
+cost once adaptive has run ``Plan.shift_after_intervals`` and watches adaptive
+refit its tables and hold. Then it stops the fleet, reads the figures back from the DuckDB file, exports Parquet
 for the dashboard, and prints the summary (``--json``: one JSON object on
 stdout; progress stays on stderr).
 
-Exit status 0 when the run went as the scenario says (fallback after the fault,
-or compact held with ``--fault none``), 1 otherwise; the summary says why.
+Exit status 0 when the run went as the scenario says (fallback after the fault;
+the top held with ``--fault none`` or through ``load-shift``), 1 otherwise; the
+summary says why.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import yaml
 from sparkgate.collectors.store import Store
 from sparkgate.controller.gates import Verdict, interval_outcome, verdict_table
 from sparkgate.policies.rollout import RolloutPolicy, load_rollout_policy
-from sparkgate.policies.vocabulary import CHANGES_POLICY
+from sparkgate.policies.vocabulary import CHANGES_POLICY, Action
 
 from .fleet import Fleet, FleetError, answers, free_port
 from .summary import describe_verdict, failing, render, stage_label, summarize
@@ -49,7 +52,10 @@ FAULT_TEXT = {
     "drift": "{r} now samples new requests at temperature {t} (it was greedy)",
     "cost-table": "{r} now runs with a cost table and graph tiers from an accelerator (forced)",
     "slow-verify": "{r} now verifies 25% slower in treatment epochs (control epochs untouched)",
+    "load-shift": "every replica now gets 384-token prompts, not 96 (each step costs more: the table is stale)",
 }
+# Faults every replica takes at once (a fleet-wide change, not one bad replica).
+FLEET_FAULTS = ("load-shift",)
 
 
 @dataclass(frozen=True)
@@ -58,8 +64,10 @@ class Plan:
 
     interval_s: float
     period_s: float  # load cycle of each replica
-    fault_after_passes: int = 1  # passing compact intervals before the fault fires
+    fault_after_passes: int = 1  # passing intervals at the top of the ladder before the fault fires
+    shift_after_intervals: int = 6  # a load shift waits this long in adaptive, so a fitted table is in force
     fault_timeout_intervals: int = 40  # waiting this long for the fallback means the gates missed it
+    shift_intervals: int = 12  # a load shift: intervals adaptive must hold through (and refit in)
     linger_intervals: int = 2  # traffic kept flowing after the last transition, so it shows in the figures
     deadline_s: float = 480.0  # the whole run, so a wedged machine never leaves the demo hanging
 
@@ -124,6 +132,11 @@ class Watch:
             self.say(f"{at}  {d['action'].upper():<8} {came}{to} (revision {d['revision']}): {rule['rule']}")
             if verdicts:
                 self.say(verdict_table(verdicts))
+        elif d["action"] == Action.PUBLISH_TABLE:
+            self.say(
+                f"{at}  TABLE    {rule['version']} for group {rule['group']}: held-out step-time error "
+                f"{rule['error_current']:.0%} -> {rule['error_candidate']:.0%}"
+            )
         elif d["outcome"] == "fail" and d["phase_to"] != "fallback":  # fallback judges for the record only
             count = f"failure {rule.get('failures', '?')}, {self.policy.failure_limit} tolerated"
             self.say(
@@ -167,7 +180,8 @@ def _scenario(
 ) -> tuple[float | None, str, bool]:
     """Drive the run to its end; returns (when the fault fired, outcome text, whether it went as designed)."""
     fault_at = None
-    compact_stage = len(watch.policy.stages()) - 1
+    top = len(watch.policy.stages()) - 1
+    top_name = watch.policy.stages()[top].phase
     settled_at = None  # when the scenario reached its final state; lingers after that
     outcome, ok = "", False
     while True:
@@ -180,13 +194,27 @@ def _scenario(
         if settled_at is None:
             if phase == "fallback":
                 settled_at = now
-                ok = fault_at is not None
-                outcome = "fell back automatically after the fault" if ok else "fell back before the fault"
-            elif status["stage"] == compact_stage and status["passes"] >= plan.fault_after_passes:
+                ok = fault_at is not None and fault not in FLEET_FAULTS
+                outcome = "fell back automatically after the fault" if fault_at else "fell back before the fault"
+            elif (
+                fault in FLEET_FAULTS
+                and fault_at is not None
+                and now - fault_at > plan.shift_intervals * plan.interval_s
+            ):
+                settled_at, outcome, ok = now, f"{top_name} held through the {fault}", status["stage"] == top
+            elif status["stage"] == top and status["passes"] >= plan.fault_after_passes:
                 if fault == "none" and status["passes"] >= watch.policy.consecutive_passes:
-                    settled_at, outcome, ok = now, "compact held with no fault", True
-                elif fault != "none" and fault_at is None:
-                    fleet.signal(FAULTY, signal.SIGUSR1)
+                    settled_at, outcome, ok = now, f"{top_name} held with no fault", True
+                elif (
+                    fault != "none"
+                    and fault_at is None
+                    and (
+                        fault not in FLEET_FAULTS
+                        or now - status["entered_at"] >= plan.shift_after_intervals * plan.interval_s
+                    )
+                ):
+                    for name in [r for r, _ in REPLICAS] if fault in FLEET_FAULTS else [FAULTY]:
+                        fleet.signal(name, signal.SIGUSR1)
                     fault_at = time.time()
                     watch.say(
                         f"{fault_at - watch.t0:6.1f}s  FAULT    "
@@ -195,6 +223,7 @@ def _scenario(
             if (
                 fault_at is not None
                 and settled_at is None
+                and fault not in FLEET_FAULTS
                 and now - fault_at > plan.fault_timeout_intervals * plan.interval_s
             ):
                 return fault_at, f"the gates did not catch the {fault} fault", False
@@ -235,7 +264,7 @@ def run_demo(out: Path, fault: str, quick: bool, policy_path: Path | None, drift
                 metrics_port=metrics_ports[replica_id],
                 out_dir=out,
                 spool_dir=out / "spool" / replica_id,  # a run's spool is its own, never a former run's
-                fault=fault if replica_id == FAULTY else None,
+                fault=fault if replica_id == FAULTY or fault in FLEET_FAULTS else None,
                 drift_temperature=drift_temperature,
             )
         fleet.wait(
@@ -256,7 +285,7 @@ def run_demo(out: Path, fault: str, quick: bool, policy_path: Path | None, drift
             ended = time.time()
             click.echo(("\n" if watch.tty else "") + "stopping the fleet", err=True)
     with Store(db) as store:
-        summary = summarize(store, started, ended, fault, fault_at)
+        summary = summarize(store, started, ended, fault, fault_at, policy)
         exported = store.export(out / "parquet")
         store.snapshot(out / "snapshot")
     summary.update(
@@ -279,12 +308,13 @@ def run_demo(out: Path, fault: str, quick: bool, policy_path: Path | None, drift
 @click.command()
 @click.option(
     "--fault",
-    type=click.Choice(["drift", "cost-table", "slow-verify", "none"]),
+    type=click.Choice(["drift", "cost-table", "slow-verify", "load-shift", "none"]),
     default="drift",
     show_default=True,
     help="drift: a replica's sampling temperature changes; cost-table: a replica schedules with a "
     "cost table from other hardware; slow-verify: a replica's treatment verification gets 25% slower; "
-    "none: the rollout ends in compact.",
+    "load-shift: every replica's steps get costlier, adaptive must refit and hold; "
+    "none: the rollout ends at the top of the ladder (adaptive).",
 )
 @click.option("--quick", is_flag=True, help="Shorter intervals and fewer passes (about a minute; for CI).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object on stdout.")

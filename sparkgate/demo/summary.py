@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sparkgate.collectors import cost_tables
 from sparkgate.collectors.store import Store
-from sparkgate.controller import ledger
+from sparkgate.controller import cost_report, ledger
 from sparkgate.controller.comparison import COMPARISON_METRICS
 from sparkgate.controller.metrics import evaluate
 from sparkgate.controller.queries import Window
 from sparkgate.controller.rollout import Decision
 from sparkgate.controller.window_stats import COMPACT_COUNTS
+from sparkgate.policies.rollout import RolloutPolicy
 from sparkgate.policies.vocabulary import CHANGES_POLICY, Action, Outcome, Phase
 
 # Bootstrap resamples per stage: the summary shows point figures; the gates had the intervals.
@@ -185,7 +187,8 @@ def _decision_log(decisions: list[Decision], t0: float) -> list[dict]:
     """Policy changes, and the failed intervals that led to them (fallback judges for the record only)."""
     out = []
     for d in decisions:
-        if d.action in CHANGES_POLICY or (d.outcome == Outcome.FAIL and d.phase_to != Phase.FALLBACK):
+        shown = d.action in CHANGES_POLICY or d.action == Action.PUBLISH_TABLE
+        if shown or (d.outcome == Outcome.FAIL and d.phase_to != Phase.FALLBACK):
             out.append(
                 {
                     "at_s": round(d.decided_at - t0, 1),
@@ -200,11 +203,32 @@ def _decision_log(decisions: list[Decision], t0: float) -> list[dict]:
     return out
 
 
-def summarize(store: Store, started_at: float, ended_at: float, fault: str, fault_at: float | None) -> dict:
+def adaptive_figures(store: Store, decisions: list[Decision], ended_at: float, policy: RolloutPolicy) -> dict | None:
+    """The cost tables' record in adaptive (None when the run never got there): per interval and arm the
+    prediction error and mean window (``controller.cost_report``), the tables stored, the table decisions."""
+    entered = [d.decided_at for d in decisions if d.action in CHANGES_POLICY and d.phase_to == Phase.ADAPTIVE]
+    if not entered:
+        return None
+    spec = policy.adaptive
+    return {
+        **cost_report.report(store, entered[0], ended_at, policy.evaluation_interval_s, spec.step_time),
+        "tables": [{k: v for k, v in e.to_dict().items() if k != "body"} for e in cost_tables.entries(store)],
+    }
+
+
+def summarize(
+    store: Store,
+    started_at: float,
+    ended_at: float,
+    fault: str,
+    fault_at: float | None,
+    policy: RolloutPolicy | None = None,
+) -> dict:
     """The demo's JSON summary (without the paths, which the caller adds)."""
     decisions = ledger.decisions(store)
     by_phase = _by_phase(store)
     return {
+        "adaptive": adaptive_figures(store, decisions, ended_at, policy) if policy is not None else None,
         "phases": phases_entered(decisions),
         "fault": fault,
         "fault_at_s": None if fault_at is None else round(fault_at - started_at, 1),
@@ -271,6 +295,21 @@ def render(summary: dict) -> str:
     for d in summary["decisions"]:
         why = d["rule"] + (": " + "; ".join(d["failing"]) if d["failing"] else "")
         lines.append(f"  {d['at_s']:>6.1f}s  {d['action']:<8} -> {d['to']:<12} {why}")
+    adaptive = summary.get("adaptive")
+    if adaptive:
+        lines += ["", f"Adaptive: step-time prediction error ({adaptive['step_time']} time) and mean compact window "
+                  "per interval, treatment (fitted tables) / control (static)"]  # fmt: skip
+        by = {(r["interval"], r["arm"]): r for r in adaptive["intervals"]}
+        for i in sorted({k[0] for k in by}):
+            t, c = by.get((i, "treatment"), {}), by.get((i, "control"), {})
+            lines.append(
+                f"  interval {i:>3}  error {_number(t.get('prediction_error'), '.1%'):>6} / "
+                f"{_number(c.get('prediction_error'), '.1%'):>6}   window {_number(t.get('mean_window'), '.2f'):>5} / "
+                f"{_number(c.get('mean_window'), '.2f'):>5}   {', '.join(t.get('tables') or [])}"
+            )
+        cv = adaptive["window_cv"]
+        lines.append(f"  window CV across intervals: treatment {_number(cv.get('treatment'), '.3f')}, "
+                     f"control {_number(cv.get('control'), '.3f')}")  # fmt: skip
     lines += ["", f"Phases: {' -> '.join(summary['phases'])}"]
     if summary["fallback_reason"]:
         lines.append(f"Fallback: {summary['fallback_reason']}")

@@ -65,6 +65,7 @@ def test_policy_records_status_and_decisions(service):
         "fallback_window": 7,
         "gamma": 7,
         "cost_table_version": None,
+        "cost_tables": {},
         "sts_version": None,
         "switchback": None,
     }

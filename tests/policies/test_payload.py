@@ -18,6 +18,7 @@ GOOD = {
     "fallback_window": 7,
     "gamma": 7,
     "cost_table_version": "ct-1",
+    "cost_tables": {"ct-1": "ct-1+a2"},
     "sts_version": None,
     "switchback": None,
 }
@@ -57,7 +58,7 @@ def test_a_missing_key_is_an_error_not_a_none():
 def test_every_valid_payload_survives_the_wire(phase, fraction, gamma):
     payload = PolicyPayload(
         revision=1, phase=phase, compact_fraction=fraction, observe_fraction=0.5, fallback_window=gamma,
-        gamma=gamma, cost_table_version=None, sts_version="s",
+        gamma=gamma, cost_table_version=None, cost_tables={"g": "g+a1"}, sts_version="s",
         switchback=SwitchbackSpec(seed=gamma, epoch_s=fraction + 0.5, origin=1.75e9),
     )  # fmt: skip
     assert payload.schedule() is not None and payload.schedule().epoch_s == fraction + 0.5

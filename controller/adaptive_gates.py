@@ -1,0 +1,100 @@
+"""The adaptive phase's own gate inputs (docs/design.md §6, adaptive).
+
+- ``cost_prediction_error``: how wrong the fitted tables in force are, as the
+  median relative error of treatment steps served on a fitted table, with the
+  distribution-free interval of a median. Steps on a static table are left out:
+  the gate judges what adaptation changed, and a static table that was wrong
+  before adaptive is no reason to undo adaptation.
+- ``window_oscillation``: whether adaptation makes windows swing. Per
+  switchback epoch the mean window of compact rows; per arm the coefficient of
+  variation of those means across epochs; treatment minus control (the control
+  arm serves the static tables at the same time), with a bootstrap interval
+  over epochs.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import numpy as np
+
+from sparkgate.collectors.cost_tables import Source
+from sparkgate.collectors.store import Store
+from sparkgate.policies.vocabulary import Arm, Mode
+
+from .comparison import sign_interval
+from .cost_updates import STEP_COLUMN
+from .measurement import Measurement
+
+# Above this many values the median's order-statistic interval uses the normal approximation of the
+# binomial (sign_interval's exact sum costs O(n) big-integer terms).
+EXACT_UP_TO = 200
+BOOTSTRAP_SEED = 0
+
+
+def median_interval(d: np.ndarray, level: float) -> tuple[float | None, float | None]:
+    """An interval for the median of ``d`` covering it with probability about ``level`` whatever the
+    distribution (order statistics of a Binomial(n, 1/2); exact for small ``n``)."""
+    n = len(d)
+    if n <= EXACT_UP_TO:
+        return sign_interval(d, level)
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    j = max(1, math.floor((n - z * math.sqrt(n)) / 2))
+    ordered = np.sort(d)
+    return float(ordered[j - 1]), float(ordered[n - j])
+
+
+def _window(since: float, until: float | None) -> tuple[str, list[object]]:
+    if until is None:
+        return "s.ts >= ?", [since]
+    return "s.ts >= ? AND s.ts < ?", [since, until]
+
+
+def prediction_error(store: Store, since: float, until: float | None, step_time: str, level: float) -> Measurement:
+    """Median |predicted - measured| / measured of treatment steps served on fitted tables."""
+    column = STEP_COLUMN[step_time]
+    where, params = _window(since, until)
+    rows = store.query(
+        f"SELECT abs(s.predicted_step_ms - s.{column}) / s.{column} AS e FROM steps s "
+        "JOIN cost_tables t ON s.cost_table_version = t.version "
+        f"WHERE {where} AND t.source = ? AND (s.arm IS NULL OR s.arm = ?) "
+        f"AND s.predicted_step_ms IS NOT NULL AND s.{column} > 0",
+        [*params, Source.ONLINE, Arm.TREATMENT],
+    )
+    errors = rows.column("e").to_numpy()
+    if not len(errors):
+        return Measurement(None, 0, why="no treatment step served on a fitted table")
+    low, high = median_interval(errors, level)
+    method = f"order-statistic interval of the median, {len(errors)} steps, {level:.2%}"
+    return Measurement(float(np.median(errors)), len(errors), low, high, method)
+
+
+def _cv(x: np.ndarray) -> np.ndarray:
+    """Coefficient of variation along the last axis (sample standard deviation)."""
+    return x.std(axis=-1, ddof=1) / x.mean(axis=-1)
+
+
+def window_oscillation(
+    store: Store, since: float, until: float | None, level: float, resamples: int = 200
+) -> Measurement:
+    """CV of the per-epoch mean compact window, treatment minus control, over [since, until)."""
+    where, params = _window(since, until)
+    rows = store.query(
+        'SELECT s.arm, avg(r."window") AS w FROM requests r JOIN steps s USING (replica_id, step_id) '
+        f"WHERE {where} AND s.epoch IS NOT NULL AND r.mode = ? GROUP BY s.replica_id, s.epoch, s.arm",
+        [*params, Mode.COMPACT],
+    ).to_pydict()
+    arms = np.array(rows["arm"], dtype=object)
+    means = np.array(rows["w"], dtype=float)
+    treated, control = means[arms == Arm.TREATMENT], means[arms == Arm.CONTROL]
+    n = int(min(len(treated), len(control)))
+    if n < 3:
+        return Measurement(None, n, why="fewer than 3 epochs of each arm with compact rows")
+    estimate = float(_cv(treated) - _cv(control))
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    draws = _cv(rng.choice(treated, (resamples, len(treated)))) - _cv(rng.choice(control, (resamples, len(control))))
+    alpha = 1 - level
+    low, high = np.quantile(draws, [alpha / 2, 1 - alpha / 2])
+    method = f"bootstrap over epochs, {len(treated)} treatment and {len(control)} control, {level:.2%}"
+    return Measurement(estimate, n, float(low), float(high), method)

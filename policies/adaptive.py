@@ -1,0 +1,61 @@
+"""The ``adaptive:`` section of the rollout policy: how fitted cost tables replace the static ones.
+
+The update rule it parameterises lives in ``controller.cost_updates``; the
+method is docs/design.md §6 (adaptive). Every key has a default, so a policy
+file without the section adapts with these.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from sparkgate.policies.fields import FROZEN, Float, Int
+
+
+class Adaptive(BaseModel):
+    """Invariants: ``min_interval_s >= 0``; ``max_change > 0``; ``0 <= margin``, ``0 <= dead_band``;
+    ``0 < holdout_fraction < 1``; ``min_steps >= 2``."""
+
+    model_config = FROZEN
+
+    min_interval_s: Float = Field(300.0, description="Seconds a replica group keeps a table before the next.")
+    max_change: Float = Field(
+        0.5, description="One update moves no prediction on the probe grid by more than a factor 1 + this."
+    )
+    margin: Float = Field(
+        0.02,
+        description="A candidate is published only when its held-out median relative error is below the "
+        "current table's by this much (absolute).",
+    )
+    dead_band: Float = Field(
+        0.10,
+        description="No candidate is fitted while the current table's held-out median relative error is at "
+        "most this (the hysteresis that keeps a good table from chasing noise).",
+    )
+    holdout_fraction: Float = Field(0.33, description="The newest share of the window's steps the fit never sees.")
+    min_steps: Int = Field(500, description="Steps of a replica group in the window below which nothing is fitted.")
+    step_time: Literal["wall", "cpu"] = Field(
+        "wall", description="What the tables predict: wall time, or the replica's CPU time (shared CPUs)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Adaptive:
+        problems = []
+        if not (math.isfinite(self.min_interval_s) and self.min_interval_s >= 0):
+            problems.append(f"min_interval_s: expected a finite number of seconds >= 0, got {self.min_interval_s!r}")
+        if not (math.isfinite(self.max_change) and self.max_change > 0):
+            problems.append(f"max_change: expected a finite number > 0, got {self.max_change!r}")
+        for key in ("margin", "dead_band"):
+            value = getattr(self, key)
+            if not (math.isfinite(value) and value >= 0):
+                problems.append(f"{key}: expected a finite number >= 0, got {value!r}")
+        if not (0 < self.holdout_fraction < 1):
+            problems.append(f"holdout_fraction: expected a fraction in (0, 1), got {self.holdout_fraction!r}")
+        if self.min_steps < 2:
+            problems.append(f"min_steps: expected an integer >= 2, got {self.min_steps!r}")
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
