@@ -17,10 +17,13 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkgate.collectors.store import Store
-from sparkgate.policies.cost_model import CostTable, CostTableError, parse_cost_table
+from sparkgate.policies.cost_errors import CostTableError
+
+if TYPE_CHECKING:
+    from sparkgate.policies.cost_model import CostTable
 
 
 class Source(StrEnum):
@@ -50,6 +53,8 @@ class TableEntry:
     error_candidate: float | None = None
 
     def table(self) -> CostTable:
+        from sparkgate.policies.cost_model import parse_cost_table  # torch: only where a table is read
+
         return parse_cost_table(self.body)
 
     def to_dict(self) -> dict[str, Any]:
@@ -73,7 +78,7 @@ def static_entry(table: CostTable, now: float | None = None) -> TableEntry:
 def add(store: Store, entry: TableEntry) -> bool:
     """Store ``entry``; returns False when that version is already stored with the same body. Raises
     ``VersionConflict`` when it is stored with another, and ``CostTableError`` for a body that is no table."""
-    parse_cost_table(entry.body)
+    entry.table()  # validated before anything is written
     known = get(store, entry.version)
     if known is not None:
         if known.body != entry.body:

@@ -23,8 +23,8 @@ from sparkgate.collectors.cost_tables import Source
 from sparkgate.collectors.store import Store
 from sparkgate.policies.vocabulary import Arm, Mode
 
+from . import cost_updates
 from .comparison import sign_interval
-from .cost_updates import STEP_COLUMN
 from .measurement import Measurement
 
 # Above this many values the median's order-statistic interval uses the normal approximation of the
@@ -52,17 +52,11 @@ def _window(since: float, until: float | None) -> tuple[str, list[object]]:
 
 
 def prediction_error(store: Store, since: float, until: float | None, step_time: str, level: float) -> Measurement:
-    """Median |predicted - measured| / measured of treatment steps served on fitted tables."""
-    column = STEP_COLUMN[step_time]
-    where, params = _window(since, until)
-    rows = store.query(
-        f"SELECT abs(s.predicted_step_ms - s.{column}) / s.{column} AS e FROM steps s "
-        "JOIN cost_tables t ON s.cost_table_version = t.version "
-        f"WHERE {where} AND t.source = ? AND (s.arm IS NULL OR s.arm = ?) "
-        f"AND s.predicted_step_ms IS NOT NULL AND s.{column} > 0",
-        [*params, Source.ONLINE, Arm.TREATMENT],
-    )
-    errors = rows.column("e").to_numpy()
+    """Median |predicted - measured| / measured of treatment steps served on fitted tables, each predicted
+    by its table at the rows it ran (``cost_updates.relative_errors``)."""
+    steps = cost_updates.served_steps(store, since, until, step_time, Source.ONLINE)
+    treated = np.isin(np.array(steps["arm"], dtype=object), [Arm.TREATMENT, "none"])
+    errors = cost_updates.relative_errors(store, steps)[treated]
     if not len(errors):
         return Measurement(None, 0, why="no treatment step served on a fitted table")
     low, high = median_interval(errors, level)

@@ -14,28 +14,42 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+import numpy as np
+
 from sparkgate.collectors.store import Store
 from sparkgate.policies.vocabulary import Mode
 
-from .cost_updates import STEP_COLUMN
+from . import cost_updates
 
 
 def by_interval(store: Store, since: float, until: float, interval_s: float, step_time: str) -> list[dict[str, Any]]:
-    """One row per (interval, arm) with steps in it, in time order."""
-    column = STEP_COLUMN[step_time]
-    return store.query(
-        f"""
-        WITH w AS (SELECT replica_id, step_id, avg("window") AS mean_window FROM requests
-                   WHERE ts >= ? AND ts < ? AND mode = ? GROUP BY ALL)
-        SELECT floor((s.ts - ?) / ?)::BIGINT AS interval, coalesce(s.arm, 'none') AS arm, count(*) AS steps,
-               median(abs(s.predicted_step_ms - s.{column}) / s.{column}) AS prediction_error,
-               avg(w.mean_window) AS mean_window, list(DISTINCT s.cost_table_version ORDER BY s.cost_table_version)
-               AS tables
-        FROM steps s LEFT JOIN w USING (replica_id, step_id)
-        WHERE s.ts >= ? AND s.ts < ? AND s.predicted_step_ms IS NOT NULL AND s.{column} > 0
-        GROUP BY ALL ORDER BY interval, arm""",
-        [since, until, Mode.COMPACT, since, interval_s, since, until],
+    """One row per (interval, arm) with steps in it, in time order; each step's error is its table's
+    prediction at the rows it ran (``cost_updates.relative_errors``)."""
+    steps = cost_updates.served_steps(store, since, until, step_time)
+    errors = cost_updates.relative_errors(store, steps)
+    windows = store.query(
+        """SELECT floor((s.ts - ?) / ?)::BIGINT AS interval, coalesce(s.arm, 'none') AS arm, avg(r."window") AS w
+           FROM requests r JOIN steps s USING (replica_id, step_id)
+           WHERE r.ts >= ? AND r.ts < ? AND r.mode = ? GROUP BY ALL""",
+        [since, interval_s, since, until, Mode.COMPACT],
     ).to_pylist()
+    mean_window = {(r["interval"], r["arm"]): r["w"] for r in windows}
+    intervals = np.floor((np.asarray(steps["ts"]) - since) / interval_s).astype(int)
+    arms, versions = np.array(steps["arm"], dtype=object), np.array(steps["version"], dtype=object)
+    rows = []
+    for interval, arm in sorted(set(zip(intervals.tolist(), arms.tolist()))):
+        at = (intervals == interval) & (arms == arm)
+        rows.append(
+            {
+                "interval": interval,
+                "arm": arm,
+                "steps": int(at.sum()),
+                "prediction_error": float(np.median(errors[at])),
+                "mean_window": mean_window.get((interval, arm)),
+                "tables": sorted(set(versions[at].tolist())),
+            }
+        )
+    return rows
 
 
 def window_cv(rows: list[dict[str, Any]]) -> dict[str, float | None]:

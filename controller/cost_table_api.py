@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from sparkgate.collectors import cost_tables
 from sparkgate.collectors.store import Store
-from sparkgate.policies.cost_model import CostTableError, parse_cost_table
+from sparkgate.policies.cost_errors import CostTableError
 
 
 class Registration(BaseModel):
@@ -48,6 +48,8 @@ def cost_table_router(store: Store, permit: Callable[[Request, str], None]) -> A
     @router.post("/v1/cost-tables")
     def register(body: Registration, request: Request) -> dict:
         permit(request, body.replica_id)
+        from sparkgate.policies.cost_model import parse_cost_table  # torch: only when a table is registered
+
         try:
             entry = cost_tables.static_entry(parse_cost_table(body.table))
             stored = cost_tables.add(store, entry)

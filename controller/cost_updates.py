@@ -25,13 +25,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from sparkgate.collectors import cost_tables
 from sparkgate.collectors.cost_tables import Source, TableEntry
 from sparkgate.collectors.store import Store
 from sparkgate.policies.adaptive import Adaptive
-from sparkgate.policies.cost_fit import StepTimes, bounded, change, fit_additive, median_relative_error
+from sparkgate.policies.cost_fit import StepTimes, bounded, change, fit_additive, median_relative_error, predict_ms
 from sparkgate.policies.cost_model import AdditiveCostTable, CostTableError
 
 # The steps' own measure of what a table predicts (Adaptive.step_time).
@@ -129,6 +130,51 @@ def propose(store: Store, spec: Adaptive, ctx: Context) -> Update:
         error_candidate=candidate_error,
     )
     return Update(group, {"rule": "beats the current table", "current": ctx.current.version, **figures}, entry)
+
+
+def served_steps(
+    store: Store, since: float, until: float | None, step_time: str, source: str | None = None
+) -> dict[str, list]:
+    """Steps in [since, until) with the table each was served on (``source``: only tables of that source),
+    oldest first: ``ts``, ``arm``, ``version``, ``batch_size``, ``verify_rows``, ``ms`` (``step_time``)."""
+    column = STEP_COLUMN[step_time]
+    clauses: list[str] = ["s.ts >= ?", f"s.{column} > 0"]
+    params: list[object] = [since]
+    if until is not None:
+        clauses.append("s.ts < ?")
+        params.append(until)
+    if source is not None:
+        clauses.append("t.source = ?")
+        params.append(source)
+    return store.query(
+        f"SELECT s.ts, coalesce(s.arm, 'none') AS arm, s.cost_table_version AS version, s.batch_size, "
+        f"s.verify_rows, s.{column} AS ms FROM steps s JOIN cost_tables t ON s.cost_table_version = t.version "
+        f"WHERE {' AND '.join(clauses)} ORDER BY s.ts",
+        params,
+    ).to_pydict()
+
+
+def relative_errors(store: Store, steps: dict[str, list]) -> np.ndarray:
+    """|predicted - measured| / measured of each of ``served_steps``' steps, predicted by the table it was
+    served on at the rows it ran.
+
+    Not the step's recorded ``predicted_step_ms``: that is the scheduler's price of its plan, which counts
+    every request at its window, while cap-accept and shadow rows verify the whole block, so a step runs
+    more rows than were priced; the table's own error is its prediction at the rows the step ran.
+    """
+    versions = np.array(steps["version"], dtype=object)
+    out = np.empty(len(versions))
+    for version in set(steps["version"]):
+        entry = cost_tables.get(store, version)
+        at = versions == version
+        assert entry is not None, "served_steps joins the stored tables"
+        times = StepTimes(
+            torch.tensor(np.asarray(steps["batch_size"])[at]),
+            torch.tensor(np.asarray(steps["verify_rows"])[at]),
+            torch.tensor(np.asarray(steps["ms"], dtype=float)[at]),
+        )
+        out[at] = ((predict_ms(entry.table(), times) - times.ms).abs() / times.ms).numpy()
+    return out
 
 
 def groups_with_steps(store: Store, since: float, until: float | None) -> list[str]:

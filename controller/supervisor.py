@@ -21,14 +21,14 @@ from dataclasses import dataclass
 
 import duckdb
 
-from sparkgate.collectors import cost_tables
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store
+from sparkgate.policies.adaptive import ADAPTIVE_METRICS
 from sparkgate.policies.payload import PolicyPayload, SwitchbackSpec
 from sparkgate.policies.rollout import Gate, RolloutPolicy
 from sparkgate.policies.vocabulary import CHANGES_POLICY, SWITCHBACK_PHASES, Arm, Phase
 
-from . import adaptive_gates, contract, cost_updates, ledger, promql, rollout
+from . import contract, ledger, promql, rollout
 from .comparison import COMPARISON_METRICS, Design, Epochs, Groups, comparisons
 from .exporter import ControllerMetrics
 from .gates import Verdict, error_verdict, judge_all, judge_baseline
@@ -186,19 +186,12 @@ class Controller:
 
     def _adaptive_measurements(self, state: RolloutState, gates: Sequence[Gate], now: float) -> dict[str, Measurement]:
         """The adaptive gates' inputs, read only when a gate of the stage asks for them."""
-        metrics = {g.metric for g in gates if not g.promql}
-        window, level = self.window(state, now), self.policy.comparison.level
-        out: dict[str, Measurement] = {}
-        if "cost_prediction_error" in metrics:
-            out["cost_prediction_error"] = adaptive_gates.prediction_error(
-                self.store, window.since or state.entered_at, window.until, self.policy.adaptive.step_time, level
-            )
-        if "window_oscillation" in metrics:
-            # Epochs since the stage began: an oscillation shows across many of them, not in one window.
-            out["window_oscillation"] = adaptive_gates.window_oscillation(
-                self.store, state.entered_at, window.until, level, self.resamples
-            )
-        return out
+        metrics = {g.metric for g in gates if not g.promql} & set(ADAPTIVE_METRICS)
+        if not metrics:
+            return {}
+        from . import adaptation  # torch (cost tables) loads only in adaptive: the commands start without it
+
+        return adaptation.measurements(self.store, state, metrics, self.window(state, now), self.policy, self.resamples)
 
     def _judged(self, state: RolloutState) -> tuple[str, tuple[Gate, ...]]:
         """The phase whose gates judge ``state`` (paused: the paused stage's) and those gates (fallback: every
@@ -275,28 +268,21 @@ class Controller:
 
     # -- adaptive: fitted cost tables ----------------------------------------------
     def _adapt(self, now: float) -> list[Decision]:
-        """In adaptive (before any revert), one update decision per replica group with steps in the window;
-        each table published is stored, then its decision persisted, then adopted."""
+        """In adaptive (before any revert), the table each replica group's update rule publishes: stored,
+        then its decision persisted, then adopted."""
         state = self.state
         if state.phase != Phase.ADAPTIVE or state.static_only:
             return []
-        window, spec, served = self.window(state, now), self.policy.adaptive, dict(state.tables)
+        from . import adaptation  # as in _adaptive_measurements
+
         published: list[Decision] = []
-        for group in cost_updates.groups_with_steps(self.store, window.since or state.entered_at, window.until):
-            current = cost_tables.get(self.store, served.get(group, group))
-            if current is None:  # a static table no replica registered: nothing to fit from
-                continue
-            since = max(current.created_at, state.entered_at) if group in served else state.entered_at
-            ctx = cost_updates.Context(current, since, window.since or state.entered_at, window.until, now)
-            update = cost_updates.propose(self.store, spec, ctx)
-            if update.entry is None:
-                continue
-            cost_tables.add(self.store, update.entry)
+        for update in adaptation.updates(self.store, self.policy.adaptive, state, self.window(state, now), now):
+            assert update.entry is not None, "updates yields published tables only"
             with self._lock:
                 if self.state.revision != state.revision:
                     return published  # an operator acted meanwhile: that stage is over
                 detail = {k: v for k, v in update.reasons.items() if k != "rule"}
-                decision = rollout.publish_table(self.state, now, group, update.entry.version, detail)
+                decision = rollout.publish_table(self.state, now, update.group, update.entry.version, detail)
                 self._commit(self.state, decision)
             published.append(decision)
         return published

@@ -14,6 +14,9 @@ from pydantic import BaseModel, Field, model_validator
 
 from sparkgate.policies.fields import FROZEN, Float, Int
 
+# The gate metrics only the adaptive phase measures (controller.adaptive_gates).
+ADAPTIVE_METRICS = ("cost_prediction_error", "window_oscillation")
+
 
 class Adaptive(BaseModel):
     """Invariants: ``min_interval_s >= 0``; ``max_change > 0``; ``0 <= margin``, ``0 <= dead_band``;

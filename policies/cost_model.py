@@ -43,17 +43,11 @@ from typing import Any
 
 import torch
 
+from sparkgate.policies.cost_errors import CostTableError, FingerprintMismatch
+
 SPS_KEYS = ("sample_batch_tokens", "sample_steps_per_sec", "max_batch_tokens")
 ADDITIVE_KEYS = ("bias_seconds", "bs_probes", "alpha_seconds", "m_probes", "theta_seconds")
 META_KEYS = ("hardware", "model", "tiers", "created_at", "version")
-
-
-class CostTableError(ValueError):
-    """A malformed cost table; the message names the field and the value."""
-
-
-class FingerprintMismatch(CostTableError):
-    """The table was measured on other hardware or for another model."""
 
 
 @dataclass(frozen=True)

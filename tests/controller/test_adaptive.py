@@ -14,7 +14,7 @@ from sparkgate.cli import main
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.ingest_api import serve_in_thread
 from sparkgate.collectors.store import Store
-from sparkgate.controller import ledger
+from sparkgate.controller import cost_report, ledger
 from sparkgate.controller.service import create_app
 from sparkgate.controller.supervisor import Controller
 from sparkgate.policies.cost_model import parse_cost_table
@@ -86,6 +86,11 @@ def test_a_stale_table_is_refitted_served_and_reverted_when_it_predicts_badly(fl
     assert payload["cost_tables"] == {"static-a": "static-a+a1"} and payload["revision"] == 3
     fitted = parse_cost_table(http.get("/v1/cost-tables/static-a+a1").json())
     assert fitted.meta.version == "static-a+a1" and fitted.meta.hardware == STATIC.meta.hardware
+
+    # The report scores each table at the rows its steps ran: the fitted one's error is a fraction of the static's.
+    report = cost_report.report(controller.store, T0, T0 + 10, 10.0, "cpu")
+    (row,) = report["intervals"]
+    assert row["tables"] == ["static-a"] and row["prediction_error"] == pytest.approx(0.6 / 1.6, abs=0.05)
 
     listed = CliRunner().invoke(main, ["cost-table", "list", "--controller", str(http.base_url), "--json"])
     assert listed.exit_code == 0, listed.output

@@ -8,7 +8,7 @@ from sparkgate.demo.command import DEMO_POLICY, demo_policy, prepare_out
 from sparkgate.policies.rollout import load_rollout_policy
 
 
-def test_the_demo_policy_loads_and_walks_the_ladder_up_to_compact():
+def test_the_demo_policy_loads_and_walks_the_whole_ladder():
     policy = load_rollout_policy(DEMO_POLICY)
     assert [(s.phase, s.compact_fraction) for s in policy.stages()] == [
         ("baseline", 0.0),
@@ -17,6 +17,7 @@ def test_the_demo_policy_loads_and_walks_the_ladder_up_to_compact():
         ("canary", 0.25),
         ("canary", 0.5),
         ("compact", 1.0),
+        ("adaptive", 1.0),
     ]
     assert {"survival_ece", "consistency_mismatches", "state_rollback_failures"} <= {g.metric for g in policy.gates}
     assert policy.progress_deadline_s < 600  # a stalled demo falls back within minutes, not an hour

@@ -1,6 +1,6 @@
 """End to end: ``sparkgate demo --quick --json`` as a user runs it (real processes, runtime, DuckDB file).
 
-Each run walks the whole ladder on evidence, then a fault fails its gate (drift:
+Each run walks the whole ladder on evidence (adaptive refitting the cost table), then a fault fails its gate (drift:
 survival ECE; a foreign cost table: tier misses; a slower treatment verification:
 the p99 step comparison against control epochs) and the controller falls back
 by itself. The tests check the JSON summary, the DuckDB file and the exports
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from sparkgate.collectors.store import Store
 
-LADDER = ["baseline", "shadow", "canary 5%", "canary 25%", "canary 50%", "compact"]
+LADDER = ["baseline", "shadow", "canary 5%", "canary 25%", "canary 50%", "compact", "adaptive"]
+PHASES = ["baseline", "shadow", "canary", "compact", "adaptive", "fallback"]
 
 
 def _processes_mentioning(text: str) -> list[str]:
@@ -48,8 +49,8 @@ def test_quick_demo_walks_the_ladder_and_falls_back_on_calibration_drift(tmp_pat
     summary = _demo(out)
 
     assert summary["ok"] and summary["fault"] == "drift"
-    assert summary["phases"] == ["baseline", "shadow", "canary", "compact", "fallback"]
-    assert [s["stage"] for s in summary["stages"]] == LADDER + ["compact + fault", "fallback"]
+    assert summary["phases"] == PHASES
+    assert [s["stage"] for s in summary["stages"]] == LADDER + ["adaptive + fault", "fallback"]
     assert summary["fallback_reason"].startswith("failure limit") and "survival_ece" in summary["fallback_reason"]
     rollback = summary["decisions"][-1]
     assert rollback["action"] == "rollback" and rollback["at_s"] > summary["fault_at_s"]
@@ -96,7 +97,7 @@ def test_a_cost_table_from_other_hardware_falls_back_on_tier_misses(tmp_path):
     out = tmp_path / "demo"
     summary = _demo(out, "--fault", "cost-table")
 
-    assert summary["ok"] and summary["phases"] == ["baseline", "shadow", "canary", "compact", "fallback"]
+    assert summary["ok"] and summary["phases"] == PHASES
     assert "tier_miss_rate" in summary["fallback_reason"]
     with Store(summary["db"]) as store:
         eager = store.query(
@@ -114,7 +115,7 @@ def test_a_slower_treatment_verification_falls_back_on_the_comparison_guard(tmp_
     out = tmp_path / "demo"
     summary = _demo(out, "--fault", "slow-verify")
 
-    assert summary["ok"] and summary["phases"] == ["baseline", "shadow", "canary", "compact", "fallback"]
+    assert summary["ok"] and summary["phases"] == PHASES
     assert "p99_step_ratio" in summary["fallback_reason"]  # neither calibration nor tiers moved
     rollback = summary["decisions"][-1]
     guard = next(v for v in rollback["failing"] if v.startswith("p99_step_ratio"))

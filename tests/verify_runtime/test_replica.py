@@ -7,6 +7,7 @@ from collections import Counter
 import httpx
 import pytest
 
+from sparkgate.collectors import cost_tables
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.ingest_api import serve_in_thread
 from sparkgate.collectors.metrics import Metrics
@@ -14,7 +15,7 @@ from sparkgate.collectors.store import Store
 from sparkgate.controller.service import create_app
 from sparkgate.controller.supervisor import Controller
 from sparkgate.policies.rollout import parse_rollout_policy
-from sparkgate.policies.window import FixedWindow
+from sparkgate.policies.window import CostAwareScheduler, FixedWindow
 from sparkgate.verify_runtime.consistency import (
     GreedyReplay,
     unit_hash,
@@ -24,6 +25,7 @@ from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
 from sparkgate.verify_runtime.replica import ControllerClient, Replica, mode_for, workload_requests
 from sparkgate.verify_runtime.spool import Spool
 from tests.conftest import policy_payload, tiny_model
+from tests.controller.timed_steps import STATIC, scaled
 
 GAMMA = 4
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -198,3 +200,41 @@ def test_the_workload_cancels_a_stable_share_of_its_requests():
     assert 70 < len(leaving) < 130 and all(1 <= r.cancel_after < 16 for r in leaving)
     again = list(workload_requests("w", 400, 16, 0.0, 0, cancel_fraction=0.25))
     assert [r.cancel_after for r in again] == [r.cancel_after for r in ids]
+
+
+ADAPTIVE = parse_rollout_policy(
+    {
+        "gamma": GAMMA,
+        "phases": ["baseline", "compact", "adaptive"],
+        "observe_fraction": 0.2,
+        "adaptive": {"min_interval_s": 0.0, "min_steps": 20, "dead_band": 0.0},
+        "gates": [{"metric": "consistency_mismatches", "threshold": 0, "direction": "at_most", "critical": True}],
+        "comparison": {"epoch_s": 0.1, "burn_in_s": 0.0},
+    }
+)
+
+
+def test_in_adaptive_a_replica_registers_fetches_and_serves_the_fitted_table(tmp_path):
+    # A static table that prices every step about 20x what this tiny model takes: any fit beats it.
+    static = scaled(STATIC, 20.0, "tiny-static")
+    with Store(tmp_path / "adaptive.duckdb") as store:
+        ctl = Controller(store, ADAPTIVE, metrics=Metrics(), resamples=20)
+        with serve_in_thread(create_app(ctl, Ingestor(store))) as url:
+            replica = make_replica(url, replica_id="rep-t")
+            replica.use_static(CostAwareScheduler(static))
+            for _ in range(2):
+                ctl.act("promote", "ops")
+            replica.serve(requests("s", 24))
+            assert [e.version for e in cost_tables.entries(store)] == ["tiny-static"]  # registered at its first poll
+            ctl.tick()
+            assert ctl.policy_payload().cost_tables == {"tiny-static": "tiny-static+a1"}
+            replica.serve(requests("f", 24))
+            rows = store.query(
+                "SELECT s.arm, s.cost_table_version AS v, list(DISTINCT r.mode::VARCHAR ORDER BY 1) AS modes "
+                "FROM steps s JOIN requests r USING (replica_id, step_id) WHERE r.request_id LIKE 'f-%' "
+                "AND s.arm IS NOT NULL GROUP BY ALL ORDER BY ALL"
+            ).to_pylist()
+    # Treatment serves the fitted table; control serves compact on the static one (not static verification).
+    assert {(r["arm"], r["v"]) for r in rows} == {("control", "tiny-static"), ("treatment", "tiny-static+a1")}
+    assert all("static" not in r["modes"] for r in rows)
+    assert replica.stats["tables_refused"] == 0
