@@ -105,5 +105,5 @@ def get(store: Store, version: str) -> TableEntry | None:
 def entries(store: Store, replica_group: str | None = None) -> list[TableEntry]:
     """Stored tables, oldest first (one group's, or all)."""
     where, params = ("WHERE replica_group = ?", [replica_group]) if replica_group else ("", [])
-    sql = f"SELECT {_COLUMNS} FROM cost_tables {where} ORDER BY created_at, rowid"
+    sql = f"SELECT {_COLUMNS} FROM cost_tables {where} ORDER BY created_at, version"
     return [_entry(r) for r in store.query(sql, params).to_pylist()]

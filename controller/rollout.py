@@ -17,9 +17,10 @@ Invariants:
   until the failure limit sends the rollout to the sticky fallback: no flapping.
 - ``paused`` holds the stage it paused at (``stage``), never advances, and still
   rolls back on a critical failure.
-- In ``adaptive`` a failed interval while fitted cost tables are served reverts to
-  the static tables (a new revision of the same stage, judged afresh); only a
-  failure on the static tables counts towards fallback. Publishing a fitted table
+- In ``adaptive`` a failed interval while fitted cost tables are served, failed by
+  a gate a table can fail (``TABLE_METRICS``), reverts to the static tables (a new
+  revision of the same stage, judged afresh); only a failure on the static tables,
+  or of another gate, counts towards fallback. Publishing a fitted table
   changes no counter and no revision.
 - One contract is judged at a time (``controller.contract``): a window that mixes
   contracts is inconclusive, and a window on a new one re-evaluates (back to shadow,
@@ -33,6 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sparkgate.policies.adaptive import TABLE_METRICS
 from sparkgate.policies.rollout import RolloutPolicy
 from sparkgate.policies.vocabulary import (
     CHANGES_POLICY,
@@ -211,11 +213,12 @@ def decide(
         return move(Action.REEVALUATE, target, because(rule, **detail), paused=state.phase == Phase.PAUSED)
     if state.phase == Phase.PAUSED:
         return hold(because("paused"))
-    if outcome == Outcome.FAIL and state.phase == Phase.ADAPTIVE and state.tables:
+    table_failed = [v.gate for v in verdicts if v.decides and v.outcome == Outcome.FAIL and v.metric in TABLE_METRICS]
+    if table_failed and state.phase == Phase.ADAPTIVE and state.tables:
         # Fitted tables are the one thing adaptive changes: undo them first, and fall back only when the
         # static tables fail too.
-        rule = "failed interval on fitted cost tables: back to the static tables"
-        return move(Action.REVERT_TABLE, state.stage, because(rule, tables=dict(state.tables)))
+        rule = "a gate a cost table can fail failed on fitted tables: back to the static tables"
+        return move(Action.REVERT_TABLE, state.stage, because(rule, tables=dict(state.tables), gates=table_failed))
     limits = {g.name: g for g in policy.gates}
     for v in verdicts:
         gate = limits.get(v.gate)

@@ -88,6 +88,19 @@ def lines(
     return chart.properties(height=260, title=title)
 
 
+def with_versions(chart: ChartType, versions: pd.DataFrame) -> ChartType:
+    """``chart`` with a vertical rule where each fitted cost table was published (tooltip: version, errors)."""
+    if versions.empty:
+        return chart
+    marks = versions.assign(time=pd.to_datetime(versions["created_at"], unit="s", utc=True))
+    rules = (
+        alt.Chart(marks)
+        .mark_rule(color="#6a1b9a", strokeDash=[2, 2])
+        .encode(x="time:T", tooltip=["version", "parent", "time:T", "error_parent", "error_candidate"])
+    )
+    return alt.layer(chart, rules)
+
+
 def timeline(segments: pd.DataFrame, changes: pd.DataFrame) -> ChartType:
     """Phase bands over time and a point per policy change (tooltip: action, rule, operator)."""
     y = alt.Y("phase:N", sort=PHASE_ORDER, title=None)

@@ -43,7 +43,9 @@ from typing import Any
 
 import torch
 
-from sparkgate.policies.cost_errors import CostTableError, FingerprintMismatch
+# Re-exported: callers catch them from here; they live apart so that storing a table needs no torch.
+from sparkgate.policies.cost_errors import CostTableError as CostTableError
+from sparkgate.policies.cost_errors import FingerprintMismatch as FingerprintMismatch
 
 SPS_KEYS = ("sample_batch_tokens", "sample_steps_per_sec", "max_batch_tokens")
 ADDITIVE_KEYS = ("bias_seconds", "bs_probes", "alpha_seconds", "m_probes", "theta_seconds")

@@ -1,12 +1,13 @@
 """Tiers and cost: graph-tier histogram, miss rate by reason and padding over time, step time
-against verify rows with the cost table's prediction, and the prediction error."""
+against verify rows with the cost table's prediction, the prediction error, and adaptive's cost
+table versions with each arm's prediction error and window over time."""
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from sparkgate.dashboards import charts, requests, series, steps
+from sparkgate.dashboards import charts, cost_tables, requests, series, steps
 from sparkgate.dashboards.context import windowed_page
 
 
@@ -99,6 +100,40 @@ def cost(ctx) -> None:
     )
 
 
+def adaptive(ctx) -> None:
+    """Cost table versions, and per bucket each arm's prediction error and mean compact window."""
+    versions = cost_tables.versions(ctx.source, ctx.token)
+    if versions.empty:
+        return
+    st.subheader("Cost table versions (adaptive)")
+    st.dataframe(
+        versions[["version", "parent", "source", "fitted_steps", "error_parent", "error_candidate"]],
+        hide_index=True,
+        width="stretch",
+    )
+    origin, width = ctx.buckets()
+    until = ctx.until if ctx.until is not None else ctx.overview.newest
+    step_time = ctx.policy.adaptive.step_time
+    frame = cost_tables.by_bucket(ctx.source, ctx.token, origin, until, width, step_time)
+    if frame.empty:
+        return
+    fitted = versions[versions["source"] == "online"]
+    gate = next((g.threshold for g in ctx.policy.gates if g.metric == "cost_prediction_error"), None)
+    title = f"median |predicted − measured| / measured ({step_time} time), by arm; rules: versions published"
+    st.altair_chart(
+        charts.with_versions(charts.lines(frame, "prediction_error", "arm", title, gate, "relative error"), fitted),
+        width="stretch",
+    )
+    st.altair_chart(
+        charts.with_versions(charts.lines(frame, "mean_window", "arm", "mean compact window, by arm"), fitted),
+        width="stretch",
+    )
+    st.caption(
+        "Each step is predicted by the table it was served on, at the rows it ran. In adaptive the treatment "
+        "arm serves the fitted tables and the control arm the static one, at the same time."
+    )
+
+
 def latency(report: dict) -> None:
     st.subheader("Latency by load bucket")
     rows = [{"batch sizes": b, "window": "this window", **f} for b, f in report.get("latency", {}).items()]
@@ -137,6 +172,7 @@ def render() -> None:
         histogram(ctx)
         over_time(ctx)
         cost(ctx)
+        adaptive(ctx)
         request_latency(ctx)
     latency(report)
 

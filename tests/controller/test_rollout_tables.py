@@ -6,9 +6,11 @@ import pytest
 
 from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
+from sparkgate.controller.comparison import COMPARISON_METRICS
 from sparkgate.controller.gates import judge_all
 from sparkgate.controller.measurement import Measurement
 from sparkgate.controller.rollout import TransitionError, apply, command, decide, publish_table, start
+from sparkgate.policies.adaptive import ADAPTIVE_METRICS, TABLE_METRICS
 from sparkgate.policies.rollout import parse_rollout_policy
 from sparkgate.policies.vocabulary import Action, Phase
 
@@ -17,14 +19,30 @@ POLICY = parse_rollout_policy(
         "phases": ["baseline", "compact", "adaptive"],
         "consecutive_passes": 2,
         "failure_limit": 0,
-        "gates": [{"metric": "tier_miss_rate", "threshold": 0.02, "direction": "at_most", "min_samples": 10}],
+        "gates": [
+            {"metric": "tier_miss_rate", "threshold": 0.02, "direction": "at_most", "min_samples": 10},
+            {"metric": "survival_ece", "threshold": 0.05, "direction": "at_most", "min_samples": 10},
+        ],
     }
 )
 T = 1.75e9
 
 
-def verdicts(miss_rate: float):
-    return judge_all(POLICY.gates, {"tier_miss_rate": Measurement(miss_rate, 100)})
+def verdicts(miss_rate: float, ece: float = 0.01):
+    return judge_all(
+        POLICY.gates, {"tier_miss_rate": Measurement(miss_rate, 100), "survival_ece": Measurement(ece, 100)}
+    )
+
+
+def test_every_comparison_is_a_gate_a_table_can_fail():
+    assert set(COMPARISON_METRICS) | set(ADAPTIVE_METRICS) <= set(TABLE_METRICS)
+    assert not {m for m in TABLE_METRICS if "ece" in m or "consistency" in m}
+
+
+def test_a_calibration_failure_on_fitted_tables_is_not_the_tables_doing():
+    state = apply((s := in_adaptive()), publish_table(s, T + 5, "static-a", "static-a+a1", {}))
+    decision = decide(POLICY, state, verdicts(0.0, ece=0.3), T + 10)
+    assert decision.action == Action.ROLLBACK and decision.phase_to == Phase.FALLBACK
 
 
 def in_adaptive():
@@ -55,6 +73,7 @@ def test_a_failure_on_fitted_tables_reverts_and_a_failure_on_static_falls_back()
     revert = decide(POLICY, state, verdicts(0.5), T + 10)
     assert revert.action == Action.REVERT_TABLE and revert.phase_to == Phase.ADAPTIVE
     assert revert.revision == state.revision + 1 and revert.reasons[0]["tables"] == {"static-a": "static-a+a1"}
+    assert revert.reasons[0]["gates"] == ["tier_miss_rate"]
     reverted = apply(state, revert)
     assert reverted.tables == () and reverted.static_only and reverted.failures == 0
     with pytest.raises(TransitionError, match="adaptive before a revert"):
