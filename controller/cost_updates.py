@@ -4,7 +4,8 @@
 what was decided and why (docs/design.md §6, adaptive):
 
 1. a group keeps a table at least ``min_interval_s`` (no update storms);
-2. nothing is fitted from fewer than ``min_steps`` steps of the group;
+2. nothing is fitted from fewer than ``min_steps`` steps of the group, and only
+   its newest ``max_steps`` are read (a change in load shows after that many);
 3. the newest ``holdout_fraction`` of the steps is held out; while the current
    table's median relative error on them is within ``dead_band`` it stays
    (hysteresis: a table that is good enough does not chase noise);
@@ -53,17 +54,21 @@ class Update:
         return self.entry is not None
 
 
-def group_steps(store: Store, group: str, since: float, until: float | None, step_time: str) -> StepTimes:
-    """Steps of replica group ``group`` in [since, until), oldest first, timed as ``step_time`` says. A step
-    belongs to the group of the table it was served on."""
+def group_steps(
+    store: Store, group: str, since: float, until: float | None, step_time: str, newest: int | None = None
+) -> StepTimes:
+    """Steps of replica group ``group`` in [since, until) (only the ``newest`` many), oldest first, timed as
+    ``step_time`` says. A step belongs to the group of the table it was served on."""
     column = STEP_COLUMN[step_time]
     clauses, params = ["t.replica_group = ?", "s.ts >= ?", f"s.{column} > 0"], [group, since]
     if until is not None:
         clauses.append("s.ts < ?")
         params.append(until)
+    limit = "" if newest is None else f" LIMIT {int(newest)}"
     rows = store.query(
-        f"SELECT s.batch_size, s.verify_rows, s.{column} AS ms FROM steps s "
-        f"JOIN cost_tables t ON s.cost_table_version = t.version WHERE {' AND '.join(clauses)} ORDER BY s.ts",
+        f"SELECT * FROM (SELECT s.ts, s.batch_size, s.verify_rows, s.{column} AS ms FROM steps s "
+        f"JOIN cost_tables t ON s.cost_table_version = t.version WHERE {' AND '.join(clauses)} "
+        f"ORDER BY s.ts DESC{limit}) ORDER BY ts",
         params,
     )
     return StepTimes(*(torch.tensor(rows.column(c).to_numpy()) for c in ("batch_size", "verify_rows", "ms")))
@@ -91,7 +96,7 @@ def propose(store: Store, spec: Adaptive, ctx: Context) -> Update:
     kept_s = ctx.now - ctx.current_since
     if kept_s < spec.min_interval_s:
         return hold("minimum interval", kept_s=round(kept_s, 3), min_interval_s=spec.min_interval_s)
-    steps = group_steps(store, group, ctx.since, ctx.until, spec.step_time)
+    steps = group_steps(store, group, ctx.since, ctx.until, spec.step_time, spec.max_steps)
     if len(steps) < spec.min_steps:
         return hold("too few steps", steps=len(steps), min_steps=spec.min_steps)
     cut = len(steps) - max(1, math.ceil(spec.holdout_fraction * len(steps)))

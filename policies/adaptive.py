@@ -32,7 +32,7 @@ TABLE_METRICS = ADAPTIVE_METRICS + (
 
 class Adaptive(BaseModel):
     """Invariants: ``min_interval_s >= 0``; ``max_change > 0``; ``0 <= margin``, ``0 <= dead_band``;
-    ``0 < holdout_fraction < 1``; ``min_steps >= 2``."""
+    ``0 < holdout_fraction < 1``; ``2 <= min_steps <= max_steps``."""
 
     model_config = FROZEN
 
@@ -52,6 +52,11 @@ class Adaptive(BaseModel):
     )
     holdout_fraction: Float = Field(0.33, description="The newest share of the window's steps the fit never sees.")
     min_steps: Int = Field(500, description="Steps of a replica group in the window below which nothing is fitted.")
+    max_steps: Int = Field(
+        2000,
+        description="Only the newest this many steps of the window are read (fitted and held out), so a "
+        "change in the load shows in the fit after this many steps, not after the whole window.",
+    )
     step_time: Literal["wall", "cpu"] = Field(
         "wall", description="What the tables predict: wall time, or the replica's CPU time (shared CPUs)."
     )
@@ -71,6 +76,8 @@ class Adaptive(BaseModel):
             problems.append(f"holdout_fraction: expected a fraction in (0, 1), got {self.holdout_fraction!r}")
         if self.min_steps < 2:
             problems.append(f"min_steps: expected an integer >= 2, got {self.min_steps!r}")
+        if self.max_steps < self.min_steps:
+            problems.append(f"max_steps: expected an integer >= min_steps ({self.min_steps}), got {self.max_steps!r}")
         if problems:
             raise ValueError("\n".join(problems))
         return self

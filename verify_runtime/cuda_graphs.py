@@ -133,17 +133,37 @@ class ScheduleGraphs:
     still runs, eagerly, with a warning and ``eager_reason`` saying why.
     Outputs live in the graph's static buffers, valid until the next replay at
     the same batch size: clone what must outlive the step.
+
+    The graphs of the ``KEEP_OWNERS`` most recent owners are kept: in adaptive a
+    replica alternates a fitted table's scheduler (treatment epochs) with the
+    static one's (control epochs), and must not recapture at every epoch.
     """
+
+    KEEP_OWNERS = 2
 
     def __init__(self, max_batch: int, gamma: int, device: torch.device):
         self.max_batch, self.gamma, self.device = max_batch, gamma, device
         self.owner: tuple = ()
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple, tuple]] = {}
         self.eager_reason: str | None = None
+        self.kept: list[tuple[tuple, dict, str | None]] = []  # earlier owners' graphs, oldest first
+        self.captures = 0  # owners captured so far (a swap back to a kept owner captures nothing)
+
+    def _switch(self, owner: tuple) -> bool:
+        """Make a kept owner's graphs current; False when ``owner`` was not kept."""
+        for i, (kept, graphs, reason) in enumerate(self.kept):
+            if _same(kept, owner):
+                self.kept[i] = (self.owner, self.graphs, self.eager_reason)
+                self.owner, self.graphs, self.eager_reason = kept, graphs, reason
+                return True
+        return False
 
     def prepare(self, schedule: Schedule, owner: tuple, lagged: bool) -> None:
         """Capture ``schedule`` at every batch size; ``lagged``: it takes lagged survivals."""
+        if self.owner:
+            self.kept = (self.kept + [(self.owner, self.graphs, self.eager_reason)])[-(self.KEEP_OWNERS - 1) :]
         self.owner, self.graphs, self.eager_reason = owner, {}, None
+        self.captures += 1
         try:
             for batch in range(1, self.max_batch + 1):
                 logits = torch.zeros(batch, self.gamma, device=self.device)
@@ -155,7 +175,7 @@ class ScheduleGraphs:
             )
 
     def __call__(self, schedule: Schedule, owner: tuple, logits: torch.Tensor, lagged: torch.Tensor | None):
-        if len(owner) != len(self.owner) or any(a is not b for a, b in zip(owner, self.owner)):
+        if not _same(owner, self.owner) and not self._switch(owner):
             self.prepare(schedule, owner, lagged is not None)
         if self.eager_reason is not None:
             return schedule(logits, lagged)
@@ -165,6 +185,11 @@ class ScheduleGraphs:
                 static.copy_(value)
         graph.replay()
         return outputs
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    """The same objects, one by one (identity: a swapped policy is a new object)."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 @torch.inference_mode()

@@ -85,3 +85,14 @@ def test_a_version_stored_with_another_body_is_refused(store, static):
     with pytest.raises(ValueError, match="meta.version"):
         cost_tables.static_entry(dataclasses.replace(STATIC, meta=dataclasses.replace(STATIC.meta, version=None)))
     assert [e.version for e in cost_tables.entries(store)] == ["static-a"]
+
+
+def test_only_the_newest_steps_are_read_so_a_load_change_is_fitted_at_once(store, static):
+    ingest_timed(store, STATIC, STATIC, T0 + 1)  # the old load, which the static table prices well
+    ingest_timed(store, STATIC, scaled(STATIC, 1.6), T0 + 10, first_step=1000)  # the new load
+    whole = propose(store, SPEC.model_copy(update={"max_steps": 400}), context(static, now=T0 + 20))
+    newest = propose(store, SPEC.model_copy(update={"max_steps": 200}), context(static, now=T0 + 20))
+    assert newest.published and newest.entry.fitted_steps + newest.entry.heldout_steps == 200
+    assert whole.reasons["fitted_steps"] + whole.reasons["heldout_steps"] == 400
+    # Over both loads the fit is pulled towards the old one, and scores worse on the same held-out steps.
+    assert whole.reasons["error_candidate"] > newest.reasons["error_candidate"] + 0.05

@@ -124,3 +124,28 @@ def test_a_schedule_stage_that_cannot_be_captured_runs_eagerly_and_says_why():
         engine.submit(Request(str(i), p, 12, stop_at_eos=False))
     out = engine.run()
     assert out == {str(i): greedy_decode(model, p, 12) for i, p in enumerate([[1, 2, 3], [7]])}
+
+
+class _Graph:
+    def replay(self) -> None:
+        pass
+
+
+def test_alternating_two_policies_captures_each_once(monkeypatch):
+    # What adaptive does every epoch: the fitted table's scheduler, then the static one's, and back.
+    # The capture itself needs CUDA; its bookkeeping does not.
+    from sparkgate.verify_runtime import cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "_capture", lambda schedule, logits, lagged: (_Graph(), (logits,), ("out",)))
+    graphs = cuda_graphs.ScheduleGraphs(max_batch=2, gamma=3, device=torch.device("cpu"))
+    fitted, static, third, calibrate = object(), object(), object(), object()
+    logits = torch.zeros(2, 3)
+    for policy in (fitted, static) * 5:
+        assert graphs(None, (policy, calibrate), logits, None) == ("out",)
+        assert graphs.owner[0] is policy
+    assert graphs.captures == 2
+    graphs(None, (third, calibrate), logits, None)  # a third owner evicts the oldest
+    graphs(None, (static, calibrate), logits, None)
+    assert graphs.captures == 3
+    graphs(None, (fitted, calibrate), logits, None)
+    assert graphs.captures == 4
