@@ -9,6 +9,8 @@ a stage, splits it in two so the figures before and after it stand apart.
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass
 
 from sparkgate.collectors import cost_tables
@@ -203,16 +205,51 @@ def _decision_log(decisions: list[Decision], t0: float) -> list[dict]:
     return out
 
 
-def adaptive_figures(store: Store, decisions: list[Decision], ended_at: float, policy: RolloutPolicy) -> dict | None:
+def adaptive_figures(
+    store: Store, decisions: list[Decision], ended_at: float, policy: RolloutPolicy, fault_at: float | None = None
+) -> dict | None:
     """The cost tables' record in adaptive (None when the run never got there): per interval and arm the
     prediction error and mean window (``controller.cost_report``), the tables stored, the table decisions."""
     entered = [d.decided_at for d in decisions if d.action in CHANGES_POLICY and d.phase_to == Phase.ADAPTIVE]
     if not entered:
         return None
-    spec = policy.adaptive
+    spec, interval_s = policy.adaptive, policy.evaluation_interval_s
+    report = cost_report.report(store, entered[0], ended_at, interval_s, spec.step_time)
     return {
-        **cost_report.report(store, entered[0], ended_at, policy.evaluation_interval_s, spec.step_time),
+        **report,
+        "figures": adaptive_targets(
+            report["intervals"], None if fault_at is None else (fault_at - entered[0]) / interval_s
+        ),
         "tables": [{k: v for k, v in e.to_dict().items() if k != "body"} for e in cost_tables.entries(store)],
+    }
+
+
+def adaptive_targets(intervals: list[dict], fault_interval: float | None, good: float = 0.10) -> dict:
+    """What the adaptive targets read: the static table's median per-interval error (control arm), the fitted
+    tables' (treatment arm), and how many intervals the treatment took to come within ``good``, from the
+    start of adaptive and from the fault (None: not within the run)."""
+
+    def errors(arm: str, after: float = 0.0) -> list[tuple[int, float]]:
+        return [(r["interval"], r["prediction_error"]) for r in intervals if r["arm"] == arm and r["interval"] >= after]
+
+    def first_within(after: float) -> int | None:
+        return next((i - math.ceil(after) for i, e in errors("treatment", after) if e <= good), None)
+
+    def median(values: list[tuple[int, float]]) -> float | None:
+        return statistics.median(e for _, e in values) if values else None
+
+    return {
+        "static_error": median(errors("control")),
+        "fitted_error": median(errors("treatment", 1.0)),
+        "intervals_to_within": first_within(0.0),
+        "after_fault": None
+        if fault_interval is None
+        else {
+            "static_error": median(errors("control", fault_interval)),
+            "fitted_error": median(errors("treatment", fault_interval)),
+            "intervals_to_within": first_within(fault_interval),
+        },
+        "within": good,
     }
 
 
@@ -228,7 +265,7 @@ def summarize(
     decisions = ledger.decisions(store)
     by_phase = _by_phase(store)
     return {
-        "adaptive": adaptive_figures(store, decisions, ended_at, policy) if policy is not None else None,
+        "adaptive": adaptive_figures(store, decisions, ended_at, policy, fault_at) if policy is not None else None,
         "phases": phases_entered(decisions),
         "fault": fault,
         "fault_at_s": None if fault_at is None else round(fault_at - started_at, 1),
