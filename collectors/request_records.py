@@ -27,7 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sparkgate.collectors.schema import Problem
+from sparkgate.collectors.schema import MAX_UNIX_S, Problem
 from sparkgate.policies.vocabulary import Arm, FinishReason, Mode
 
 REQUEST_RECORD_VERSION = 2
@@ -118,8 +118,8 @@ def _types(obj: dict[str, Any]) -> list[Problem]:
         if obj.get(k) is not None and not (isinstance(obj[k], str) and 0 < len(obj[k]) <= 512):
             problems.append(Problem(k, obj[k], "expected a string of 1 to 512 characters"))
     for k in _TIMES:
-        if obj.get(k) is not None and not (_is_number(obj[k]) and obj[k] >= 0):
-            problems.append(Problem(k, obj[k], "expected finite unix seconds"))
+        if obj.get(k) is not None and not (_is_number(obj[k]) and 0 <= obj[k] <= MAX_UNIX_S):
+            problems.append(Problem(k, obj[k], "expected finite unix seconds in [0, 4102444800]"))
     for k in _COUNTS:
         if obj.get(k) is not None and not (_is_int(obj[k]) and obj[k] >= 0):
             problems.append(Problem(k, obj[k], "expected an integer >= 0"))

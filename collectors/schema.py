@@ -39,6 +39,9 @@ import pyarrow as pa
 from sparkgate.policies.vocabulary import MissReason, Mode, Status
 
 SCHEMA_VERSION = 2
+# The latest unix time a record may carry (2100-01-01): beyond it a value is milliseconds or garbage, and the
+# per-bucket sums (``label_sums``) could not index it.
+MAX_UNIX_S = 4_102_444_800.0
 READABLE_VERSIONS = (1, 2)
 # ``sts_version`` of records whose ``confidence`` was already calibrated where it was produced (an SGLang
 # server applies its STS temperatures before it dumps them): refitting STS on them would calibrate twice.

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkgate.collectors.schema import (
+    MAX_UNIX_S,
     MISS_REASONS,
     MODES,
     NULLABLE_REQUEST_FIELDS,
@@ -147,7 +148,7 @@ def _check_steps(report: _Report, gamma: np.ndarray, n_requests: np.ndarray) -> 
         batch < n_requests, "batch_size", lambda i: f"smaller than the {n_requests[i]} request rows it carries"
     )
     ts = _floats(steps, "ts", 1.0)
-    report.steps(~np.isfinite(ts) | (ts <= 0), "ts", "must be a finite unix time > 0")
+    report.steps(~np.isfinite(ts) | (ts <= 0) | (ts > MAX_UNIX_S), "ts", "must be unix seconds in (0, 4102444800]")
     for name in _TIMINGS + ("predicted_step_ms",):
         ms = _floats(steps, name)
         report.steps(~np.isfinite(ms) | (ms < 0), name, "must be finite and >= 0")

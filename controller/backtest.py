@@ -5,7 +5,8 @@ At every time the stored controller decided (the ledger, oldest first), the repl
 store holds up to that time through the given policy's gates and state machine, with the same code
 ``serve`` runs (``Replay`` is a ``Controller`` whose decisions stay in memory and whose every read is
 bounded at the replayed time). Operator actions are replayed as they were taken, and skipped, saying
-so, where the replayed state does not allow them. Nothing is written: not the ledger, not an actuator.
+so, where the replayed state does not allow them; so are the stored cost-table publications of adaptive
+(the replay fits no table of its own). Nothing is written: not the ledger, not a table, not an actuator.
 
 What a replay can and cannot say: records were produced under the stored rollout's phases. While the
 replayed ladder agrees with the stored one, the replay is exact (given the same policy, it reproduces
@@ -24,7 +25,7 @@ import click
 
 from sparkgate.collectors.store import Store
 from sparkgate.policies.rollout import load_rollout_policy
-from sparkgate.policies.vocabulary import CHANGES_POLICY
+from sparkgate.policies.vocabulary import CHANGES_POLICY, Action
 
 from . import ledger, rollout
 from .rollout import Decision, RolloutState, TransitionError
@@ -45,6 +46,17 @@ class Replay(Controller):
 
     def _until(self, now: float) -> float | None:
         return now
+
+    def _adapt(self, now: float) -> list[Decision]:
+        return []  # fitting writes a table: the stored publications are replayed instead (``replay``)
+
+    def republish(self, stored: Decision) -> Decision:
+        """The stored table publication, in the replayed state (raises ``TransitionError`` outside adaptive)."""
+        rule = stored.reasons[0]
+        detail = {k: v for k, v in rule.items() if k not in ("rule", "group", "version")}
+        decision = rollout.publish_table(self.state, stored.decided_at, rule["group"], rule["version"], detail)
+        self._commit(self.state, decision)
+        return decision
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,12 @@ def replay(store: Store, policy_path: str, since: float | None = None, resamples
     rows = [Row(stored[0].decided_at, stored[0], ctl.decisions[0])]
     for decision in stored[1:]:
         clock["now"] = decision.decided_at
+        if decision.action == Action.PUBLISH_TABLE:
+            try:
+                rows.append(Row(decision.decided_at, decision, ctl.republish(decision)))
+            except TransitionError as exc:
+                rows.append(Row(decision.decided_at, decision, None, f"table publication skipped: {exc}"))
+            continue
         if decision.operator is None:
             rows.append(Row(decision.decided_at, decision, ctl.tick()))
             continue

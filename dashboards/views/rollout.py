@@ -10,7 +10,7 @@ from sparkgate.controller.commands import DEFAULT_URL
 from sparkgate.controller.rollout import RolloutState, TransitionError, command
 from sparkgate.dashboards import charts, data, steps
 from sparkgate.dashboards.context import current, when
-from sparkgate.policies.vocabulary import CHANGES_POLICY, OPERATOR_ACTIONS
+from sparkgate.policies.vocabulary import CHANGES_POLICY, OPERATOR_ACTIONS, Action
 
 SYMBOL = {"at_most": "≤", "at_least": "≥"}
 
@@ -36,6 +36,11 @@ def gate_table(verdicts: list[dict]) -> pd.DataFrame:
     )
 
 
+PUBLISH = Action.PUBLISH_TABLE
+# The command of each operator action, where it is not the action's own name.
+COMMAND: dict[str, str] = {Action.REVERT_TABLE: "cost-table revert"}
+
+
 def timeline_frames(decisions: list[dict], end: float) -> tuple[pd.DataFrame, pd.DataFrame]:
     changes = [d for d in decisions if d["action"] in CHANGES_POLICY]
     segments = pd.DataFrame(
@@ -58,10 +63,12 @@ def timeline_frames(decisions: list[dict], end: float) -> tuple[pd.DataFrame, pd
                 "revision": d["revision"],
                 "action": d["action"],
                 "outcome": d["outcome"] or "",
-                "rule": data.rule_of(d),
+                "rule": data.rule_of(d) + (f": {d['reasons'][0]['version']}" if d["action"] == PUBLISH else ""),
                 "operator": d["operator"] or "",
             }
-            for d in changes
+            # Cost-table versions sit on the timeline too: each publication is a point on the adaptive band.
+            for d in decisions
+            if d["action"] in CHANGES_POLICY or d["action"] == PUBLISH
         ]
     )
     return segments, points
@@ -185,7 +192,7 @@ def render() -> None:
         "run these where the operator token is available (`--token` or SPARKGATE_TOKEN)."
     )
     st.code(
-        "\n".join(f'sparkgate {a} --controller {url} --operator "$USER" --note "why"' for a in allowed)
+        "\n".join(f'sparkgate {COMMAND.get(a, a)} --controller {url} --operator "$USER" --note "why"' for a in allowed)
         or "# no operator action applies",
         language="bash",
     )

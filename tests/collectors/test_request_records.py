@@ -35,6 +35,7 @@ def test_a_valid_record_has_no_problems_and_its_latencies():
         ({"output_tokens": 2.5}, "output_tokens"),
         ({"arrival_ts": float("nan")}, "arrival_ts"),
         ({"finish_ts": T0 - 1}, "finish_ts"),
+        ({"arrival_ts": T0 * 1000, "finish_ts": T0 * 1000}, "arrival_ts"),  # milliseconds
         ({"commit_tokens": [2]}, "commit_tokens"),  # one count for two offsets
         ({"commit_tokens": [2, 2]}, "commit_tokens"),  # sums to 4, not output_tokens 3
         ({"commit_offsets_ms": [400.0, 300.0]}, "commit_offsets_ms"),

@@ -8,13 +8,15 @@ import json
 
 import httpx
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from sparkgate.cli import main
+from sparkgate.collectors import cost_tables
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.ingest_api import serve_in_thread
 from sparkgate.collectors.store import Store
-from sparkgate.controller import cost_report, ledger
+from sparkgate.controller import backtest, cost_report, ledger
 from sparkgate.controller.service import create_app
 from sparkgate.controller.supervisor import Controller
 from sparkgate.policies.cost_model import parse_cost_table
@@ -69,7 +71,7 @@ def test_registration_is_checked_idempotent_and_refuses_a_second_body(fleet):
     assert [e["version"] for e in http.get("/v1/cost-tables").json()] == ["static-a"]
 
 
-def test_a_stale_table_is_refitted_served_and_reverted_when_it_predicts_badly(fleet):
+def test_a_stale_table_is_refitted_served_and_reverted_when_it_predicts_badly(fleet, tmp_path):
     controller, http, clock = fleet
     register(http)
     for _ in range(2):
@@ -110,5 +112,13 @@ def test_a_stale_table_is_refitted_served_and_reverted_when_it_predicts_badly(fl
     assert http.get("/v1/policy").json()["cost_tables"] == {}
     resumed = Controller(controller.store, POLICY, clock=clock, resamples=10)
     assert resumed.state.static_only and resumed.state.revision == 4
+
+    # A backtest with the same policy reproduces every decision, the publication and the revert included,
+    # and writes nothing (no table of its own).
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(yaml.safe_dump(POLICY.to_dict()))
+    rows = backtest.replay(controller.store, str(policy_file), resamples=10)
+    assert [r.stored.action for r in rows][-3:] == ["hold", "publish_table", "revert_table"]
+    assert all(r.agrees for r in rows) and len(cost_tables.entries(controller.store)) == 2
     again = CliRunner().invoke(main, ["cost-table", "revert", "--controller", str(http.base_url), "--operator", "ops"])
     assert again.exit_code == 1 and "already reverted in this stage" in again.output
