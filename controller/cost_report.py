@@ -15,16 +15,28 @@ import statistics
 from typing import Any
 
 import numpy as np
+import torch
 
+from sparkgate.collectors import cost_tables
 from sparkgate.collectors.store import Store
+from sparkgate.policies.cost_errors import CostTableError
+from sparkgate.policies.cost_fit import StepTimes, fit_additive, median_relative_error
 from sparkgate.policies.vocabulary import Mode
 
 from . import cost_updates
 
+# Fewer steps than this in an (interval, arm) fit their own table too well to bound anything.
+MIN_FLOOR_STEPS = 30
 
-def by_interval(store: Store, since: float, until: float, interval_s: float, step_time: str) -> list[dict[str, Any]]:
+
+def by_interval(
+    store: Store, since: float, until: float, interval_s: float, step_time: str, floor: bool = False
+) -> list[dict[str, Any]]:
     """One row per (interval, arm) with steps in it, in time order; each step's error is its table's
-    prediction at the rows it ran (``cost_updates.relative_errors``)."""
+    prediction at the rows it ran (``cost_updates.relative_errors``). ``floor`` adds ``floor_error``: the
+    error of a table refitted, unconstrained, to the previous interval's steps (both arms), a learner with
+    no minimum interval, dead band, margin or change bound: what the step-time noise leaves any table of
+    the layout that learns from recent steps."""
     steps = cost_updates.served_steps(store, since, until, step_time)
     errors = cost_updates.relative_errors(store, steps)
     windows = store.query(
@@ -39,17 +51,37 @@ def by_interval(store: Store, since: float, until: float, interval_s: float, ste
     rows = []
     for interval, arm in sorted(set(zip(intervals.tolist(), arms.tolist()))):
         at = (intervals == interval) & (arms == arm)
-        rows.append(
-            {
-                "interval": interval,
-                "arm": arm,
-                "steps": int(at.sum()),
-                "prediction_error": float(np.median(errors[at])),
-                "mean_window": mean_window.get((interval, arm)),
-                "tables": sorted(set(versions[at].tolist())),
-            }
-        )
+        row = {
+            "interval": interval,
+            "arm": arm,
+            "steps": int(at.sum()),
+            "prediction_error": float(np.median(errors[at])),
+            "mean_window": mean_window.get((interval, arm)),
+            "tables": sorted(set(versions[at].tolist())),
+        }
+        if floor:
+            row["floor_error"] = _floor(store, steps, intervals == interval - 1, at)
+        rows.append(row)
     return rows
+
+
+def _floor(store: Store, steps: dict[str, list], fitted_on: np.ndarray, scored: np.ndarray) -> float | None:
+    """The median relative error on the ``scored`` steps of a table fitted to the ``fitted_on`` ones."""
+    if fitted_on.sum() < MIN_FLOOR_STEPS or not scored.any():
+        return None
+    parent = cost_tables.get(store, np.array(steps["version"], dtype=object)[fitted_on][0])
+    if parent is None:
+        return None
+
+    def times(at: np.ndarray) -> StepTimes:
+        columns = ("batch_size", "verify_rows", "ms")
+        return StepTimes(*(torch.tensor(np.asarray(steps[c], dtype=float)[at]) for c in columns))
+
+    try:
+        fitted = fit_additive(parent.table(), times(fitted_on))
+    except CostTableError:
+        return None
+    return median_relative_error(fitted, times(scored))
 
 
 def window_cv(rows: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -61,6 +93,8 @@ def window_cv(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     return out
 
 
-def report(store: Store, since: float, until: float, interval_s: float, step_time: str) -> dict[str, Any]:
-    rows = by_interval(store, since, until, interval_s, step_time)
+def report(
+    store: Store, since: float, until: float, interval_s: float, step_time: str, floor: bool = False
+) -> dict[str, Any]:
+    rows = by_interval(store, since, until, interval_s, step_time, floor)
     return {"step_time": step_time, "interval_s": interval_s, "intervals": rows, "window_cv": window_cv(rows)}

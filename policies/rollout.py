@@ -208,21 +208,9 @@ DEFAULT_GATES = (
     Gate(metric="p99_ttft_ratio", threshold=1.20, direction="at_most", min_samples=10, guard=True),
     Gate(metric="goodput_ratio", threshold=0.95, direction="at_least", min_samples=10, guard=True),
     # Adaptive's own guards judge the fitted tables only (no value before one is served): a failure reverts.
-    Gate(
-        metric="cost_prediction_error",
-        threshold=0.25,
-        direction="at_most",
-        min_samples=500,
-        guard=True,
-        phases=["adaptive"],
-    ),
-    Gate(
-        metric="window_oscillation",
-        threshold=0.05,
-        direction="at_most",
-        min_samples=10,
-        guard=True,
-        phases=["adaptive"],
+    *(
+        Gate(metric=metric, threshold=threshold, direction="at_most", min_samples=n, guard=True, phases=["adaptive"])
+        for metric, threshold, n in (("cost_prediction_error", 0.25, 500), ("window_oscillation", 0.05, 10))
     ),
     Gate(metric="consistency_mismatches", threshold=0, direction="at_most", critical=True),
     Gate(metric="state_rollback_failures", threshold=0, direction="at_most", critical=True),

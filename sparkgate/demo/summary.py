@@ -214,7 +214,7 @@ def adaptive_figures(
     if not entered:
         return None
     spec, interval_s = policy.adaptive, policy.evaluation_interval_s
-    report = cost_report.report(store, entered[0], ended_at, interval_s, spec.step_time)
+    report = cost_report.report(store, entered[0], ended_at, interval_s, spec.step_time, floor=True)
     return {
         **report,
         "figures": adaptive_targets(
@@ -226,8 +226,9 @@ def adaptive_figures(
 
 def adaptive_targets(intervals: list[dict], fault_interval: float | None, good: float = 0.10) -> dict:
     """What the adaptive targets read: the static table's median per-interval error (control arm), the fitted
-    tables' (treatment arm), and how many intervals the treatment took to come within ``good``, from the
-    start of adaptive and from the fault (None: not within the run)."""
+    tables' (treatment arm), the floor (a table refitted to each previous interval, unconstrained,
+    ``cost_report``), and how many intervals the treatment took to come within ``good``, from the start of
+    adaptive and from the fault (None: not within the run)."""
 
     def errors(arm: str, after: float = 0.0) -> list[tuple[int, float]]:
         return [(r["interval"], r["prediction_error"]) for r in intervals if r["arm"] == arm and r["interval"] >= after]
@@ -238,7 +239,9 @@ def adaptive_targets(intervals: list[dict], fault_interval: float | None, good: 
     def median(values: list[tuple[int, float]]) -> float | None:
         return statistics.median(e for _, e in values) if values else None
 
+    floors = [r["floor_error"] for r in intervals if r["arm"] == "treatment" and r.get("floor_error") is not None]
     return {
+        "floor_error": statistics.median(floors) if floors else None,
         "static_error": median(errors("control")),
         "fitted_error": median(errors("treatment", 1.0)),
         "intervals_to_within": first_within(0.0),

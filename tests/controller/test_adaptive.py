@@ -78,6 +78,7 @@ def test_a_stale_table_is_refitted_served_and_reverted_when_it_predicts_badly(fl
         controller.act("promote", "ops")
     assert controller.state.phase == "adaptive" and controller.policy_payload().cost_tables == {}
     ingest_timed(controller.store, STATIC, scaled(STATIC, 1.6), T0 + 1)
+    ingest_timed(controller.store, STATIC, scaled(STATIC, 1.6), T0 + 6, first_step=1000, seed=1)
     clock.now = T0 + 10
     controller.tick()
     published = ledger.decisions(controller.store)[-1]
@@ -93,6 +94,9 @@ def test_a_stale_table_is_refitted_served_and_reverted_when_it_predicts_badly(fl
     report = cost_report.report(controller.store, T0, T0 + 10, 10.0, "cpu")
     (row,) = report["intervals"]
     assert row["tables"] == ["static-a"] and row["prediction_error"] == pytest.approx(0.6 / 1.6, abs=0.05)
+    # The floor refits each interval's predecessor: the second 5-s interval is predicted from the first.
+    two = cost_report.report(controller.store, T0, T0 + 10, 5.0, "cpu", floor=True)["intervals"]
+    assert two[0]["floor_error"] is None and two[1]["floor_error"] < 0.1 < two[1]["prediction_error"]
 
     listed = CliRunner().invoke(main, ["cost-table", "list", "--controller", str(http.base_url), "--json"])
     assert listed.exit_code == 0, listed.output
