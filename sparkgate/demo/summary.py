@@ -148,7 +148,11 @@ def _labels(store: Store) -> dict:
 
 def _comparisons(decisions: list[Decision], stage: Stage) -> dict[str, dict]:
     """The comparison verdicts of the stage's last decision: estimate, interval, pairs and outcome, as judged."""
-    judged = [d for d in decisions if stage.start < d.decided_at <= stage.end and d.phase_from == stage.phase]
+    judged = [
+        d
+        for d in decisions
+        if stage.start < d.decided_at <= stage.end and d.phase_from == stage.phase and d.action != Action.PUBLISH_TABLE
+    ]
     if not judged:
         return {}
     return {
