@@ -34,6 +34,7 @@ import pyarrow as pa
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.ingest_api import ingest_app, serve_in_thread
 from sparkgate.collectors.labels import explode
+from sparkgate.collectors.metrics import peak_rss_mb
 from sparkgate.collectors.store import Store
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import flatten, from_wire
@@ -138,6 +139,7 @@ def bench_ingest(
 ) -> None:
     """Batch ingestion vs row-wise executemany, and the HTTP path, side by side."""
     result = run(rows, rowwise_rows, rows // 4 if http_rows is None else http_rows, clients, batch_steps, body_steps)
+    result["peak_rss_mb"] = peak_rss_mb()
     if as_json:
         click.echo(json.dumps(result))
     else:

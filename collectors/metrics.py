@@ -192,3 +192,12 @@ class Metrics:
     def exposition(self) -> bytes:
         """The text exposition format, for a ``/metrics`` endpoint."""
         return generate_latest(self.registry)
+
+
+def peak_rss_mb() -> float:
+    """The peak resident memory of this process or of any child it waited for, in MiB (Linux reports KiB):
+    what every benchmark's JSON reports beside its timings."""
+    import resource
+
+    peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return round(peak / 1024, 1)

@@ -14,35 +14,17 @@
 
 from __future__ import annotations
 
-import math
-from statistics import NormalDist
-
 import numpy as np
 
 from sparkgate.collectors.cost_tables import Source
 from sparkgate.collectors.store import Store
+from sparkgate.policies.intervals import median_interval
 from sparkgate.policies.vocabulary import Arm, Mode
 
 from . import cost_updates
-from .comparison import sign_interval
 from .measurement import Measurement
 
-# Above this many values the median's order-statistic interval uses the normal approximation of the
-# binomial (sign_interval's exact sum costs O(n) big-integer terms).
-EXACT_UP_TO = 200
 BOOTSTRAP_SEED = 0
-
-
-def median_interval(d: np.ndarray, level: float) -> tuple[float | None, float | None]:
-    """An interval for the median of ``d`` covering it with probability about ``level`` whatever the
-    distribution (order statistics of a Binomial(n, 1/2); exact for small ``n``)."""
-    n = len(d)
-    if n <= EXACT_UP_TO:
-        return sign_interval(d, level)
-    z = NormalDist().inv_cdf(0.5 + level / 2)
-    j = max(1, math.floor((n - z * math.sqrt(n)) / 2))
-    ordered = np.sort(d)
-    return float(ordered[j - 1]), float(ordered[n - j])
 
 
 def _window(since: float, until: float | None) -> tuple[str, list[object]]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import resource
 import statistics
 import tempfile
 import time
@@ -37,6 +36,7 @@ import pyarrow as pa
 
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import explode
+from sparkgate.collectors.metrics import peak_rss_mb
 from sparkgate.collectors.store import Store
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import Parsed, flatten, from_wire
@@ -166,7 +166,7 @@ def run(labels: int, replicas: int, repeats: int, step_s: float = 0.01) -> dict:
         "merge_target_ms": MERGE_TARGET_MS,
         "merge_speedup": round(statistics.median(fold_runs) / merge_ms, 1),
         "setup_s": round(setup_s, 1),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mb": peak_rss_mb(),
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(),
     }

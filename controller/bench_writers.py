@@ -24,6 +24,7 @@ import httpx
 
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.ingest_api import serve_in_thread
+from sparkgate.collectors.metrics import peak_rss_mb
 from sparkgate.collectors.store import Store
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.policies.rollout import parse_rollout_policy
@@ -160,4 +161,5 @@ def bench_writers(writers: int, readers: int, seconds: float, body_steps: int, r
     """Records/s and writer latency with concurrent readers, with and without large consistency reports."""
     if min(writers, body_steps, rounds) < 1 or seconds <= 0 or report_every_s <= 0:
         raise click.BadParameter("--writers, --body-steps and --rounds >= 1; --seconds and --report-every-s > 0")
-    click.echo(json.dumps(run(writers, readers, seconds, body_steps, rounds, report_every_s), indent=2))
+    result = run(writers, readers, seconds, body_steps, rounds, report_every_s)
+    click.echo(json.dumps({**result, "peak_rss_mb": peak_rss_mb()}, indent=2))

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sparkgate.collectors.store import Store
+from sparkgate.policies.intervals import sign_interval
 from sparkgate.policies.rollout import Comparison
 from sparkgate.policies.vocabulary import Arm, FinishReason
 
@@ -90,22 +91,6 @@ class Groups:
 
 
 Design = Epochs | Groups
-
-
-def sign_interval(d: np.ndarray, level: float) -> tuple[float | None, float | None]:
-    """The distribution-free interval for the median of ``d`` with coverage >= ``level`` (None, None when
-    ``len(d)`` is too small for one)."""
-    n = len(d)
-    alpha = 1 - level
-    # The largest j with P(Binomial(n, 1/2) < j) <= alpha / 2: [d_(j), d_(n-j+1)] covers the median.
-    j, tail = 0, 0.0
-    while j < n and tail + math.comb(n, j) / 2**n <= alpha / 2:
-        tail += math.comb(n, j) / 2**n
-        j += 1
-    if j == 0:
-        return None, None
-    ordered = np.sort(d)
-    return float(ordered[j - 1]), float(ordered[n - j])
 
 
 def measure(d: np.ndarray, level: float) -> Measurement:

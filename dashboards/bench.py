@@ -18,8 +18,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import click
+
+from sparkgate.collectors.metrics import peak_rss_mb
 
 GAMMA, BATCH, REPLICAS = 7, 32, 4
 PAGES = ("rollout", "calibration", "acceptance", "tiers", "fleet")
@@ -110,13 +113,14 @@ def bench_dashboard(labels: int, keep: str | None, as_json: bool) -> None:
         root = Path(keep or tmp)
         root.mkdir(parents=True, exist_ok=True)
         built = {"reused": True} if (root / "snapshots" / "CURRENT").exists() else build_store(root, labels)
-        result = {
+        result: dict[str, Any] = {
             "store": built,
             "snapshot_s": _measure_fresh(["--snapshot-dir", str(root / "snapshots")]),
             "db_copy_s": _measure_fresh(["--db", str(root / "events.duckdb")]),
         }
     result["landing_first_render_s"] = {k: result[f"{k}_s"]["rollout"] for k in ("snapshot", "db_copy")}
     result["slowest_page_first_render_s"] = {k: max(result[f"{k}_s"].values()) for k in ("snapshot", "db_copy")}
+    result["peak_rss_mb"] = peak_rss_mb()  # the largest of this process and the page renders it ran
     click.echo(json.dumps(result) if as_json else json.dumps(result, indent=2))
 
 

@@ -15,6 +15,8 @@ import time
 import click
 import torch
 
+from sparkgate.collectors.metrics import peak_rss_mb
+
 from .device_options import device_options, resolve_graphs
 from .kv_cache import KVCache
 from .tiers import TierGrid
@@ -127,6 +129,7 @@ def bench_verify(batch, gamma, mean_window, steps, warmup, prompt_len, device, g
         raise click.BadParameter(f"must lie in [0, gamma={gamma}], got {mean_window}", param_hint="--mean-window")
     graphs = resolve_graphs(device, graphs)
     result = run_verify_bench(batch, gamma, mean_window, steps, warmup, prompt_len, device, graphs)
+    result["peak_rss_mb"] = peak_rss_mb()
     if not as_json:
         click.echo(f"compact/static time {result['time_ratio']:.3f} vs rows {result['row_ratio']:.3f}", err=True)
     click.echo(json.dumps(result))

@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 import torch
 
+from sparkgate.collectors.metrics import peak_rss_mb
 from sparkgate.policies.cost_model import AdditiveCostTable, CostTable, load_cost_table
 from sparkgate.policies.window import (
     ConfidenceThreshold,
@@ -125,6 +126,7 @@ def bench_scheduler(batch: int, gamma: int, steps: int, device: str, cost_table:
     table = synthetic_cost_table() if cost_table is None else load_cost_table(cost_table)
     table_name = "synthetic" if cost_table is None else str(cost_table)
     report = run_benchmark(batch, gamma, steps, device, table, table_name)
+    report["peak_rss_mb"] = peak_rss_mb()
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return

@@ -30,6 +30,7 @@ def test_bench_ingest_smoke():
     )
     assert result.exit_code == 0, result.output
     figures = json.loads(result.stdout)
+    assert figures["peak_rss_mb"] > 0  # every benchmark reports its memory beside its timings
     for field in ("rows", "batch_rows_per_s", "rowwise_rows_per_s", "speedup", "http_rows_per_s", "http_lost_rows"):
         assert field in figures
     assert figures["rows"] > 0 and figures["http_lost_rows"] == 0

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from sparkgate.collectors.synth import RowModel, synthetic_wire
 from sparkgate.collectors.wire import from_wire
-from sparkgate.controller.adaptive_gates import median_interval, window_oscillation
+from sparkgate.controller.adaptive_gates import window_oscillation
 from tests.conftest import T0, with_columns
 
 COMPACT_ONLY = (0.0, 0.0, 1.0, 0.0)  # static, shadow, compact, cap_accept
@@ -23,15 +19,6 @@ def ingest_epochs(store, thresholds: dict[str, list[float]]) -> None:
             wire = synthetic_wire(20, 8, 7, "r0", first_step=step, seed=step, ts=T0 + step * 0.01, model=model)
             store.ingest(from_wire(with_columns(wire, phase="adaptive", epoch=epoch, arm=arm)), "test")
             step += 20
-
-
-@settings(max_examples=30, deadline=None)
-@given(st.integers(5, 2000), st.integers(0, 10_000))
-def test_the_median_interval_holds_the_sample_median(n, seed):
-    d = np.random.default_rng(seed).lognormal(0.0, 1.0, n)
-    low, high = median_interval(d, 0.95)
-    if low is not None:
-        assert low <= np.median(d) <= high
 
 
 def test_windows_that_swing_with_the_fitted_tables_show_as_oscillation(store):

@@ -13,6 +13,7 @@ def test_bench_writers_reports_both_arms_and_their_p99_ratio():
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
+    assert report["peak_rss_mb"] > 0  # every benchmark reports its memory beside its timings
     assert set(report["arms"]) == {"plain", "with_report"}
     for arm in report["arms"].values():
         assert len(arm["runs"]) == 2 and all(r["requests"] > 0 and r["records_per_s"] > 0 for r in arm["runs"])

@@ -28,6 +28,7 @@ def test_bench_verify_runs_and_reports_its_fields():
     )
     assert out.exit_code == 0, out.output
     result = json.loads(out.output.strip().splitlines()[-1])
+    assert result["peak_rss_mb"] > 0  # every benchmark reports its memory beside its timings
     for key in (
         "batch",
         "gamma",

@@ -18,6 +18,7 @@ def test_bench_e2e_runs_and_reports_ratios(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout.strip().splitlines()[-1])
     assert summary["prefill_threads"] == os.cpu_count() and summary["threads"] == 1
+    assert summary["peak_rss_mb"] > 50
     for batch in ("1", "2"):
         row = summary["batches"][batch]
         assert set(row) == {"static", "fixed_short", "cost_aware", "foresight_decode_ratio", "foresight_wall_ratio"}
@@ -34,6 +35,14 @@ def test_bench_e2e_runs_and_reports_ratios(tmp_path, monkeypatch):
             assert row[arm]["best_tokens_per_s"] == max(row[arm]["tokens_per_s_runs"])
         expected = row["cost_aware"]["best_tokens_per_s"] / row["static"]["best_tokens_per_s"]
         assert row["cost_aware"]["best_ratio_to_static"] == pytest.approx(expected, abs=5e-4)
+        # The verdict: the paired rounds over the foresight bound, with an interval two rounds cannot give.
+        share = row["cost_aware"]["share_of_foresight"]
+        assert share["rounds"] == 2 and share["low"] is None and share["met"] is None
+        assert share["target"] == (0.97 if batch == "1" else None)
+        expected_share = sorted(r / row["foresight_wall_ratio"] for r in paired)
+        assert share["median"] == pytest.approx(sum(expected_share) / 2, abs=2e-3)
+        assert all(row[arm]["cpu_ms_per_token"] > 0 for arm in ("static", "cost_aware"))
+        assert row["cost_aware"]["cpu_ratio_to_static"]["rounds"] == 2
         stages = row["static"]["stage_ms"]
         assert set(stages) == {"draft", "schedule", "verify", "accept"} and min(stages.values()) > 0
         # Decode steps are part of the wall time, so their rate is the higher one.
@@ -72,3 +81,12 @@ def test_replay_prices_windows_on_static_steps_by_hand():
     assert replay_decode_ratio([record], table, lambda r: [1, 1]) == pytest.approx((3 / 5) / (5 / 11))
     # Verifying everything is static itself.
     assert replay_decode_ratio([record], table, lambda r: [4, 4]) == pytest.approx(1.0)
+
+
+def test_the_verdict_is_the_lower_end_of_the_interval():
+    from sparkgate.verify_runtime.bench_e2e import verdict
+
+    nine = [0.96, 0.97, 0.98, 0.99, 1.0, 1.01, 1.02, 1.03, 1.04]
+    assert verdict(nine, 0.95) == {"median": 1.0, "low": 0.97, "high": 1.03, "level": 0.9, "rounds": 9,
+                                   "target": 0.95, "met": True}  # fmt: skip
+    assert verdict([x - 0.03 for x in nine], 0.95)["met"] is False  # its median 0.97 passes; its interval does not

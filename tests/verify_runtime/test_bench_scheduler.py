@@ -14,6 +14,7 @@ def test_bench_times_every_policy_against_a_real_static_verify():
     result = CliRunner().invoke(bench_scheduler.bench_scheduler, ARGS)
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
+    assert report["peak_rss_mb"] > 0  # every benchmark reports its memory beside its timings
     assert set(report["policies"]) == {"fixed", "threshold", "cost_aware", "cost_aware_lag2"}
     assert report["scheduler_ms"] == report["policies"]["cost_aware"]["median_ms"] > 0
     assert report["verify_ms"] > 0
