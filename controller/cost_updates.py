@@ -56,9 +56,9 @@ class Update:
 
 def group_steps(
     store: Store, group: str, since: float, until: float | None, step_time: str, newest: int | None = None
-) -> StepTimes:
+) -> tuple[StepTimes, np.ndarray]:
     """Steps of replica group ``group`` in [since, until) (only the ``newest`` many), oldest first, timed as
-    ``step_time`` says. A step belongs to the group of the table it was served on."""
+    ``step_time`` says, and their times. A step belongs to the group of the table it was served on."""
     column = STEP_COLUMN[step_time]
     clauses, params = ["t.replica_group = ?", "s.ts >= ?", f"s.{column} > 0"], [group, since]
     if until is not None:
@@ -71,7 +71,8 @@ def group_steps(
         f"ORDER BY s.ts DESC{limit}) ORDER BY ts",
         params,
     )
-    return StepTimes(*(torch.tensor(rows.column(c).to_numpy()) for c in ("batch_size", "verify_rows", "ms")))
+    times = StepTimes(*(torch.tensor(rows.column(c).to_numpy()) for c in ("batch_size", "verify_rows", "ms")))
+    return times, rows.column("ts").to_numpy()
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def propose(store: Store, spec: Adaptive, ctx: Context) -> Update:
     kept_s = ctx.now - ctx.current_since
     if kept_s < spec.min_interval_s:
         return hold("minimum interval", kept_s=round(kept_s, 3), min_interval_s=spec.min_interval_s)
-    steps = group_steps(store, group, ctx.since, ctx.until, spec.step_time, spec.max_steps)
+    steps, ts = group_steps(store, group, ctx.since, ctx.until, spec.step_time, spec.max_steps)
     if len(steps) < spec.min_steps:
         return hold("too few steps", steps=len(steps), min_steps=spec.min_steps)
     cut = len(steps) - max(1, math.ceil(spec.holdout_fraction * len(steps)))
@@ -127,8 +128,8 @@ def propose(store: Store, spec: Adaptive, ctx: Context) -> Update:
         Source.ONLINE,
         ctx.now,
         candidate.to_json_dict(),
-        fitted_since=ctx.since,
-        fitted_until=ctx.until if ctx.until is not None else ctx.now,
+        fitted_since=float(ts[0]),  # the steps the candidate was fitted on, the newest of the window
+        fitted_until=float(ts[cut - 1]),
         fitted_steps=len(fitted_on),
         heldout_steps=len(held_out),
         error_parent=error,

@@ -42,6 +42,7 @@ def test_a_table_that_misprices_by_half_is_refitted_within_the_change_bound(stor
     )
     assert entry.error_parent > 0.3 and entry.error_candidate < entry.error_parent - SPEC.margin
     assert entry.fitted_steps + entry.heldout_steps == 200 and entry.heldout_steps == 66
+    assert T0 + 1 == entry.fitted_since < entry.fitted_until < T0 + 3  # the held-out steps come after it
     table = entry.table()
     assert change(STATIC, table, (STATIC.bs_probes, STATIC.m_probes)) <= 1 + SPEC.max_change + 1e-9
     assert table.meta.version == "static-a+a1" and table.meta.hardware == STATIC.meta.hardware
