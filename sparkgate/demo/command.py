@@ -66,10 +66,12 @@ class Plan:
     period_s: float  # load cycle of each replica
     fault_after_passes: int = 1  # passing intervals at the top of the ladder before the fault fires
     shift_after_intervals: int = 6  # a load shift waits this long in adaptive, so a fitted table is in force
-    fault_timeout_intervals: int = 40  # waiting this long for the fallback means the gates missed it
+    # Waiting this long for the fallback means the gates missed it. In adaptive a comparison guard's first
+    # failure reverts the fitted tables, and the guard must gather its pairs again on the static ones.
+    fault_timeout_intervals: int = 70
     shift_intervals: int = 12  # a load shift: intervals adaptive must hold through (and refit in)
     linger_intervals: int = 2  # traffic kept flowing after the last transition, so it shows in the figures
-    deadline_s: float = 480.0  # the whole run, so a wedged machine never leaves the demo hanging
+    deadline_s: float = 540.0  # the whole run, so a wedged machine never leaves the demo hanging
 
 
 def demo_policy(path: Path | None, quick: bool) -> RolloutPolicy:
@@ -238,7 +240,7 @@ def run_demo(out: Path, fault: str, quick: bool, policy_path: Path | None, drift
     policy = demo_policy(policy_path, quick)
     policy_file = out / "rollout.yaml"
     policy_file.write_text(yaml.safe_dump(policy.to_dict(), sort_keys=False))
-    plan = Plan(policy.evaluation_interval_s, period_s=20.0 if quick else 30.0, deadline_s=240.0 if quick else 480.0)
+    plan = Plan(policy.evaluation_interval_s, period_s=20.0 if quick else 30.0, deadline_s=320.0 if quick else 540.0)
     db = out / "demo.duckdb"
     fault_at, outcome, ok = None, "interrupted", False
     with Fleet(out / "logs") as fleet:
