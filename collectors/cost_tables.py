@@ -60,6 +60,10 @@ class TableEntry:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def provenance(self) -> dict[str, Any]:
+        """``to_dict`` without the body: what listings show."""
+        return {k: v for k, v in self.to_dict().items() if k != "body"}
+
 
 _COLUMNS = (
     "version, replica_group, parent, source, created_at, body, fitted_since, fitted_until, fitted_steps, "

@@ -23,14 +23,9 @@ from sparkgate.policies.vocabulary import Arm, Mode
 
 from . import cost_updates
 from .measurement import Measurement
+from .queries import time_bounds
 
 BOOTSTRAP_SEED = 0
-
-
-def _window(since: float, until: float | None) -> tuple[str, list[object]]:
-    if until is None:
-        return "s.ts >= ?", [since]
-    return "s.ts >= ? AND s.ts < ?", [since, until]
 
 
 def prediction_error(store: Store, since: float, until: float | None, step_time: str, level: float) -> Measurement:
@@ -55,10 +50,10 @@ def window_oscillation(
     store: Store, since: float, until: float | None, level: float, resamples: int = 200
 ) -> Measurement:
     """CV of the per-epoch mean compact window, treatment minus control, over [since, until)."""
-    where, params = _window(since, until)
+    bounds, params = time_bounds("s", since, until)
     rows = store.query(
         'SELECT s.arm, avg(r."window") AS w FROM requests r JOIN steps s USING (replica_id, step_id) '
-        f"WHERE {where} AND s.epoch IS NOT NULL AND r.mode = ? GROUP BY s.replica_id, s.epoch, s.arm",
+        f"WHERE {' AND '.join(bounds)} AND s.epoch IS NOT NULL AND r.mode = ? GROUP BY s.replica_id, s.epoch, s.arm",
         [*params, Mode.COMPACT],
     ).to_pydict()
     arms = np.array(rows["arm"], dtype=object)

@@ -15,12 +15,11 @@ import statistics
 from typing import Any
 
 import numpy as np
-import torch
 
 from sparkgate.collectors import cost_tables
 from sparkgate.collectors.store import Store
 from sparkgate.policies.cost_errors import CostTableError
-from sparkgate.policies.cost_fit import StepTimes, fit_additive, median_relative_error
+from sparkgate.policies.cost_fit import fit_additive, median_relative_error
 from sparkgate.policies.vocabulary import Mode
 
 from . import cost_updates
@@ -72,16 +71,11 @@ def _floor(store: Store, steps: dict[str, list], fitted_on: np.ndarray, scored: 
     parent = cost_tables.get(store, np.array(steps["version"], dtype=object)[fitted_on][0])
     if parent is None:
         return None
-
-    def times(at: np.ndarray) -> StepTimes:
-        columns = ("batch_size", "verify_rows", "ms")
-        return StepTimes(*(torch.tensor(np.asarray(steps[c], dtype=float)[at]) for c in columns))
-
     try:
-        fitted = fit_additive(parent.table(), times(fitted_on))
+        fitted = fit_additive(parent.table(), cost_updates.step_times(steps, fitted_on))
     except CostTableError:
         return None
-    return median_relative_error(fitted, times(scored))
+    return median_relative_error(fitted, cost_updates.step_times(steps, scored))
 
 
 def window_cv(rows: list[dict[str, Any]]) -> dict[str, float | None]:

@@ -36,7 +36,7 @@ def cost_table_router(store: Store, permit: Callable[[Request, str], None]) -> A
 
     @router.get("/v1/cost-tables")
     def listed() -> list[dict]:
-        return [{k: v for k, v in e.to_dict().items() if k != "body"} for e in cost_tables.entries(store)]
+        return [e.provenance() for e in cost_tables.entries(store)]
 
     @router.get("/v1/cost-tables/{version}")
     def table(version: str = Path(max_length=512)) -> dict:

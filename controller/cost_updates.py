@@ -36,6 +36,8 @@ from sparkgate.policies.adaptive import Adaptive
 from sparkgate.policies.cost_fit import StepTimes, bounded, change, fit_additive, median_relative_error, predict_ms
 from sparkgate.policies.cost_model import AdditiveCostTable, CostTableError
 
+from .queries import time_bounds
+
 # The steps' own measure of what a table predicts (Adaptive.step_time).
 STEP_COLUMN = {"wall": "step_ms", "cpu": "step_cpu_ms"}
 
@@ -52,27 +54,6 @@ class Update:
     @property
     def published(self) -> bool:
         return self.entry is not None
-
-
-def group_steps(
-    store: Store, group: str, since: float, until: float | None, step_time: str, newest: int | None = None
-) -> tuple[StepTimes, np.ndarray]:
-    """Steps of replica group ``group`` in [since, until) (only the ``newest`` many), oldest first, timed as
-    ``step_time`` says, and their times. A step belongs to the group of the table it was served on."""
-    column = STEP_COLUMN[step_time]
-    clauses, params = ["t.replica_group = ?", "s.ts >= ?", f"s.{column} > 0"], [group, since]
-    if until is not None:
-        clauses.append("s.ts < ?")
-        params.append(until)
-    limit = "" if newest is None else f" LIMIT {int(newest)}"
-    rows = store.query(
-        f"SELECT * FROM (SELECT s.ts, s.batch_size, s.verify_rows, s.{column} AS ms FROM steps s "
-        f"JOIN cost_tables t ON s.cost_table_version = t.version WHERE {' AND '.join(clauses)} "
-        f"ORDER BY s.ts DESC{limit}) ORDER BY ts",
-        params,
-    )
-    times = StepTimes(*(torch.tensor(rows.column(c).to_numpy()) for c in ("batch_size", "verify_rows", "ms")))
-    return times, rows.column("ts").to_numpy()
 
 
 @dataclass(frozen=True)
@@ -97,7 +78,8 @@ def propose(store: Store, spec: Adaptive, ctx: Context) -> Update:
     kept_s = ctx.now - ctx.current_since
     if kept_s < spec.min_interval_s:
         return hold("minimum interval", kept_s=round(kept_s, 3), min_interval_s=spec.min_interval_s)
-    steps, ts = group_steps(store, group, ctx.since, ctx.until, spec.step_time, spec.max_steps)
+    read = served_steps(store, ctx.since, ctx.until, spec.step_time, group=group, newest=spec.max_steps)
+    steps, ts = step_times(read), read["ts"]
     if len(steps) < spec.min_steps:
         return hold("too few steps", steps=len(steps), min_steps=spec.min_steps)
     cut = len(steps) - max(1, math.ceil(spec.holdout_fraction * len(steps)))
@@ -139,25 +121,44 @@ def propose(store: Store, spec: Adaptive, ctx: Context) -> Update:
 
 
 def served_steps(
-    store: Store, since: float, until: float | None, step_time: str, source: str | None = None
+    store: Store,
+    since: float,
+    until: float | None,
+    step_time: str,
+    source: str | None = None,
+    *,
+    group: str | None = None,
+    newest: int | None = None,
 ) -> dict[str, list]:
-    """Steps in [since, until) with the table each was served on (``source``: only tables of that source),
-    oldest first: ``ts``, ``arm``, ``version``, ``batch_size``, ``verify_rows``, ``ms`` (``step_time``)."""
+    """Steps in [since, until) with the table each was served on, oldest first: ``ts``, ``arm``, ``version``,
+    ``batch_size``, ``verify_rows``, ``ms`` (``step_time``). Only tables of ``source`` and of replica group
+    ``group`` (a step belongs to the group of the table it was served on), and only the ``newest`` many steps,
+    when given."""
     column = STEP_COLUMN[step_time]
-    clauses: list[str] = ["s.ts >= ?", f"s.{column} > 0"]
-    params: list[object] = [since]
-    if until is not None:
-        clauses.append("s.ts < ?")
-        params.append(until)
-    if source is not None:
-        clauses.append("t.source = ?")
-        params.append(source)
+    clauses, params = time_bounds("s", since, until)
+    clauses.append(f"s.{column} > 0")
+    for condition, value in (("t.source = ?", source), ("t.replica_group = ?", group)):
+        if value is not None:
+            clauses.append(condition)
+            params.append(value)
+    limit = "" if newest is None else f" LIMIT {int(newest)}"
     return store.query(
-        f"SELECT s.ts, coalesce(s.arm, 'none') AS arm, s.cost_table_version AS version, s.batch_size, "
-        f"s.verify_rows, s.{column} AS ms FROM steps s JOIN cost_tables t ON s.cost_table_version = t.version "
-        f"WHERE {' AND '.join(clauses)} ORDER BY s.ts",
+        f"SELECT * FROM (SELECT s.ts, coalesce(s.arm, 'none') AS arm, s.cost_table_version AS version, "
+        f"s.batch_size, s.verify_rows, s.{column} AS ms FROM steps s "
+        f"JOIN cost_tables t ON s.cost_table_version = t.version WHERE {' AND '.join(clauses)} "
+        f"ORDER BY s.ts DESC{limit}) ORDER BY ts",
         params,
     ).to_pydict()
+
+
+def step_times(steps: dict[str, list], at: np.ndarray | None = None) -> StepTimes:
+    """``served_steps``' steps (those ``at`` selects) as ``StepTimes``."""
+    take = slice(None) if at is None else at
+    return StepTimes(
+        torch.tensor(np.asarray(steps["batch_size"], dtype=np.int64)[take]),
+        torch.tensor(np.asarray(steps["verify_rows"], dtype=np.int64)[take]),
+        torch.tensor(np.asarray(steps["ms"], dtype=float)[take]),
+    )
 
 
 def relative_errors(store: Store, steps: dict[str, list]) -> np.ndarray:
@@ -174,21 +175,14 @@ def relative_errors(store: Store, steps: dict[str, list]) -> np.ndarray:
         entry = cost_tables.get(store, version)
         at = versions == version
         assert entry is not None, "served_steps joins the stored tables"
-        times = StepTimes(
-            torch.tensor(np.asarray(steps["batch_size"])[at]),
-            torch.tensor(np.asarray(steps["verify_rows"])[at]),
-            torch.tensor(np.asarray(steps["ms"], dtype=float)[at]),
-        )
+        times = step_times(steps, at)
         out[at] = ((predict_ms(entry.table(), times) - times.ms).abs() / times.ms).numpy()
     return out
 
 
 def groups_with_steps(store: Store, since: float, until: float | None) -> list[str]:
     """Replica groups with steps in [since, until), in name order."""
-    clauses, params = ["s.ts >= ?"], [since]
-    if until is not None:
-        clauses.append("s.ts < ?")
-        params.append(until)
+    clauses, params = time_bounds("s", since, until)
     rows = store.query(
         "SELECT DISTINCT t.replica_group AS g FROM steps s JOIN cost_tables t ON s.cost_table_version = t.version "
         f"WHERE {' AND '.join(clauses)} ORDER BY g",

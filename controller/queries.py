@@ -73,16 +73,23 @@ class Slice:
 SLICE_COLUMNS = {"task": "task", "temperature": "temperature", "load": "load_bucket", "replica": "replica_id"}
 
 
+def time_bounds(alias: str, since: float | None, until: float | None, ts: str = "ts") -> tuple[list[str], list]:
+    """SQL conditions (and params) keeping rows of ``alias`` with ``since <= ts < until``; a None bound is open."""
+    clauses: list[str] = []
+    params: list[object] = []
+    if since is not None:
+        clauses.append(f"{alias}.{ts} >= ?")
+        params.append(since)
+    if until is not None:
+        clauses.append(f"{alias}.{ts} < ?")
+        params.append(until)
+    return clauses, params
+
+
 def _where(table: str, window: Window, slice_: Slice, alias: str, ts: str = "ts") -> tuple[str, list]:
     """WHERE clause (with params) for ``table`` under ``alias``, time bounds on column ``ts``."""
-    clauses: list[str] = ["TRUE"]
-    params: list[object] = []
-    if window.since is not None:
-        clauses.append(f"{alias}.{ts} >= ?")
-        params.append(window.since)
-    if window.until is not None:
-        clauses.append(f"{alias}.{ts} < ?")
-        params.append(window.until)
+    bounds, params = time_bounds(alias, window.since, window.until, ts)
+    clauses: list[str] = ["TRUE", *bounds]
     if slice_.replica_id is not None:
         clauses.append(f"{alias}.replica_id = ?")
         params.append(slice_.replica_id)

@@ -23,7 +23,7 @@ def versions(_source, token: str) -> pd.DataFrame:
         entries = cost_tables.entries(_source)
     except duckdb.CatalogException:
         return pd.DataFrame()
-    return pd.DataFrame([{k: v for k, v in e.to_dict().items() if k != "body"} for e in entries])
+    return pd.DataFrame([e.provenance() for e in entries])
 
 
 @st.cache_data(show_spinner=False, max_entries=16)

@@ -58,6 +58,11 @@ FAULT_TEXT = {
 FLEET_FAULTS = ("load-shift",)
 
 
+def takes_fault(replica_id: str, fault: str) -> bool:
+    """Whether ``replica_id`` is armed with ``fault`` and signalled when it fires."""
+    return replica_id == FAULTY or fault in FLEET_FAULTS
+
+
 @dataclass(frozen=True)
 class Plan:
     """Timing of one run. Intervals are the policy's; everything else counts in intervals."""
@@ -215,7 +220,7 @@ def _scenario(
                         or now - status["entered_at"] >= plan.shift_after_intervals * plan.interval_s
                     )
                 ):
-                    for name in [r for r, _ in REPLICAS] if fault in FLEET_FAULTS else [FAULTY]:
+                    for name in [r for r, _ in REPLICAS if takes_fault(r, fault)]:
                         fleet.signal(name, signal.SIGUSR1)
                     fault_at = time.time()
                     watch.say(
@@ -266,7 +271,7 @@ def run_demo(out: Path, fault: str, quick: bool, policy_path: Path | None, drift
                 metrics_port=metrics_ports[replica_id],
                 out_dir=out,
                 spool_dir=out / "spool" / replica_id,  # a run's spool is its own, never a former run's
-                fault=fault if replica_id == FAULTY or fault in FLEET_FAULTS else None,
+                fault=fault if takes_fault(replica_id, fault) else None,
                 drift_temperature=drift_temperature,
             )
         fleet.wait(

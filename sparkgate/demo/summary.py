@@ -224,7 +224,7 @@ def adaptive_figures(
         "figures": adaptive_targets(
             report["intervals"], None if fault_at is None else (fault_at - entered[0]) / interval_s
         ),
-        "tables": [{k: v for k, v in e.to_dict().items() if k != "body"} for e in cost_tables.entries(store)],
+        "tables": [e.provenance() for e in cost_tables.entries(store)],
     }
 
 
