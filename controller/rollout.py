@@ -18,7 +18,7 @@ Invariants:
 - ``paused`` holds the stage it paused at (``stage``), never advances, and still
   rolls back on a critical failure.
 - In ``adaptive`` a failed interval while fitted cost tables are served, failed by
-  a gate a table can fail (``TABLE_METRICS``), reverts to the static tables (a new
+  gates a table can fail (``TABLE_METRICS``) only, reverts to the static tables (a new
   revision of the same stage, judged afresh); only a failure on the static tables,
   or of another gate, counts towards fallback. Publishing a fitted table
   changes no counter and no revision.
@@ -213,10 +213,11 @@ def decide(
         return move(Action.REEVALUATE, target, because(rule, **detail), paused=state.phase == Phase.PAUSED)
     if state.phase == Phase.PAUSED:
         return hold(because("paused"))
-    table_failed = [v.gate for v in verdicts if v.decides and v.outcome == Outcome.FAIL and v.metric in TABLE_METRICS]
-    if table_failed and state.phase == Phase.ADAPTIVE and state.tables:
+    failed = [v for v in verdicts if v.decides and v.outcome == Outcome.FAIL]
+    table_failed = [v.gate for v in failed if v.metric in TABLE_METRICS]
+    if table_failed and len(table_failed) == len(failed) and state.phase == Phase.ADAPTIVE and state.tables:
         # Fitted tables are the one thing adaptive changes: undo them first, and fall back only when the
-        # static tables fail too.
+        # static tables fail too. A failure no table causes (calibration) beside them takes the usual path.
         rule = "a gate a cost table can fail failed on fitted tables: back to the static tables"
         return move(Action.REVERT_TABLE, state.stage, because(rule, tables=dict(state.tables), gates=table_failed))
     limits = {g.name: g for g in policy.gates}

@@ -82,6 +82,12 @@ def test_a_failure_on_fitted_tables_reverts_and_a_failure_on_static_falls_back()
     assert fallback.action == Action.ROLLBACK and fallback.phase_to == Phase.FALLBACK
 
 
+def test_a_calibration_failure_beside_a_table_gates_takes_the_usual_path():
+    state = apply((s := in_adaptive()), publish_table(s, T + 5, "static-a", "static-a+a1", {}))
+    decision = decide(POLICY, state, verdicts(0.5, ece=0.3), T + 10)
+    assert decision.action == Action.ROLLBACK and decision.phase_to == Phase.FALLBACK
+
+
 def test_a_failure_before_any_table_is_published_counts_as_usual():
     decision = decide(POLICY, in_adaptive(), verdicts(0.5), T + 10)
     assert decision.action == Action.ROLLBACK

@@ -50,7 +50,13 @@ def test_quick_demo_walks_the_ladder_and_falls_back_on_calibration_drift(tmp_pat
 
     assert summary["ok"] and summary["fault"] == "drift"
     assert summary["phases"] == PHASES
-    assert [s["stage"] for s in summary["stages"]] == LADDER + ["adaptive + fault", "fallback"]
+    # A gate a fitted table can fail (a comparison guard) may fail first, alone: the tables revert, a new
+    # revision of adaptive, and the calibration gates then fail on the static table (docs/design.md §6).
+    reverts = [d for d in summary["decisions"] if d["action"] == "revert_table"]
+    assert all(d["failing"] and not any(f.startswith("survival_ece") for f in d["failing"]) for d in reverts)
+    assert [s["stage"] for s in summary["stages"]] == LADDER + ["adaptive + fault"] + ["adaptive"] * len(reverts) + [
+        "fallback"
+    ]
     assert summary["fallback_reason"].startswith("failure limit") and "survival_ece" in summary["fallback_reason"]
     rollback = summary["decisions"][-1]
     assert rollback["action"] == "rollback" and rollback["at_s"] > summary["fault_at_s"]
