@@ -166,6 +166,11 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     );
     """,
     ),
+    (
+        11,
+        "steps carry the served cost table's prediction at the rows they verified (record version 3)",
+        "ALTER TABLE steps ADD COLUMN table_step_ms DOUBLE;",
+    ),
 )
 
 

@@ -38,11 +38,11 @@ import pyarrow as pa
 
 from sparkgate.policies.vocabulary import MissReason, Mode, Status
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # The latest unix time a record may carry (2100-01-01): beyond it a value is milliseconds or garbage, and the
 # per-bucket sums (``label_sums``) could not index it.
 MAX_UNIX_S = 4_102_444_800.0
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
 # ``sts_version`` of records whose ``confidence`` was already calibrated where it was produced (an SGLang
 # server applies its STS temperatures before it dumps them): refitting STS on them would calibrate twice.
 CALIBRATED_AT_SOURCE = "calibrated-at-source"
@@ -137,6 +137,10 @@ class StepRecord:
     # CPU time the producing process spent on the step (all its threads); None where not measured. On a
     # shared CPU it is the step's cost without the neighbours' share of the cores in it.
     step_cpu_ms: float | None = None
+    # The served cost table's prediction for this step at the rows it verified (version 3). Not
+    # ``predicted_step_ms``, the scheduler's price of its plan: cap-accept and shadow rows verify the whole
+    # block, so a step can run more rows than were priced. None where no cost table is served.
+    table_step_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The wire form: one JSON object with ``requests`` as a list of objects."""
@@ -212,6 +216,7 @@ STEP_SCHEMA = pa.schema(
         pa.field("epoch", pa.int64()),
         pa.field("arm", pa.string()),
         pa.field("step_cpu_ms", pa.float64()),
+        pa.field("table_step_ms", pa.float64()),
     ]
 )
 
@@ -249,6 +254,16 @@ LABEL_SCHEMA = pa.schema(
 
 # Fields that may be null on the wire; every other field is required.
 NULLABLE_STEP_FIELDS = frozenset(
-    {"miss_reason", "predicted_step_ms", "sts_version", "cost_table_version", "contract", "epoch", "arm", "step_cpu_ms"}
+    {
+        "miss_reason",
+        "predicted_step_ms",
+        "sts_version",
+        "cost_table_version",
+        "contract",
+        "epoch",
+        "arm",
+        "step_cpu_ms",
+        "table_step_ms",
+    }
 )
 NULLABLE_REQUEST_FIELDS = frozenset({"window_suggested", "full_accept", "draft_tokens", "position", "next_accept_prob"})

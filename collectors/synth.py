@@ -143,9 +143,12 @@ def synthetic_wire(
     ts: float = 1.75e9,
     continuing: bool = False,
     model: RowModel = RowModel(),
+    cost_table_version: str | None = None,
 ) -> pa.Table:
     """``steps`` valid step records of ``batch`` requests each, as a ``WIRE_SCHEMA`` table; with
-    ``continuing`` the same ``batch`` requests run through every step (recovery has rows to join).
+    ``continuing`` the same ``batch`` requests run through every step (recovery has rows to join). With
+    ``cost_table_version`` the steps were served on that table, whose recorded prediction (``table_step_ms``)
+    misses each step's time by a lognormal factor of spread 0.15.
 
     Step ids run from ``first_step``; request ids are unique within the table.
     """
@@ -181,11 +184,14 @@ def synthetic_wire(
         "model_version": np.full(steps, "synthetic"),
         "drafter_version": np.full(steps, "synthetic"),
         "sts_version": pa.nulls(steps, pa.string()),
-        "cost_table_version": pa.nulls(steps, pa.string()),
+        "cost_table_version": pa.array([cost_table_version] * steps, pa.string()),
         "contract": pa.nulls(steps, pa.string()),
         "epoch": pa.nulls(steps, pa.int64()),
         "arm": pa.nulls(steps, pa.string()),
         "step_cpu_ms": pa.nulls(steps, pa.float64()),
+        "table_step_ms": pa.nulls(steps, pa.float64())
+        if cost_table_version is None
+        else ms * np.exp(0.15 * rng.standard_normal(steps)),
         "requests": requests,
     }
     return pa.table(

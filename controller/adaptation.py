@@ -15,7 +15,7 @@ from sparkgate.collectors.store import Store
 from sparkgate.policies.adaptive import Adaptive
 from sparkgate.policies.rollout import RolloutPolicy
 
-from . import adaptive_gates, cost_updates
+from . import adaptive_gates, cost_updates, served_steps
 from .measurement import Measurement
 from .queries import Window
 from .rollout import RolloutState
@@ -53,7 +53,7 @@ def updates(
     """One update decision per replica group with steps in ``window``; a table to publish is stored before
     it is yielded (the caller persists the decision, then serves it)."""
     served, since = dict(state.tables), window.since or state.entered_at
-    for group in cost_updates.groups_with_steps(store, since, window.until):
+    for group in served_steps.groups_with_steps(store, since, window.until):
         current = cost_tables.get(store, served.get(group, group))
         if current is None:  # a static table no replica registered: nothing to fit from
             continue

@@ -21,7 +21,7 @@ from sparkgate.collectors.store import Store
 from sparkgate.policies.intervals import median_interval
 from sparkgate.policies.vocabulary import Arm, Mode
 
-from . import cost_updates
+from . import served_steps
 from .measurement import Measurement
 from .queries import time_bounds
 
@@ -30,12 +30,13 @@ BOOTSTRAP_SEED = 0
 
 def prediction_error(store: Store, since: float, until: float | None, step_time: str, level: float) -> Measurement:
     """Median |predicted - measured| / measured of treatment steps served on fitted tables, each predicted
-    by its table at the rows it ran (``cost_updates.relative_errors``)."""
-    steps = cost_updates.served_steps(store, since, until, step_time, Source.ONLINE)
+    by its table at the rows it ran (``served_steps.relative_errors``)."""
+    steps = served_steps.served_steps(store, since, until, step_time, Source.ONLINE)
     treated = np.isin(np.array(steps["arm"], dtype=object), [Arm.TREATMENT, "none"])
-    errors = cost_updates.relative_errors(store, steps)[treated]
+    errors = served_steps.relative_errors(steps)[treated]
+    errors = errors[~np.isnan(errors)]
     if not len(errors):
-        return Measurement(None, 0, why="no treatment step served on a fitted table")
+        return Measurement(None, 0, why="no treatment step on a fitted table recorded its prediction")
     low, high = median_interval(errors, level)
     method = f"order-statistic interval of the median, {len(errors)} steps, {level:.2%}"
     return Measurement(float(np.median(errors)), len(errors), low, high, method)

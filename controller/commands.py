@@ -31,6 +31,7 @@ from sparkgate.collectors.writers import Writers, load_writers
 from sparkgate.policies.rollout import DEFAULT_PATH, load_rollout_policy
 
 from .actuators import SGLangActuator
+from .address import DEFAULT_PORT, DEFAULT_URL
 from .collector_health import CollectorHealth
 from .metrics import evaluate
 from .notify import Notifier, resolve
@@ -39,8 +40,6 @@ from .service import check_bind, create_app
 from .sources import sources
 from .supervisor import Controller, Versions
 
-DEFAULT_PORT = 8470
-DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 log = logging.getLogger(__name__)
 
 controller_option = click.option(

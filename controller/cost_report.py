@@ -19,10 +19,9 @@ import numpy as np
 from sparkgate.collectors import cost_tables
 from sparkgate.collectors.store import Store
 from sparkgate.policies.cost_errors import CostTableError
-from sparkgate.policies.cost_fit import fit_additive, median_relative_error
 from sparkgate.policies.vocabulary import Mode
 
-from . import cost_updates
+from . import served_steps
 
 # Fewer steps than this in an (interval, arm) fit their own table too well to bound anything.
 MIN_FLOOR_STEPS = 30
@@ -32,12 +31,13 @@ def by_interval(
     store: Store, since: float, until: float, interval_s: float, step_time: str, floor: bool = False
 ) -> list[dict[str, Any]]:
     """One row per (interval, arm) with steps in it, in time order; each step's error is its table's
-    prediction at the rows it ran (``cost_updates.relative_errors``). ``floor`` adds ``floor_error``: the
+    prediction at the rows it ran (``served_steps.relative_errors``; None where no step of the row recorded
+    one). ``floor`` adds ``floor_error``: the
     error of a table refitted, unconstrained, to the previous interval's steps (both arms), a learner with
     no minimum interval, dead band, margin or change bound: what the step-time noise leaves any table of
     the layout that learns from recent steps."""
-    steps = cost_updates.served_steps(store, since, until, step_time)
-    errors = cost_updates.relative_errors(store, steps)
+    steps = served_steps.served_steps(store, since, until, step_time)
+    errors = served_steps.relative_errors(steps)
     windows = store.query(
         """SELECT floor((s.ts - ?) / ?)::BIGINT AS interval, coalesce(s.arm, 'none') AS arm, avg(r."window") AS w
            FROM requests r JOIN steps s USING (replica_id, step_id)
@@ -54,7 +54,7 @@ def by_interval(
             "interval": interval,
             "arm": arm,
             "steps": int(at.sum()),
-            "prediction_error": float(np.median(errors[at])),
+            "prediction_error": float(np.nanmedian(errors[at])) if (~np.isnan(errors[at])).any() else None,
             "mean_window": mean_window.get((interval, arm)),
             "tables": sorted(set(versions[at].tolist())),
         }
@@ -66,16 +66,22 @@ def by_interval(
 
 def _floor(store: Store, steps: dict[str, list], fitted_on: np.ndarray, scored: np.ndarray) -> float | None:
     """The median relative error on the ``scored`` steps of a table fitted to the ``fitted_on`` ones."""
+    # Fitting needs torch. Only the demo's summary asks for the floor, so the dashboards, which read the
+    # rest of this module, never load it.
+    from sparkgate.policies.cost_fit import fit_additive, median_relative_error
+
+    from .cost_updates import step_times
+
     if fitted_on.sum() < MIN_FLOOR_STEPS or not scored.any():
         return None
     parent = cost_tables.get(store, np.array(steps["version"], dtype=object)[fitted_on][0])
     if parent is None:
         return None
     try:
-        fitted = fit_additive(parent.table(), cost_updates.step_times(steps, fitted_on))
+        fitted = fit_additive(parent.table(), step_times(steps, fitted_on))
     except CostTableError:
         return None
-    return median_relative_error(fitted, cost_updates.step_times(steps, scored))
+    return median_relative_error(fitted, step_times(steps, scored))
 
 
 def window_cv(rows: list[dict[str, Any]]) -> dict[str, float | None]:

@@ -33,13 +33,10 @@ from sparkgate.collectors import cost_tables
 from sparkgate.collectors.cost_tables import Source, TableEntry
 from sparkgate.collectors.store import Store
 from sparkgate.policies.adaptive import Adaptive
-from sparkgate.policies.cost_fit import StepTimes, bounded, change, fit_additive, median_relative_error, predict_ms
+from sparkgate.policies.cost_fit import StepTimes, bounded, change, fit_additive, median_relative_error
 from sparkgate.policies.cost_model import AdditiveCostTable, CostTableError
 
-from .queries import time_bounds
-
-# The steps' own measure of what a table predicts (Adaptive.step_time).
-STEP_COLUMN = {"wall": "step_ms", "cpu": "step_cpu_ms"}
+from .served_steps import served_steps
 
 
 @dataclass(frozen=True)
@@ -120,37 +117,6 @@ def propose(store: Store, spec: Adaptive, ctx: Context) -> Update:
     return Update(group, {"rule": "beats the current table", "current": ctx.current.version, **figures}, entry)
 
 
-def served_steps(
-    store: Store,
-    since: float,
-    until: float | None,
-    step_time: str,
-    source: str | None = None,
-    *,
-    group: str | None = None,
-    newest: int | None = None,
-) -> dict[str, list]:
-    """Steps in [since, until) with the table each was served on, oldest first: ``ts``, ``arm``, ``version``,
-    ``batch_size``, ``verify_rows``, ``ms`` (``step_time``). Only tables of ``source`` and of replica group
-    ``group`` (a step belongs to the group of the table it was served on), and only the ``newest`` many steps,
-    when given."""
-    column = STEP_COLUMN[step_time]
-    clauses, params = time_bounds("s", since, until)
-    clauses.append(f"s.{column} > 0")
-    for condition, value in (("t.source = ?", source), ("t.replica_group = ?", group)):
-        if value is not None:
-            clauses.append(condition)
-            params.append(value)
-    limit = "" if newest is None else f" LIMIT {int(newest)}"
-    return store.query(
-        f"SELECT * FROM (SELECT s.ts, coalesce(s.arm, 'none') AS arm, s.cost_table_version AS version, "
-        f"s.batch_size, s.verify_rows, s.{column} AS ms FROM steps s "
-        f"JOIN cost_tables t ON s.cost_table_version = t.version WHERE {' AND '.join(clauses)} "
-        f"ORDER BY s.ts DESC{limit}) ORDER BY ts",
-        params,
-    ).to_pydict()
-
-
 def step_times(steps: dict[str, list], at: np.ndarray | None = None) -> StepTimes:
     """``served_steps``' steps (those ``at`` selects) as ``StepTimes``."""
     take = slice(None) if at is None else at
@@ -159,36 +125,6 @@ def step_times(steps: dict[str, list], at: np.ndarray | None = None) -> StepTime
         torch.tensor(np.asarray(steps["verify_rows"], dtype=np.int64)[take]),
         torch.tensor(np.asarray(steps["ms"], dtype=float)[take]),
     )
-
-
-def relative_errors(store: Store, steps: dict[str, list]) -> np.ndarray:
-    """|predicted - measured| / measured of each of ``served_steps``' steps, predicted by the table it was
-    served on at the rows it ran.
-
-    Not the step's recorded ``predicted_step_ms``: that is the scheduler's price of its plan, which counts
-    every request at its window, while cap-accept and shadow rows verify the whole block, so a step runs
-    more rows than were priced; the table's own error is its prediction at the rows the step ran.
-    """
-    versions = np.array(steps["version"], dtype=object)
-    out = np.empty(len(versions))
-    for version in set(steps["version"]):
-        entry = cost_tables.get(store, version)
-        at = versions == version
-        assert entry is not None, "served_steps joins the stored tables"
-        times = step_times(steps, at)
-        out[at] = ((predict_ms(entry.table(), times) - times.ms).abs() / times.ms).numpy()
-    return out
-
-
-def groups_with_steps(store: Store, since: float, until: float | None) -> list[str]:
-    """Replica groups with steps in [since, until), in name order."""
-    clauses, params = time_bounds("s", since, until)
-    rows = store.query(
-        "SELECT DISTINCT t.replica_group AS g FROM steps s JOIN cost_tables t ON s.cost_table_version = t.version "
-        f"WHERE {' AND '.join(clauses)} ORDER BY g",
-        params,
-    )
-    return rows.column("g").to_pylist()
 
 
 def next_version(store: Store, group: str) -> str:

@@ -42,6 +42,7 @@ def build_store(root: Path, labels: int) -> dict:
     start = time.perf_counter()
     with Store(root / "events.duckdb") as store:
         controller = Controller(store, load_rollout_policy(), clock=lambda: now[0])
+        served = _register_tables(store, T0)
         batches = (
             (
                 from_wire(
@@ -53,6 +54,7 @@ def build_store(root: Path, labels: int) -> dict:
                         first_step=first,
                         seed=r * 1_000_003 + first,
                         ts=T0 + first * 0.01,
+                        cost_table_version=served[r % len(served)],
                     )
                 ),
                 "bench",
@@ -71,6 +73,28 @@ def build_store(root: Path, labels: int) -> dict:
         "steps": counts["steps"],
         "build_s": round(time.perf_counter() - start, 1),
     }
+
+
+def _register_tables(store, now: float) -> list[str]:
+    """A static table and one adaptive fitted from it, so the Tiers page draws its cost-table section; returns
+    their versions (replicas alternate between them)."""
+    import dataclasses
+
+    from sparkgate.collectors import cost_tables
+    from sparkgate.policies.cost_model import AdditiveCostTable, CostMeta
+
+    static = AdditiveCostTable(
+        bias_seconds=0.004, bs_probes=(1, 32), alpha_seconds=(0.0, 0.002), m_probes=(1, 256),
+        theta_seconds=(0.0, 0.004), meta=CostMeta(hardware={"cpu": "bench"}, model="synthetic", version="bench"),
+    )  # fmt: skip
+    entry = cost_tables.static_entry(static, now)
+    child = dataclasses.replace(static, meta=dataclasses.replace(static.meta, version="bench+a1"))
+    fitted = cost_tables.TableEntry(
+        "bench+a1", entry.replica_group, entry.version, cost_tables.Source.ONLINE, now, child.to_json_dict()
+    )
+    for e in (entry, fitted):
+        cost_tables.add(store, e)
+    return [entry.version, fitted.version]
 
 
 def measure(args: list[str]) -> dict[str, float]:

@@ -17,6 +17,9 @@ _ERROR_BIN = 0.05
 _ERROR_CLIP = 1.0
 # Records per second are measured over each replica's last this many seconds of data.
 RATE_WINDOW_S = 60.0
+# A step's predicted time: its table's prediction at the rows it ran, else (an engine that records only
+# that, such as SGLang) the scheduler's price of its plan, which counts each request at its window.
+PREDICTED = "coalesce(table_step_ms, predicted_step_ms)"
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -37,13 +40,13 @@ def tier_histogram(_source, token: str, since: float | None, until: float | None
 @st.cache_data(show_spinner=False, max_entries=16)
 def step_cost(_source, token: str, since: float | None, until: float | None) -> pd.DataFrame:
     """Per verify-row count and cost table version: measured step time quantiles and the mean
-    time the cost table predicted for those steps (``predicted_step_ms``)."""
+    time the cost table predicted for those steps (``PREDICTED``)."""
     where, params = time_where(since, until)
     return _source.query(
         f"""
         SELECT verify_rows, coalesce(cost_table_version, '(none)') AS cost_table_version, count(*) AS steps,
                quantile_cont(step_ms, 0.1) AS p10_ms, quantile_cont(step_ms, 0.5) AS p50_ms,
-               quantile_cont(step_ms, 0.9) AS p90_ms, avg(predicted_step_ms) AS predicted_ms
+               quantile_cont(step_ms, 0.9) AS p90_ms, avg({PREDICTED}) AS predicted_ms
         FROM steps WHERE {where} GROUP BY ALL ORDER BY verify_rows""",
         params,
     ).to_pandas()
@@ -51,11 +54,11 @@ def step_cost(_source, token: str, since: float | None, until: float | None) -> 
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def prediction_error(_source, token: str, since: float | None, until: float | None) -> tuple[pd.DataFrame, dict]:
-    """Histogram of (actual − predicted) / predicted step time, and its summary: steps with a
-    prediction, median and p90 absolute relative error, mean signed error (bias)."""
+    """Histogram of (actual − predicted) / predicted step time (``PREDICTED``), and its summary: steps with
+    a prediction, median and p90 absolute relative error, mean signed error (bias)."""
     where, params = time_where(since, until)
-    error = "(step_ms - predicted_step_ms) / predicted_step_ms"
-    valid = f"{where} AND predicted_step_ms > 0"
+    error = f"(step_ms - {PREDICTED}) / {PREDICTED}"
+    valid = f"{where} AND {PREDICTED} > 0"
     hist = _source.query(
         f"""
         SELECT (floor(greatest(least({error}, {_ERROR_CLIP - 1e-9}), {-_ERROR_CLIP}) / {_ERROR_BIN})

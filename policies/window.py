@@ -122,6 +122,7 @@ class CostAwareScheduler:
     min_window: int = 1
     lag: int = 0
     _curves: dict[tuple[int, int, str], torch.Tensor] = field(default_factory=dict, init=False, repr=False)
+    _predictions: dict[tuple[int, int], float] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.min_window < 0:
@@ -150,6 +151,15 @@ class CostAwareScheduler:
             curve = seconds.to(device=device, dtype=torch.float32)
             self._curves[key] = curve
         return curve
+
+    def table_step_ms(self, batch_size: int, verify_rows: int) -> float:
+        """``cost_table``'s prediction for a step that verified ``verify_rows`` rows (what the step's time is
+        measured against), cached per shape: a step pays a dict lookup, not a table evaluation."""
+        key = (batch_size, verify_rows)
+        ms = self._predictions.get(key)
+        if ms is None:
+            ms = self._predictions[key] = self.cost_table.predict_step_ms(batch_size, verify_rows)
+        return ms
 
     def _plan(self, survival: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Admission order's requests, ``tau`` and the cost curve for clean survivals."""

@@ -351,6 +351,7 @@ class Engine:
         clock.mark()
 
         draft_ms, schedule_ms, verify_ms, accept_ms, commit_ms = clock.durations_ms()
+        predict = getattr(self.policy, "table_step_ms", None)  # only a cost-aware policy serves a table
         record = StepRecord(
             replica_id=self.config.replica_id,
             step_id=self.step_id,
@@ -368,6 +369,7 @@ class Engine:
             accept_ms=accept_ms + commit_ms,
             step_ms=draft_ms + schedule_ms + verify_ms + accept_ms + commit_ms,
             predicted_step_ms=_as_float(decision.predicted_step_ms),
+            table_step_ms=None if predict is None else predict(len(reqs), sum(lens)),
             host_syncs=syncs if dev.type == "cuda" else 0,
             phase=self.config.phase,
             policy_revision=self.config.policy_revision,

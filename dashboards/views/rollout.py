@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from sparkgate.controller.commands import DEFAULT_URL
+from sparkgate.controller.address import DEFAULT_URL
 from sparkgate.controller.rollout import RolloutState, TransitionError, command
 from sparkgate.dashboards import charts, data, steps
 from sparkgate.dashboards.context import current, when

@@ -83,7 +83,7 @@ def cost(ctx) -> None:
     st.altair_chart(charts.step_cost(frame), width="stretch")
     hist, error = steps.prediction_error(ctx.source, ctx.token, ctx.since, ctx.until)
     if not error["steps"]:
-        st.info("No step carries a cost-table prediction (predicted_step_ms) in this window.")
+        st.info("No step carries a cost-table prediction (table_step_ms or predicted_step_ms) in this window.")
         return
     cols = st.columns(3)
     cols[0].metric("Median |error|", f"{error['median_abs']:.1%}", help=f"{error['steps']:,} steps")

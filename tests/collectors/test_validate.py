@@ -49,7 +49,7 @@ def test_generated_valid_records_have_no_problems(record):
         (with_row(committed_tokens=[1]), "requests[0].committed_tokens", "<1 ids>"),
         (with_row(temperature=-0.5), "requests[0].temperature", -0.5),
         (with_row(request_id=""), "requests[0].request_id", ""),
-        (step(schema_version=3), "schema_version", 3),
+        (step(schema_version=4), "schema_version", 4),
         (step(gamma=0), "gamma", 0),
         (step(step_id=-4), "step_id", -4),
         (step(ts=math.nan), "ts", math.nan),

@@ -8,7 +8,7 @@ import pytest
 
 from sparkgate.collectors import cost_tables
 from sparkgate.collectors.cost_tables import Source, VersionConflict
-from sparkgate.controller import cost_updates
+from sparkgate.controller import served_steps
 from sparkgate.controller.cost_updates import Context, propose
 from sparkgate.policies.adaptive import Adaptive
 from sparkgate.policies.cost_fit import change
@@ -76,7 +76,7 @@ def test_only_the_groups_steps_are_fitted(store, static):
     other = scaled(STATIC, 1.0, "static-b")
     cost_tables.add(store, cost_tables.static_entry(other, now=T0))
     ingest_timed(store, other, scaled(STATIC, 1.6), T0 + 1, replica="r1")
-    assert cost_updates.groups_with_steps(store, T0, None) == ["static-b"]
+    assert served_steps.groups_with_steps(store, T0, None) == ["static-b"]
     assert propose(store, SPEC, context(static)).reasons["rule"] == "too few steps"
 
 

@@ -71,6 +71,7 @@ def ingest_timed(
             "step_ms": ms,
             "step_cpu_ms": ms,
             "predicted_step_ms": predict_ms(served, ones).numpy(),
+            "table_step_ms": predict_ms(served, ones).numpy(),
             "cost_table_version": [served.meta.version] * n,
             "phase": [phase] * n,
             "arm": [arm] * n,

@@ -3,7 +3,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkgate.policies.cost_model import StepsPerSecondTable
+from sparkgate.policies.cost_model import AdditiveCostTable, CostMeta, StepsPerSecondTable
 from sparkgate.policies.window import CostAwareScheduler, FixedWindow, WindowDecision
 from sparkgate.verify_runtime.drafters import ModelDrafter, NGramDrafter
 from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
@@ -252,6 +252,26 @@ def test_cost_aware_compact_reproduces_greedy_and_logs_predictions(target):
     assert all(isinstance(r.predicted_step_ms, float) and r.predicted_step_ms > 0 for r in records)
     # free verification: every request verifies the whole block
     assert all(row.window == 4 for r in records for row in r.requests)
+
+
+def test_steps_record_the_tables_prediction_at_the_rows_they_ran(target, drafter):
+    """Cap-accept verifies the whole block whatever window the scheduler priced: the step records its table's
+    prediction at the rows it ran, not the plan's price; a policy without a table records none."""
+    table = AdditiveCostTable(
+        bias_seconds=0.002, bs_probes=(1, 4), alpha_seconds=(0.0, 0.001), m_probes=(1, 32),
+        theta_seconds=(0.0, 0.05), meta=CostMeta(hardware={}, model="m", tiers=()),
+    )  # fmt: skip
+    for policy, mode in ((CostAwareScheduler(table), "cap_accept"), (FixedWindow(4), "static")):
+        records = []
+        engine = Engine(target, drafter, EngineConfig(gamma=4, max_batch=3), policy=policy, sink=records.append)
+        for i, p in enumerate([[1, 2, 3], [4], [5, 6, 7, 8, 9]]):
+            engine.submit(Request(str(i), p, 8, mode=mode, stop_at_eos=False))
+        engine.run()
+        if isinstance(policy, FixedWindow):
+            assert all(r.table_step_ms is None for r in records)
+            continue
+        assert all(r.table_step_ms == table.predict_step_ms(r.batch_size, r.verify_rows) for r in records)
+        assert any(r.table_step_ms > r.predicted_step_ms for r in records)  # more rows ran than were priced
 
 
 class RecordingLag:
