@@ -15,11 +15,12 @@ APP = Path(__file__).with_name("app.py")
 
 
 def streamlit_command(app_args: list[str], host: str = "127.0.0.1", port: int = 8501) -> list[str]:
-    """The ``streamlit run`` command line: headless, no usage statistics, bound to ``host``."""
+    """The ``streamlit run`` command line, run by ``dashboards.server`` (the page modules imported before it
+    listens): headless, no usage statistics, bound to ``host``."""
     return [
         sys.executable,
         "-m",
-        "streamlit",
+        "sparkgate.dashboards.server",
         "run",
         str(APP),
         "--server.address",

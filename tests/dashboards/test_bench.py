@@ -23,4 +23,4 @@ def test_the_store_holds_the_labels_asked_for_and_every_page_renders_from_its_sn
         assert served.to_pylist() == [{"n": 3 * bench.REPLICAS, "v": 2}]
     monkeypatch.setattr(sys, "argv", list(sys.argv))  # measure sets the app's arguments
     seconds = bench.measure(["--snapshot-dir", str(tmp_path / "snapshots")])
-    assert list(seconds) == list(bench.PAGES) and all(s > 0 for s in seconds.values())
+    assert list(seconds) == ["server_warmup", *bench.PAGES] and all(s > 0 for s in seconds.values())
