@@ -229,6 +229,9 @@ def run_e2e(
         row["cost_aware"]["share_of_foresight"] = verdict(
             [r / bound for r in row["cost_aware"]["ratio_to_static_runs"]], share_target(batch)
         )
+        # The process's high-water mark once this batch size has run (sizes run in the order given): at the
+        # largest, the memory an engine serving that batch needs, the bench's own records included.
+        row["peak_rss_mb"] = peak_rss_mb()
         results[str(batch)] = row
     return results
 

@@ -21,7 +21,8 @@ def test_bench_e2e_runs_and_reports_ratios(tmp_path, monkeypatch):
     assert summary["peak_rss_mb"] > 50
     for batch in ("1", "2"):
         row = summary["batches"][batch]
-        assert set(row) == {"static", "fixed_short", "cost_aware", "foresight_decode_ratio", "foresight_wall_ratio"}
+        figures = {"static", "fixed_short", "cost_aware", "foresight_decode_ratio", "foresight_wall_ratio"}
+        assert set(row) == figures | {"peak_rss_mb"} and 50 < row["peak_rss_mb"] <= summary["peak_rss_mb"]
         assert row["foresight_decode_ratio"] >= 1.0  # foresight never verifies more rows than static
         # Prefill does not shrink, so the wall-clock bound lies between 1 and the decode-step bound.
         assert 1.0 <= row["foresight_wall_ratio"] <= row["foresight_decode_ratio"]
