@@ -12,6 +12,10 @@ per step), each into its own fresh DuckDB file. Rows are depth-label rows.
 - recovering: the batch path on requests that continue through every step with
   drafts and positions, so each commit also runs censored-label recovery
   (``collectors.recovery``); ``recovering_time_ratio`` is its time over batch's;
+- append: the ceiling of the batch path: the same batches, validated and exploded
+  beforehand (untimed), appended as they are (steps, request rows, labels: no
+  sums, no recovery, no key check) in one transaction each; what DuckDB's
+  append and commit of these rows cost on this machine;
 - row-wise: the same depth labels inserted with ``executemany`` in one
   transaction (no validation: the baseline is given every advantage);
 - http: ``--clients`` concurrent loopback clients POSTing NDJSON bodies of
@@ -35,7 +39,7 @@ from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.ingest_api import ingest_app, serve_in_thread
 from sparkgate.collectors.labels import explode
 from sparkgate.collectors.metrics import peak_rss_mb
-from sparkgate.collectors.store import Store
+from sparkgate.collectors.store import Store, stage
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import flatten, from_wire
 
@@ -57,6 +61,22 @@ def bench_batch(db: Path, batches: list[pa.Table]) -> tuple[int, float]:
         start = time.perf_counter()
         rows = sum(r.labels for r in store.ingest_stream((from_wire(wire), "bench") for wire in batches))
         return rows, time.perf_counter() - start
+
+
+def bench_append(db: Path, batches: list[pa.Table]) -> tuple[int, float]:
+    """(depth-label rows, seconds) appending the prepared rows of each batch in its own transaction."""
+    prepared = [stage(from_wire(wire)).prepared for wire in batches]
+    with Store(db) as store:
+        con = store._con  # the ceiling deliberately bypasses the batch path
+        start = time.perf_counter()
+        for p in prepared:
+            con.execute("BEGIN TRANSACTION")
+            for name, table in (("steps", p.flat.steps), ("requests", p.requests), ("depth_labels", p.labels)):
+                con.register("incoming", table)
+                con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM incoming")
+                con.unregister("incoming")
+            con.execute("COMMIT")
+        return sum(p.labels.num_rows for p in prepared), time.perf_counter() - start
 
 
 def bench_rowwise(db: Path, rows: int) -> tuple[int, float]:
@@ -103,6 +123,7 @@ def run(rows: int, rowwise_rows: int, http_rows: int, clients: int, batch_steps:
     with tempfile.TemporaryDirectory(prefix="sparkgate-bench-") as tmp:
         batch_rows, batch_s = bench_batch(Path(tmp) / "batch.duckdb", batches)
         _, recovering_s = bench_batch(Path(tmp) / "recovering.duckdb", continuing)
+        append_rows, append_s = bench_append(Path(tmp) / "append.duckdb", batches)
         row_rows, row_s = bench_rowwise(Path(tmp) / "rowwise.duckdb", rowwise_rows)
         http_sent, http_s, http_lost = bench_http(Path(tmp) / "http.duckdb", http_rows, clients, body_steps)
     batch_rate, row_rate = batch_rows / batch_s, row_rows / row_s
@@ -112,6 +133,8 @@ def run(rows: int, rowwise_rows: int, http_rows: int, clients: int, batch_steps:
         "batch_rows_per_s": round(batch_rate),
         "recovering_rows_per_s": round(batch_rows / recovering_s),
         "recovering_time_ratio": round(recovering_s / batch_s, 3),
+        "append_rows_per_s": round(append_rows / append_s),
+        "batch_share_of_append": round(batch_rate / (append_rows / append_s), 3),
         "rowwise_rows": row_rows,
         "rowwise_rows_per_s": round(row_rate),
         "speedup": round(batch_rate / row_rate, 1),

@@ -34,3 +34,20 @@ def test_bench_ingest_smoke():
     for field in ("rows", "batch_rows_per_s", "rowwise_rows_per_s", "speedup", "http_rows_per_s", "http_lost_rows"):
         assert field in figures
     assert figures["rows"] > 0 and figures["http_lost_rows"] == 0
+    assert figures["append_rows_per_s"] > 0 and figures["batch_share_of_append"] > 0
+
+
+def test_the_append_ceiling_stores_what_the_batch_path_stores(tmp_path):
+    from sparkgate.collectors import bench
+    from sparkgate.collectors.store import Store
+
+    batches = bench._wire_batches(4 * bench._ROWS_PER_STEP, 2, "r")
+    rows = [
+        bench.bench_batch(tmp_path / "batch.duckdb", batches)[0],
+        bench.bench_append(tmp_path / "append.duckdb", batches)[0],
+    ]
+    counts = []
+    for name in ("batch", "append"):
+        with Store(tmp_path / f"{name}.duckdb") as store:
+            counts.append({t: n for t, n in store.counts().items() if t in ("steps", "requests", "depth_labels")})
+    assert rows[0] == rows[1] == counts[0]["depth_labels"] and counts[0] == counts[1]
