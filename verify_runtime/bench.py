@@ -63,6 +63,7 @@ def run_verify_bench(
     prompt_len: int,
     device: str,
     graphs: bool = False,
+    profile: bool = False,
 ) -> dict:
     runner, slots, params = prepared_runner(batch, prompt_len, device)
     if graphs:
@@ -72,7 +73,7 @@ def run_verify_bench(
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, 256, (batch, gamma + 1), generator=gen).to(device)
     windows_dist = torch.distributions.Binomial(gamma, torch.tensor(mean_window / gamma))
-    static_ms, compact_ms, compact_rows, compact_tier_rows = [], [], [], []
+    static_ms, compact_ms, compact_rows, compact_tier_rows, timed_windows = [], [], [], [], []
     for i in range(warmup + steps):
         windows = windows_dist.sample((batch,)).long().tolist()
         s_ms, _ = _timed(runner, tokens, [gamma + 1] * batch, slots)
@@ -83,10 +84,11 @@ def run_verify_bench(
             compact_ms.append(c_ms)
             compact_rows.append(sum(c_lens))
             compact_tier_rows.append(c_tier)
+            timed_windows.append(windows)
     rows_static = batch * (gamma + 1)
     static, compact = statistics.median(static_ms), statistics.median(compact_ms)
     tier_rows_compact = statistics.median(compact_tier_rows)
-    return {
+    result = {
         "device": device,
         "graphs": graphs,
         "threads": torch.get_num_threads(),
@@ -104,6 +106,11 @@ def run_verify_bench(
         "time_ratio": round(compact / static, 4),
         "row_ratio": round(tier_rows_compact / rows_static, 4),
     }
+    if profile:  # after the timed steps, so the profiler's cost stays out of the timings
+        from .verify_profile import profiled
+
+        result["profile"] = profiled(runner, tokens, slots, timed_windows)
+    return result
 
 
 @click.command("verify")
@@ -121,14 +128,19 @@ def run_verify_bench(
     help="torch intra-op threads. One by default: at decode-sized row counts a second thread buys "
     "little, and spin-waiting threads make timings collapse when any other process shares the cores.",
 )
+@click.option(
+    "--profile",
+    is_flag=True,
+    help="Also profile the timed steps again per operator category (matmul, attention, gathers, the rest).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON result.")
-def bench_verify(batch, gamma, mean_window, steps, warmup, prompt_len, device, graphs, threads, as_json):
+def bench_verify(batch, gamma, mean_window, steps, warmup, prompt_len, device, graphs, threads, profile, as_json):
     """Static vs compact verification cost on one batch; prints JSON."""
     torch.set_num_threads(threads)
     if not 0 <= mean_window <= gamma:
         raise click.BadParameter(f"must lie in [0, gamma={gamma}], got {mean_window}", param_hint="--mean-window")
     graphs = resolve_graphs(device, graphs)
-    result = run_verify_bench(batch, gamma, mean_window, steps, warmup, prompt_len, device, graphs)
+    result = run_verify_bench(batch, gamma, mean_window, steps, warmup, prompt_len, device, graphs, profile)
     result["peak_rss_mb"] = peak_rss_mb()
     if not as_json:
         click.echo(f"compact/static time {result['time_ratio']:.3f} vs rows {result['row_ratio']:.3f}", err=True)

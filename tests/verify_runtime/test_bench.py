@@ -5,6 +5,7 @@ import json
 from click.testing import CliRunner
 
 from sparkgate.cli import main
+from sparkgate.verify_runtime.verify_profile import CATEGORIES, OTHER, category
 
 
 def test_bench_verify_runs_and_reports_its_fields():
@@ -43,6 +44,28 @@ def test_bench_verify_runs_and_reports_its_fields():
         assert key in result
     assert result["rows_static"] == 16 and result["batch"] == 4
     assert result["tier_rows_compact"] >= result["rows_compact"]
+
+
+def test_the_profile_puts_every_operator_in_a_category_for_both_arms():
+    out = CliRunner().invoke(
+        main,
+        ["bench", "verify", "--batch", "8", "--gamma", "3", "--steps", "3", "--warmup", "1", "--profile", "--json"],
+    )
+    assert out.exit_code == 0, out.output
+    prof = json.loads(out.output.strip().splitlines()[-1])["profile"]
+    categories = [*CATEGORIES, OTHER, "op_calls"]
+    assert list(prof["static_ms"]) == list(prof["compact_ms"]) == list(prof["compact_over_static"]) == categories
+    assert prof["static_ms"]["matmul"] > prof["compact_ms"]["matmul"] > 0  # fewer rows, less matmul
+    assert prof["static_ms"]["attention"] > 0 and prof["compact_ms"]["op_calls"] > 0
+
+
+def test_operators_fall_into_their_categories():
+    assert [category(op) for op in ("aten::mm", "aten::index_select", "aten::add", "aten::softmax")] == [
+        "matmul",
+        "gather and scatter",
+        OTHER,
+        "attention",
+    ]
 
 
 def test_bench_verify_rejects_a_window_beyond_gamma():
