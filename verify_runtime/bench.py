@@ -3,7 +3,11 @@
 Both arms run on the same model, cache and prompts in one process, interleaved
 step by step so machine noise hits both alike. Compact windows are drawn from a
 binomial with the requested mean, so the packed rows (not ``B × (γ+1)``) decide
-the cost.
+the cost. Each step pairs a compact verify with the static one next to it; the
+verdict is the median of those paired ratios with its sign-test interval, judged
+against ``1.15 × row_ratio + 0.03`` by the interval's upper end, in CPU time on a
+CPU (one thread: the cost itself, without the neighbours' share of the cores)
+and in wall time on a GPU.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 
 from sparkgate.collectors.metrics import peak_rss_mb
 
+from .bench_verdict import interval, verdict
 from .device_options import device_options, resolve_graphs
 from .kv_cache import KVCache
 from .tiers import TierGrid
@@ -37,13 +42,19 @@ def prepared_runner(batch: int, prompt_len: int, device: str, seed: int = 0) -> 
     return runner, slots, model.num_params
 
 
+# Compact's time over static's may exceed the row ratio by this factor and offset (the per-step costs that
+# do not shrink with the rows).
+ROW_FACTOR, ROW_OFFSET = 1.15, 0.03
+
+
 def _timed(runner: TargetRunner, tokens: torch.Tensor, lens: list[int], slots: list[int]):
+    """(wall ms, thread CPU ms, tier rows) of one verify."""
     sync = torch.cuda.synchronize if tokens.is_cuda else (lambda: None)
     sync()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.thread_time()
     out = runner.verify(tokens, lens, slots)
     sync()
-    return (time.perf_counter() - start) * 1000.0, out.tier.tier_rows
+    return (time.perf_counter() - start) * 1000.0, (time.thread_time() - cpu) * 1000.0, out.tier.tier_rows
 
 
 def time_static_verify(batch: int, gamma: int, steps: int = 10, device: str = "cpu") -> float:
@@ -74,20 +85,24 @@ def run_verify_bench(
     tokens = torch.randint(0, 256, (batch, gamma + 1), generator=gen).to(device)
     windows_dist = torch.distributions.Binomial(gamma, torch.tensor(mean_window / gamma))
     static_ms, compact_ms, compact_rows, compact_tier_rows, timed_windows = [], [], [], [], []
+    wall_ratios, cpu_ratios = [], []
     for i in range(warmup + steps):
         windows = windows_dist.sample((batch,)).long().tolist()
-        s_ms, _ = _timed(runner, tokens, [gamma + 1] * batch, slots)
+        s_ms, s_cpu, _ = _timed(runner, tokens, [gamma + 1] * batch, slots)
         c_lens = [w + 1 for w in windows]
-        c_ms, c_tier = _timed(runner, tokens, c_lens, slots)
+        c_ms, c_cpu, c_tier = _timed(runner, tokens, c_lens, slots)
         if i >= warmup:
             static_ms.append(s_ms)
             compact_ms.append(c_ms)
+            wall_ratios.append(c_ms / s_ms)
+            cpu_ratios.append(c_cpu / s_cpu)
             compact_rows.append(sum(c_lens))
             compact_tier_rows.append(c_tier)
             timed_windows.append(windows)
     rows_static = batch * (gamma + 1)
     static, compact = statistics.median(static_ms), statistics.median(compact_ms)
     tier_rows_compact = statistics.median(compact_tier_rows)
+    row_ratio = tier_rows_compact / rows_static
     result = {
         "device": device,
         "graphs": graphs,
@@ -104,7 +119,18 @@ def run_verify_bench(
         "static_ms": round(static, 3),
         "compact_ms": round(compact, 3),
         "time_ratio": round(compact / static, 4),
-        "row_ratio": round(tier_rows_compact / rows_static, 4),
+        "row_ratio": round(row_ratio, 4),
+        "paired_time_ratio": interval(wall_ratios, digits=4),
+        # On a GPU the host thread's CPU time is not the step's cost: judge wall time there.
+        "verdict": {
+            "measure": "cpu" if device == "cpu" else "wall",
+            **verdict(
+                cpu_ratios if device == "cpu" else wall_ratios,
+                round(ROW_FACTOR * row_ratio + ROW_OFFSET, 4),
+                at_most=True,
+                digits=4,
+            ),
+        },
     }
     if profile:  # after the timed steps, so the profiler's cost stays out of the timings
         from .verify_profile import profiled
@@ -143,5 +169,10 @@ def bench_verify(batch, gamma, mean_window, steps, warmup, prompt_len, device, g
     result = run_verify_bench(batch, gamma, mean_window, steps, warmup, prompt_len, device, graphs, profile)
     result["peak_rss_mb"] = peak_rss_mb()
     if not as_json:
-        click.echo(f"compact/static time {result['time_ratio']:.3f} vs rows {result['row_ratio']:.3f}", err=True)
+        v = result["verdict"]
+        click.echo(
+            f"compact/static {v['measure']} time {v['median']:.3f} [{v['low']}, {v['high']}] (target <= {v['target']}: "
+            f"{'met' if v['met'] else 'not met'}) at rows {result['row_ratio']:.3f}",
+            err=True,
+        )
     click.echo(json.dumps(result))

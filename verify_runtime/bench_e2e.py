@@ -47,13 +47,11 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-import numpy as np
 import torch
 
 from sparkgate.collectors.metrics import peak_rss_mb
 from sparkgate.collectors.schema import StepRecord
 from sparkgate.policies.cost_model import CostTable
-from sparkgate.policies.intervals import sign_interval
 from sparkgate.policies.window import (
     CostAwareScheduler,
     FixedWindow,
@@ -61,6 +59,7 @@ from sparkgate.policies.window import (
     WindowPolicy,
 )
 
+from .bench_verdict import interval, verdict
 from .device_options import device_options, resolve_graphs
 from .engine import Engine, EngineConfig, Request
 from .summary import run_timed, summarize
@@ -236,33 +235,10 @@ def run_e2e(
     return results
 
 
-# The scheduler's share of what a foresighted one reaches on the wall clock, judged by the lower end of a
-# VERDICT_LEVEL interval over paired rounds: at batch 1 there is little to gain, so little may be lost.
-VERDICT_LEVEL = 0.90
-
-
 def share_target(batch: int) -> float | None:
+    """The scheduler's share of what a foresighted one reaches on the wall clock, judged by the lower end of
+    the interval over paired rounds: at batch 1 there is little to gain, so little may be lost."""
     return 0.97 if batch == 1 else 0.95 if batch >= 32 else None
-
-
-def interval(values: list[float], level: float = VERDICT_LEVEL) -> dict[str, Any]:
-    """The median of paired per-round values with its sign-test interval (None: too few rounds for one)."""
-    low, high = sign_interval(np.asarray(values), level)
-    return {
-        "median": round(statistics.median(values), 3),
-        "low": None if low is None else round(low, 3),
-        "high": None if high is None else round(high, 3),
-        "level": level,
-        "rounds": len(values),
-    }
-
-
-def verdict(values: list[float], target: float | None) -> dict[str, Any]:
-    """``interval`` of ``values`` and whether its lower end meets ``target`` (None: no target, or no interval)."""
-    out = interval(values)
-    out["target"] = target
-    out["met"] = None if target is None or out["low"] is None else out["low"] >= target
-    return out
 
 
 @click.command("e2e")

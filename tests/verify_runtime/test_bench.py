@@ -44,6 +44,9 @@ def test_bench_verify_runs_and_reports_its_fields():
         assert key in result
     assert result["rows_static"] == 16 and result["batch"] == 4
     assert result["tier_rows_compact"] >= result["rows_compact"]
+    v = result["verdict"]
+    assert v["measure"] == "cpu" and v["rounds"] == 2 and v["met"] is None  # two steps give no interval
+    assert v["target"] == round(1.15 * result["row_ratio"] + 0.03, 4)
 
 
 def test_the_profile_puts_every_operator_in_a_category_for_both_arms():
