@@ -32,10 +32,9 @@ def by_interval(
 ) -> list[dict[str, Any]]:
     """One row per (interval, arm) with steps in it, in time order; each step's error is its table's
     prediction at the rows it ran (``served_steps.relative_errors``; None where no step of the row recorded
-    one). ``floor`` adds ``floor_error``: the
-    error of a table refitted, unconstrained, to the previous interval's steps (both arms), a learner with
-    no minimum interval, dead band, margin or change bound: what the step-time noise leaves any table of
-    the layout that learns from recent steps."""
+    one). ``floor`` adds ``floor_error``: the error of a table refitted, unconstrained, to the previous
+    interval's steps (both arms), a learner with no minimum interval, dead band, margin or change bound:
+    what the step-time noise leaves any table of the layout that learns from recent steps."""
     steps = served_steps.served_steps(store, since, until, step_time)
     errors = served_steps.relative_errors(steps)
     windows = store.query(
