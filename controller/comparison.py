@@ -4,21 +4,32 @@ Replicas alternate treatment and control switchback epochs (``policies.switchbac
 The unit of evidence is an epoch pair: epochs ``2k`` and ``2k + 1`` of one replica,
 one of each arm, a few seconds apart, so load swings slower than a pair and
 noisy neighbours hit both. Per pair and metric, ``d = ln(treatment / control)``;
-the estimate is ``exp(median d)`` and the interval the sign-test interval for
-that median (order statistics of the d's, binomial coverage): exact at any
-distribution of d, conservative for a finite n, and assuming only that pairs
-are independent. Too few pairs for an interval at the level leaves it open, and
-the gate inconclusive.
+the estimate is ``exp`` of the Hodges-Lehmann estimate of the d's center and the
+interval the signed-rank interval for it (``policies.intervals``). Its one
+assumption beyond independent pairs, that d is symmetric about its center, is
+what the design makes true: the arm order inside a pair is a coin flip, so a
+drift between a pair's two epochs enters d with a random sign, and two epochs'
+own noise differ symmetrically; under a constant effect, d minus the effect is
+symmetric at any noise distribution. It is about 1.5 times as efficient as the
+sign test, which the interval used before. Too few pairs for an interval at the
+level leaves it open, and the gate inconclusive.
 
-Replicas are judged apart, because a regression on one replica of many would
-barely move a fleet-wide median: each replica gets its own interval at level
-``1 - (1 - level) / R`` (Bonferroni over the R replicas compared, so a healthy
-fleet fails a gate no more often than a single comparison would), and the
-fleet's bounds are the worst replica's: for a metric that is bad when high,
-``[max low, max high]``, so an ``at_most`` gate passes only when every replica's
-interval is below the threshold and fails as soon as one is wholly above it
-(mirrored for metrics bad when low). ``samples`` is the fewest pairs of any
-replica; the estimate is the worst replica's.
+A fleet of several replicas is judged twice, the error rate split between the
+two: pooled (every replica's pairs together, at level ``1 - (1 - level) / 2``),
+which is what catches a fleet-wide regression soonest, and per replica (each at
+``1 - (1 - level) / 2R``, Bonferroni over the R replicas), because a regression
+on one replica of many would barely move a pooled center. The fleet's bounds
+are the worst of those R + 1 intervals: for a metric that is bad when high,
+``[max low, max high]``, so an ``at_most`` gate passes only when every interval
+is below the threshold and fails as soon as one is wholly above it (mirrored
+for metrics bad when low); a healthy fleet fails a gate no more often than one
+comparison at ``level`` would (the R + 1 one-sided errors sum to one side of it).
+A replica with too few pairs for its own interval leaves the good side open
+(the gate cannot pass) but does not keep the pooled interval from failing it.
+``samples`` is the fleet's pairs. The estimate is the pooled one, the fleet's
+effect (the worst replica's center is biased away from one even when nothing
+differs); the bounds are a decision rule over R + 1 intervals, so when one
+replica alone is off they need not hold the pooled estimate.
 
 Fleets split by replica (the SGLang actuator gives each server one setting for the
 stage) are compared as groups instead (``Groups``): a pair is a slice of
@@ -52,7 +63,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sparkgate.collectors.store import Store
-from sparkgate.policies.intervals import sign_interval
+from sparkgate.policies.intervals import signed_rank_interval
 from sparkgate.policies.rollout import Comparison
 from sparkgate.policies.vocabulary import Arm, FinishReason
 
@@ -94,13 +105,13 @@ Design = Epochs | Groups
 
 
 def measure(d: np.ndarray, level: float) -> Measurement:
-    """One unit's estimate and interval."""
-    if not len(d):
+    """One unit's (or the pooled fleet's) estimate and interval."""
+    center, low, high = signed_rank_interval(d, level)
+    if center is None:
         return Measurement(None, 0)
-    low, high = sign_interval(d, level)
-    method = f"sign-test interval of the median paired log ratio, {len(d)} pairs, {level:.2%}"
+    method = f"signed-rank interval of the paired log ratio's center, {len(d)} pairs, {level:.2%}"
     return Measurement(
-        math.exp(float(np.median(d))),
+        math.exp(center),
         len(d),
         None if low is None else math.exp(low),
         None if high is None else math.exp(high),
@@ -195,36 +206,40 @@ def paired(per_pair: dict) -> dict[str, np.ndarray]:
     return {unit: np.array(d) for unit, d in out.items()}
 
 
-def fleet(parts: dict[str, Measurement], bad_when_high: bool, level: float) -> Measurement:
-    """The fleet's bounds from each replica's (see the module docstring)."""
-    if not parts:
+def fleet(by_unit: dict[str, np.ndarray], bad_when_high: bool, level: float) -> Measurement:
+    """The fleet's estimate and bounds from each unit's paired log ratios (see the module docstring)."""
+    if not by_unit:
         return Measurement(None, 0)
-    if parts.keys() == {GROUPS}:
-        m = parts[GROUPS]
-        return Measurement(m.value, m.samples, m.low, m.high, f"treatment group against control group, {m.method}")
+    if len(by_unit) == 1:
+        unit, d = next(iter(by_unit.items()))
+        m = measure(d, level)
+        who = "treatment group against control group" if unit == GROUPS else f"one replica ({unit})"
+        return Measurement(m.value, m.samples, m.low, m.high, f"{who}: {m.method}")
+    alpha, units = 1 - level, len(by_unit)
+    pooled = measure(np.concatenate(list(by_unit.values())), 1 - alpha / 2)
+    parts = {unit: measure(d, 1 - alpha / (2 * units)) for unit, d in by_unit.items()}
+    intervals = [pooled, *parts.values()]
     pick = max if bad_when_high else min
+    # The bad side fails on any interval that has one (an interval too short on pairs cannot fail); the good
+    # side passes only when every interval has one.
+    bad_bounds = [m.low if bad_when_high else m.high for m in intervals]
+    good_bounds = [m.high if bad_when_high else m.low for m in intervals]
+    closed = [b for b in bad_bounds if b is not None]
+    bad = pick(closed) if closed else None
+    good = None if None in good_bounds else pick(good_bounds)  # type: ignore[type-var]
     worst = pick(parts, key=lambda r: parts[r].value or 0.0)
-    lows, highs = [m.low for m in parts.values()], [m.high for m in parts.values()]
-    open_ = None in lows or None in highs
     method = (
-        f"per replica ({len(parts)}, each at {1 - (1 - level) / len(parts):.2%}): sign-test interval of the median "
-        f"paired log ratio over switchback epoch pairs; the worst replica's bounds ({worst})"
+        f"pooled ({pooled.samples} pairs, at {1 - alpha / 2:.2%}) and per replica ({units}, each at "
+        f"{1 - alpha / (2 * units):.2%}): signed-rank intervals of the paired log ratio's center over switchback "
+        f"epoch pairs; the worst of those bounds (worst replica {worst})"
     )
-    return Measurement(
-        parts[worst].value,
-        min(m.samples for m in parts.values()),
-        None if open_ else pick(lows),  # type: ignore[type-var]
-        None if open_ else pick(highs),  # type: ignore[type-var]
-        method,
-    )
+    low, high = (bad, good) if bad_when_high else (good, bad)
+    return Measurement(pooled.value, pooled.samples, low, high, method)
 
 
 def comparisons(store: Store, design: Design, spec: Comparison) -> dict[str, Measurement]:
     """Every comparison metric's estimate, bounds and pair count over the window."""
-    out = {}
-    for metric, values in per_pair(store, design, spec).items():
-        by_replica = paired(values)
-        level = 1 - (1 - spec.level) / max(len(by_replica), 1)
-        parts = {replica: measure(d, level) for replica, d in by_replica.items()}
-        out[metric] = fleet(parts, metric in BAD_WHEN_HIGH, spec.level)
-    return out
+    return {
+        metric: fleet(paired(values), metric in BAD_WHEN_HIGH, spec.level)
+        for metric, values in per_pair(store, design, spec).items()
+    }

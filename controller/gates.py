@@ -21,7 +21,7 @@ from typing import Any
 from sparkgate.policies.rollout import Gate, RolloutPolicy
 from sparkgate.policies.vocabulary import Outcome
 
-from .measurement import Measurement
+from .measurement import Measurement, span
 
 # Metrics that compare with what baseline recorded; their min_samples size the reference it must collect.
 BASELINE_METRICS = ("accepted_length_ratio",)
@@ -100,23 +100,24 @@ def judge(gate: Gate, measurement: Measurement | None, stale: str | None = None)
 
 
 def _judge_interval(gate: Gate, m: Measurement, stale: str | None, verdict: Callable[[str, str], Verdict]) -> Verdict:
-    if m.low is None or m.high is None:
+    if m.low is None and m.high is None:
         return verdict(Outcome.INCONCLUSIVE, f"{m.samples} samples are too few for an interval: collect more")
-    span = f"[{m.low:.4g}, {m.high:.4g}]"
+    interval = span(m.low, m.high)
     good, bad = (m.high, m.low) if gate.direction == "at_most" else (m.low, m.high)
     if stale is not None:
         return verdict(Outcome.INCONCLUSIVE, stale)
     limit = gate.fail_limit
-    if gate.passes(good):
-        return verdict(Outcome.PASS, f"interval {span} wholly {_symbol(gate.direction)} {gate.threshold:g}")
-    if gate.fails(bad):
-        return verdict(Outcome.FAIL, f"interval {span} wholly beyond {limit:g}")
+    # An open side can neither pass nor fail the gate: only the bound that is there decides.
+    if good is not None and gate.passes(good):
+        return verdict(Outcome.PASS, f"interval {interval} wholly {_symbol(gate.direction)} {gate.threshold:g}")
+    if bad is not None and gate.fails(bad):
+        return verdict(Outcome.FAIL, f"interval {interval} wholly beyond {limit:g}")
     where = (
         f"straddles {gate.threshold:g}"
         if gate.fail_threshold is None
         else f"ends between {gate.threshold:g} and {limit:g}"
     )
-    return verdict(Outcome.INCONCLUSIVE, f"interval {span} {where}: collect more")
+    return verdict(Outcome.INCONCLUSIVE, f"interval {interval} {where}: collect more")
 
 
 def _symbol(direction: str) -> str:
@@ -178,8 +179,7 @@ def verdict_table(verdicts: Iterable[Mapping[str, Any]], indent: str = "    ") -
     rows = [("gate", "value", "interval", "threshold", "samples", "verdict")]
     for v in verdicts:
         value = "-" if v["value"] is None else f"{v['value']:.3f}"
-        low, high = v.get("low"), v.get("high")
-        interval = f"[{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
+        interval = span(v.get("low"), v.get("high"), ".3f")
         bound = f"{'<=' if v['direction'] == 'at_most' else '>='} {v['threshold']:g}"
         verdict = (
             v["outcome"]

@@ -13,6 +13,8 @@ class Measurement:
 
     value: float | None
     samples: int
+    # An interval's bounds; either may be None, open (a fleet with too few pairs on some replica for that
+    # side: controller.comparison), and then the gate cannot pass (or fail) by that side.
     low: float | None = None
     high: float | None = None
     method: str | None = None
@@ -28,3 +30,10 @@ class Measurement:
         if self.error is not None:
             out["error"] = self.error
         return out
+
+
+def span(low: float | None, high: float | None, spec: str = ".4g") -> str:
+    """An interval as text (``""`` with neither bound; an open side shows as ``open``)."""
+    if low is None and high is None:
+        return ""
+    return f"[{'open' if low is None else format(low, spec)}, {'open' if high is None else format(high, spec)}]"

@@ -299,10 +299,13 @@ def evaluate(
     shadow_reference: bool = False,
     per_replica: bool = False,
     use_sums: bool = True,
+    baseline: bool = True,
 ) -> Evaluation:
     """Measure ``window`` and ``slice_`` of the store. The baseline is every step recorded in the
     baseline phase (same replica and load slice), whatever the window; with ``contract``, the baseline and
-    the acceptance reference are that contract's only (a reference measured under another is no control)."""
+    the acceptance reference are that contract's only (a reference measured under another is no control).
+    ``baseline`` False leaves the baseline's step buckets out (None): only the report and the baseline
+    phase's own gate read them, and their cost grows with how long baseline ran."""
     stats = window_stats.read(store, window, slice_, use_sums=use_sums)
     survival, conditional, compact_counts = stats.survival, stats.conditional, stats.compact_counts()
     aggregate = Aggregate(survival.calibration_stats(), conditional.calibration_stats(), **stats.hists)
@@ -310,7 +313,7 @@ def evaluate(
         name: bootstrap_ece(kind, resamples, INTERVAL_LEVEL, seed)
         for name, kind in (("survival", survival), ("conditional", conditional))
     }
-    steps = baseline = None
+    steps = baseline_steps = None
     misses: dict[str, int] = {}
     as_of = None
     by_phase = window_stats.full_accept_totals(store, slice_, (Phase.SHADOW, Phase.BASELINE), contract)
@@ -318,8 +321,9 @@ def evaluate(
     if not slice_.per_request:
         steps = queries.step_buckets(store, window, slice_)
         # Baseline's steps, read over the span it recorded in rather than the whole history.
-        span = window_stats.phase_span(store, (Phase.BASELINE,), contract)
-        baseline = queries.step_buckets(store, span, slice_, phase="baseline", contract=contract)
+        if baseline:
+            span = window_stats.phase_span(store, (Phase.BASELINE,), contract)
+            baseline_steps = queries.step_buckets(store, span, slice_, phase="baseline", contract=contract)
         misses = queries.miss_reasons(store, window, slice_)
         as_of = max(steps.column("newest").to_pylist(), default=None)
     return Evaluation(
@@ -331,7 +335,7 @@ def evaluate(
         compact_counts,
         intervals,
         steps,
-        baseline,
+        baseline_steps,
         misses,
         queries.consistency_counts(store, window, slice_),
         as_of,

@@ -246,6 +246,7 @@ class Controller:
                 contract=reading.reference(),
                 shadow_reference=self._asks(state, "survival_ece_drift"),
                 per_replica=self._asks(state, "survival_ece_debiased_replica"),
+                baseline=self._judged(state)[0] == Phase.BASELINE,  # its gate counts baseline's steps
             )
             verdicts = self.judge(state, evaluation, now)
         except duckdb.Error as exc:  # the store could not be read: an error interval, not "no data"

@@ -1,12 +1,14 @@
-"""Distribution-free intervals for a median: the sign test's order statistics (pure functions).
+"""Distribution-free intervals for a center: the sign test's order statistics, and the signed-rank
+test's Walsh averages (pure functions).
 
 Every layer that reports an estimate with an interval over paired or repeated
-measurements uses these: the comparison gates (epoch pairs), the adaptive gates
-(step errors) and the benchmarks (paired rounds).
+measurements uses these: the comparison gates (epoch pairs, signed-rank), the
+adaptive gates (step errors) and the benchmarks (paired rounds).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from statistics import NormalDist
 
@@ -44,3 +46,51 @@ def median_interval(d: np.ndarray, level: float) -> tuple[float | None, float | 
     j = max(1, math.floor((n - z * math.sqrt(n)) / 2))
     ordered = np.sort(d)
     return float(ordered[j - 1]), float(ordered[n - j])
+
+
+# Up to this many values the signed-rank critical value comes from its exact null distribution; above it,
+# from the normal approximation (with a continuity correction), which is within one rank of it there.
+SIGNED_RANK_EXACT_UP_TO = 80
+# Above this many values the Walsh averages (n(n+1)/2 of them) would cost more memory than the interval is
+# worth: the sign test's interval is used instead (still distribution-free, only wider).
+WALSH_UP_TO = 1500
+
+
+@functools.lru_cache(maxsize=4096)
+def _signed_rank_k(n: int, alpha: float) -> int:
+    """The largest k with P(T+ <= k - 1) <= alpha / 2 for the signed-rank statistic of ``n`` values under
+    the null (symmetric about zero): the interval is the k-th smallest and k-th largest Walsh average."""
+    total = n * (n + 1) // 2
+    if n > SIGNED_RANK_EXACT_UP_TO:
+        z = NormalDist().inv_cdf(1 - alpha / 2)
+        sd = math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
+        return max(0, math.floor(total / 2 - z * sd - 0.5) + 1)
+    counts = np.zeros(total + 1)
+    counts[0] = 1.0
+    for i in range(1, n + 1):  # the generating function of T+: each rank i in or out of the sum
+        counts[i:] = counts[i:] + counts[: total + 1 - i].copy()
+    cumulative = np.cumsum(counts) / 2.0**n
+    return int(np.searchsorted(cumulative, alpha / 2 * (1 + 1e-12), side="right"))
+
+
+def signed_rank_interval(d: np.ndarray, level: float) -> tuple[float | None, float | None, float | None]:
+    """(Hodges-Lehmann estimate, low, high) of the center of ``d``, for ``d`` symmetric about it: the median
+    of the Walsh averages ``(d_i + d_j) / 2, i <= j`` and the interval from their order statistics that the
+    signed-rank test inverts, with coverage >= ``level`` (exact up to ``SIGNED_RANK_EXACT_UP_TO`` values).
+    About 1.5 times as efficient as the sign test on normal data (0.955 against 0.64), and valid at any
+    symmetric distribution, heavy tails included. Low and high are None when ``len(d)`` is too small for an
+    interval at ``level``; above ``WALSH_UP_TO`` values, the median and ``median_interval``."""
+    n = len(d)
+    if not n:
+        return None, None, None
+    if n > WALSH_UP_TO:
+        low, high = median_interval(d, level)
+        return float(np.median(d)), low, high
+    d = np.asarray(d, dtype=float)
+    i, j = np.triu_indices(n)
+    walsh = np.sort((d[i] + d[j]) / 2)
+    k = _signed_rank_k(n, round(1 - level, 12))
+    estimate = float(np.median(walsh))
+    if k == 0:
+        return estimate, None, None
+    return estimate, float(walsh[k - 1]), float(walsh[len(walsh) - k])

@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from sparkgate.controller.address import DEFAULT_URL
+from sparkgate.controller.measurement import span
 from sparkgate.controller.rollout import RolloutState, TransitionError, command
 from sparkgate.dashboards import charts, data, steps
 from sparkgate.dashboards.context import current, when
@@ -22,7 +23,7 @@ def gate_table(verdicts: list[dict]) -> pd.DataFrame:
                 "gate": v["gate"],
                 "metric": v["metric"],
                 "value": v["value"],
-                "interval": f"[{v['low']:.4g}, {v['high']:.4g}]" if v.get("low") is not None else "",
+                "interval": span(v.get("low"), v.get("high")),
                 "threshold": f"{SYMBOL.get(v['direction'], v['direction'])} {v['threshold']:g}",
                 "samples": v["samples"],
                 "min samples": v["min_samples"],

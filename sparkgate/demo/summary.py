@@ -17,6 +17,7 @@ from sparkgate.collectors import cost_tables
 from sparkgate.collectors.store import Store
 from sparkgate.controller import cost_report, ledger
 from sparkgate.controller.comparison import COMPARISON_METRICS
+from sparkgate.controller.measurement import span
 from sparkgate.controller.metrics import evaluate
 from sparkgate.controller.queries import Window
 from sparkgate.controller.rollout import Decision
@@ -89,9 +90,9 @@ def failing(reasons) -> list[dict]:
 
 def describe_verdict(v: dict) -> str:
     symbol = ">" if v["direction"] == "at_most" else "<"
-    if v.get("low") is not None and v.get("high") is not None:  # a comparison fails by its whole interval
-        span = f"[{v['low']:.3g}, {v['high']:.3g}]"
-        return f"{v['gate']} {v['value']:.3g} {span} {symbol} {v['threshold']:g} ({v['samples']} epoch pairs)"
+    if v.get("low") is not None or v.get("high") is not None:  # a comparison fails by its whole interval
+        interval = span(v.get("low"), v.get("high"), ".3g")
+        return f"{v['gate']} {v['value']:.3g} {interval} {symbol} {v['threshold']:g} ({v['samples']} epoch pairs)"
     return f"{v['gate']} {v['value']:.3g} {symbol} {v['threshold']:g} ({v['samples']} samples)"
 
 

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from sparkgate.collectors.request_ingest import prepare_requests
-from sparkgate.controller.comparison import Epochs, Groups, comparisons, fleet, measure, sign_interval
+from sparkgate.controller.comparison import Epochs, Groups, comparisons, fleet, measure
 from sparkgate.controller.gates import judge
+from sparkgate.policies.intervals import sign_interval
 from sparkgate.policies.rollout import Comparison, Gate
 from sparkgate.policies.switchback import Switchback
 from sparkgate.policies.vocabulary import Arm
@@ -74,25 +75,52 @@ def test_epoch_pairs_read_from_the_store_compare_treatment_with_control(store):
     store.commit_requests(prepare_requests("\n".join(map(json.dumps, lines)).encode()), "test")
     found = comparisons(store, Epochs(revision=3, origin=T0, since=T0), spec)
     assert found["p99_step_ratio"].value == pytest.approx(2.0)
-    assert found["p99_step_ratio"].samples == 8  # 8 pairs on each of two replicas
+    assert found["p99_step_ratio"].samples == 16  # 8 pairs on each of two replicas
     assert found["tokens_per_s_ratio"].value == pytest.approx(0.5, rel=0.05)  # about as many tokens in twice the time
-    assert found["p99_ttft_ratio"].value == pytest.approx(1.5) and found["p99_ttft_ratio"].samples == 8
+    assert found["p99_ttft_ratio"].value == pytest.approx(1.5) and found["p99_ttft_ratio"].samples == 8  # one replica
     assert found["p99_tpot_ratio"].value == pytest.approx(1.5)
     assert found["goodput_ratio"].value == pytest.approx(1.0)  # all within the SLOs in both arms
-    assert found["p99_step_ratio"].low == pytest.approx(2.0) and "per replica (2" in found["p99_step_ratio"].method
+    method = found["p99_step_ratio"].method
+    assert found["p99_step_ratio"].low == pytest.approx(2.0)
+    assert "pooled (16 pairs" in method and "per replica (2" in method
     assert comparisons(store, Epochs(revision=4, origin=T0, since=T0), spec)["p99_step_ratio"].samples == 0
 
 
-def test_a_regression_on_one_replica_of_three_fails_the_gate_a_fleet_median_would_never_fail():
+def test_a_regression_on_one_replica_of_three_fails_the_gate_a_pooled_center_would_never_fail():
     rng = np.random.default_rng(1)
-    healthy = {f"r{i}": measure(rng.normal(0.0, 0.02, 12), 1 - 0.05 / 3) for i in range(2)}
-    slow = {"r2": measure(rng.normal(math.log(1.2), 0.02, 12), 1 - 0.05 / 3)}
-    combined = fleet({**healthy, **slow}, bad_when_high=True, level=0.95)
+    healthy = {f"r{i}": rng.normal(0.0, 0.02, 12) for i in range(2)}
+    slow = {"r2": rng.normal(math.log(1.2), 0.02, 12)}
     gate = Gate(metric="p99_tpot_ratio", threshold=1.10, direction="at_most", min_samples=10)
-    assert judge(gate, combined).outcome == "fail" and combined.value == pytest.approx(1.2, rel=0.05)
-    everything = np.concatenate([rng.normal(0.0, 0.02, 24), rng.normal(math.log(1.2), 0.02, 12)])
-    assert judge(gate, measure(everything, 0.95)).outcome != "fail"  # what one median over all pairs says
+    combined = fleet({**healthy, **slow}, bad_when_high=True, level=0.95)
+    assert judge(gate, combined).outcome == "fail" and "worst replica r2" in combined.method
+    everything = np.concatenate([*healthy.values(), *slow.values()])
+    assert judge(gate, measure(everything, 0.95)).outcome != "fail"  # what one center over all pairs says
     assert judge(gate, fleet(healthy, bad_when_high=True, level=0.95)).outcome == "pass"
+
+
+def test_a_fleet_wide_regression_no_single_replica_can_show_fails_on_the_pooled_pairs():
+    rng = np.random.default_rng(2)
+    # Tokens/s 9.5% lower on every replica, 7 noisy pairs each: each replica's own interval (at 1 - 0.05/6)
+    # still reaches the threshold, the 21 pooled pairs (at 0.975) do not.
+    by_replica = {f"r{i}": rng.normal(math.log(0.905), 0.05, 7) for i in range(3)}
+    gate = Gate(metric="tokens_per_s_ratio", threshold=0.97, direction="at_least", min_samples=5)
+    assert all(judge(gate, measure(d, 1 - 0.05 / 6)).outcome != "fail" for d in by_replica.values())
+    combined = fleet(by_replica, bad_when_high=False, level=0.95)
+    assert judge(gate, combined).outcome == "fail"
+    assert combined.value == pytest.approx(0.905, rel=0.03) and combined.samples == 21
+    assert combined.low is None  # a replica's 7 pairs are too few for its own interval: the gate cannot pass
+    assert "pooled (21 pairs" in combined.method
+
+
+def test_on_aa_fleets_the_pooled_and_per_replica_intervals_together_fail_no_more_than_one_side_of_the_level():
+    rng = np.random.default_rng(3)
+    gate = Gate(metric="p99_step_ratio", threshold=1.0, direction="at_most", min_samples=6)
+    runs, failed = 2000, 0
+    for _ in range(runs):
+        # Heavy-tailed noise, symmetric (the arm order inside a pair is a coin flip), no effect.
+        by_replica = {f"r{i}": rng.standard_t(3, size=int(rng.integers(6, 30))) * 0.1 for i in range(3)}
+        failed += judge(gate, fleet(by_replica, bad_when_high=True, level=0.95)).outcome == "fail"
+    assert failed / runs <= 0.025 + 0.01  # one side of a 95% interval, and sampling error of 2,000 runs
 
 
 def test_replica_groups_compare_treatment_servers_with_control_servers_slice_by_slice_at_matched_load(store):

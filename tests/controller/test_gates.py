@@ -81,6 +81,12 @@ def test_baseline_waits_for_the_reference_its_gates_need_and_never_fails():
         ("at_least", 1.00, 1.20, "inconclusive"),
         ("at_least", 0.90, 1.09, "fail"),
         ("at_most", None, None, "inconclusive"),  # too few pairs for an interval at the level
+        # One side open (a replica short of pairs for its own interval): only the side there decides.
+        ("at_most", 1.11, None, "fail"),
+        ("at_most", 0.95, None, "inconclusive"),  # cannot pass without its good side
+        ("at_least", None, 1.09, "fail"),
+        ("at_least", None, 1.15, "inconclusive"),
+        ("at_most", None, 1.08, "pass"),  # (-inf, 1.08] is wholly below 1.10
     ],
 )
 def test_a_comparison_is_judged_by_its_interval_not_its_estimate(direction, low, high, outcome):

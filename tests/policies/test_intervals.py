@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkgate.policies.intervals import median_interval, sign_interval
+from sparkgate.policies.intervals import median_interval, sign_interval, signed_rank_interval
 
 
 @settings(max_examples=30, deadline=None)
@@ -27,3 +28,44 @@ def test_too_few_values_have_no_interval_and_coverage_holds_over_many_samples():
             low, high = median_interval(rng.exponential(1.0, n), level)
             covered += low <= np.log(2) <= high  # the exponential's true median
         assert covered / 400 >= level - 0.04
+
+
+@pytest.mark.parametrize("n", [6, 7, 12, 40, 81, 300])
+def test_the_signed_rank_interval_covers_a_symmetric_center_at_least_at_its_level(n):
+    rng = np.random.default_rng(n)
+    runs, covered, opened = 1000, 0, 0
+    for _ in range(runs):
+        d = 0.3 + rng.standard_t(2, n)  # heavy tails, symmetric about 0.3
+        _, low, high = signed_rank_interval(d, 0.9)
+        if low is None:
+            opened += 1
+            continue
+        covered += low <= 0.3 <= high
+    assert opened == 0 and covered / runs >= 0.9 - 0.025  # exact coverage >= 0.9, sampling error of 1,000
+
+
+def test_the_signed_rank_interval_is_narrower_than_the_sign_tests_on_normal_pairs():
+    rng = np.random.default_rng(0)
+    widths = []
+    for _ in range(200):
+        d = rng.normal(0.0, 1.0, 30)
+        _, low, high = signed_rank_interval(d, 0.95)
+        s_low, s_high = sign_interval(d, 0.95)
+        widths.append((high - low) / (s_high - s_low))
+    assert np.median(widths) < 0.9  # about sqrt(0.64 / 0.955) = 0.82 in theory
+
+
+def test_too_few_values_leave_the_signed_rank_interval_open():
+    assert signed_rank_interval(np.array([]), 0.95) == (None, None, None)
+    assert signed_rank_interval(np.array([1.0, 2.0, 3.0, 4.0, 5.0]), 0.95)[1:] == (None, None)  # 2/32 > 0.05
+    assert signed_rank_interval(np.arange(6.0), 0.95)[1:] == (0.0, 5.0)  # 2/64 <= 0.05: the extremes
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(6, 1700), st.integers(0, 10_000), st.floats(-5, 5))
+def test_the_signed_rank_interval_holds_its_estimate_and_moves_with_a_shift(n, seed, shift):
+    d = np.random.default_rng(seed).lognormal(0.0, 1.0, n)
+    estimate, low, high = signed_rank_interval(d, 0.95)
+    assert low <= estimate <= high
+    moved = signed_rank_interval(d + shift, 0.95)
+    assert moved == pytest.approx((estimate + shift, low + shift, high + shift), abs=1e-9)
