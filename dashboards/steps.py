@@ -54,11 +54,13 @@ def step_cost(_source, token: str, since: float | None, until: float | None) -> 
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def prediction_error(_source, token: str, since: float | None, until: float | None) -> tuple[pd.DataFrame, dict]:
-    """Histogram of (actual − predicted) / predicted step time (``PREDICTED``), and its summary: steps with
-    a prediction, median and p90 absolute relative error, mean signed error (bias)."""
+    """Histogram of (actual − predicted) / actual step time (``PREDICTED``), and its summary: steps with
+    a prediction, median and p90 absolute relative error, mean signed error (bias). Relative to the measured
+    time, as adaptive's gate and section read it (``controller.served_steps.relative_errors``), so the page
+    shows one definition of a table's error."""
     where, params = time_where(since, until)
-    error = f"(step_ms - {PREDICTED}) / {PREDICTED}"
-    valid = f"{where} AND {PREDICTED} > 0"
+    error = f"(step_ms - {PREDICTED}) / step_ms"
+    valid = f"{where} AND {PREDICTED} IS NOT NULL AND step_ms > 0"
     hist = _source.query(
         f"""
         SELECT (floor(greatest(least({error}, {_ERROR_CLIP - 1e-9}), {-_ERROR_CLIP}) / {_ERROR_BIN})

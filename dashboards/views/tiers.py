@@ -94,7 +94,7 @@ def cost(ctx) -> None:
             hist.assign(error=hist["error"].round(2)),
             "error",
             "steps",
-            "(actual − predicted) / predicted step time, clipped to ±100%",
+            "(actual − predicted) / actual step time, clipped to ±100%",
         ),
         width="stretch",
     )

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
+from sparkgate.controller import served_steps
 from sparkgate.dashboards import steps
 from sparkgate.dashboards.source import open_snapshot_reader
-from tests.conftest import T0
+from tests.conftest import T0, ingest_synthetic
 from tests.dashboards.known_store import MISSES, SHADOW_STEPS
 
 ROWS = 16 * 8  # the fixture's steps: 16 requests at gamma 7, run in their exact tier
@@ -43,6 +45,16 @@ def test_step_cost_and_prediction_error(reader):
     # Synthetic steps predict their own time: every error is zero.
     assert hist.to_dict("records") == [{"error": 0.0, "steps": 300}]
     assert summary["steps"] == 300 and summary["median_abs"] == 0.0 and summary["bias"] == 0.0
+
+
+def test_prediction_error_is_relative_to_the_measured_time_as_adaptive_reads_it(store):
+    ingest_synthetic(store, 10, T0, step_ms=10.0, table_step_ms=8.0)
+    hist, summary = steps.prediction_error(store, "relative-to-measured", None, None)
+    assert summary["steps"] == 10 and summary["median_abs"] == pytest.approx(0.2)  # not 0.25: / measured
+    assert summary["bias"] == pytest.approx(0.2)  # positive: slower than predicted
+    assert hist.to_dict("records") == [{"error": 0.2, "steps": 10}]
+    adaptive = served_steps.relative_errors({"predicted": [8.0] * 10, "ms": [10.0] * 10})  # the gate's definition
+    assert float(np.median(adaptive)) == pytest.approx(summary["median_abs"])
 
 
 def test_fleet_reports_each_replicas_newest_versions_and_rates(reader):
