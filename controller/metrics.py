@@ -19,7 +19,7 @@ baseline phase are reported beside them, never gated.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -349,16 +349,9 @@ def evaluate(
 
 def _replicas(store: Store, window: Window, slice_: Slice, resamples: int, seed: int) -> dict[str, Calibration]:
     """Each replica's survival calibration over the window (the replicas that have steps in it)."""
-    return {
-        replica: Calibration.of(
-            window_stats.read(store, window, replace(slice_, replica_id=replica)).survival,
-            resamples,
-            INTERVAL_LEVEL,
-            seed,
-        )
-        for replica in queries.slice_values(store, "replica", window)
-        if slice_.replica_id in (None, replica)
-    }
+    replicas = [r for r in queries.slice_values(store, "replica", window) if slice_.replica_id in (None, r)]
+    survival = window_stats.survival_by_replica(store, window, slice_, replicas)
+    return {replica: Calibration.of(survival[replica], resamples, INTERVAL_LEVEL, seed) for replica in replicas}
 
 
 def _shadow_reference(
@@ -366,5 +359,5 @@ def _shadow_reference(
 ) -> Calibration:
     """The calibration of every label recorded in shadow (under ``contract``): what drift is measured from."""
     span = window_stats.phase_span(store, (Phase.SHADOW,), contract)  # not the whole history, as baseline's
-    survival = window_stats.read(store, span, slice_, Phase.SHADOW, contract).survival
+    survival = window_stats.survival(store, span, slice_, Phase.SHADOW, contract)
     return Calibration.of(survival, resamples, INTERVAL_LEVEL, seed)

@@ -12,7 +12,7 @@ without the sums tables (a snapshot published before they existed).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import duckdb
 import numpy as np
@@ -77,27 +77,104 @@ def read(
 ) -> WindowStats:
     """The window's statistics; ``phase`` (with ``contract``) keeps the steps recorded in that phase.
     ``use_sums`` False reads the rows alone (what the sums are checked and benchmarked against)."""
-    if not use_sums or slice_.per_request or slice_.load_bucket is not None:
+    buckets = _buckets(window) if use_sums and _summed(slice_) else None
+    if buckets is None:
         return _from_rows(store, window, slice_, phase, contract, None)
-    low = None if window.since is None else _clamp(math.ceil(window.since / SUM_BUCKET_S))
-    high = None if window.until is None else _clamp(math.floor(window.until / SUM_BUCKET_S))
-    if low is not None and high is not None and low >= high:
-        return _from_rows(store, window, slice_, phase, contract, None)
+    low, high = buckets
     try:
         cells = _sums(store, low, high, slice_.replica_id, phase, contract)
     except duckdb.CatalogException:
         return _from_rows(store, window, slice_, phase, contract, None)
-    edges = []
-    if low is not None and window.since is not None and window.since < low * SUM_BUCKET_S:
-        edges.append(Window(window.since, low * SUM_BUCKET_S))
-    if high is not None and window.until is not None and high * SUM_BUCKET_S < window.until:
-        edges.append(Window(high * SUM_BUCKET_S, window.until))
+    edges = _edges(window, low, high)
     columns = [queries.label_columns(store, w, slice_, phase, contract) for w in edges]
     depths = max([cells.depths, *(c.depths for c in columns), 1])
     out = cells.stats(depths)
     for w, c in zip(edges, columns):
         out = out + _from_rows(store, w, slice_, phase, contract, depths, c)
     return out
+
+
+def survival(
+    store: Store, window: Window, slice_: Slice, phase: str | None = None, contract: SameContract | None = None
+) -> KindStats:
+    """``read(...).survival`` (up to empty trailing depths) from the survival sums alone: two statements
+    instead of four, for a reader that needs no other figure (the shadow reference)."""
+    cells = _survival_cells(store, window, slice_, phase, contract, by_replica=False)
+    if cells is None:
+        return read(store, window, slice_, phase, contract).survival
+    return _survival_of(store, window, slice_, phase, contract, *cells)
+
+
+def survival_by_replica(store: Store, window: Window, slice_: Slice, replicas: list[str]) -> dict[str, KindStats]:
+    """Per replica of ``replicas``, ``read(store, window, replace(slice_, replica_id=r)).survival`` (up to
+    empty trailing depths), from one read of the survival sums grouped by replica instead of R reads of every
+    table."""
+    cells = _survival_cells(store, window, slice_, None, None, by_replica=True)
+    if cells is None:
+        return {r: read(store, window, replace(slice_, replica_id=r)).survival for r in replicas}
+    fine, grouped, edges = cells
+    out = {}
+    for replica in replicas:
+        f = {k: v[fine["replica_id"] == replica] for k, v in fine.items()}
+        g = {k: v[grouped["replica_id"] == replica] for k, v in grouped.items()}
+        out[replica] = _survival_of(store, window, replace(slice_, replica_id=replica), None, None, f, g, edges)
+    return out
+
+
+def _survival_cells(store, window, slice_, phase, contract, by_replica: bool):
+    """(fine cells, grouped cells, edge windows) of the window's survival sums, per replica when
+    ``by_replica``; None where ``read`` would read rows."""
+    buckets = _buckets(window) if _summed(slice_) else None
+    if buckets is None:
+        return None
+    where, params = _sums_where(*buckets, slice_.replica_id, phase, contract)
+    by = "replica_id, " if by_replica else ""
+    out = []
+    for table, keys, values in (_QUERIES["fine"], _QUERIES["grouped"]):
+        try:
+            rows = store.query(
+                f"SELECT {by}{keys}, sum(n)::BIGINT AS n, {values} FROM {table} WHERE {where} AND kind = 0 "
+                "GROUP BY ALL HAVING sum(n) <> 0",
+                params,
+            )
+        except duckdb.CatalogException:
+            return None
+        out.append({c: rows.column(c).to_numpy(zero_copy_only=False) for c in rows.column_names})
+    return out[0], out[1], _edges(window, *buckets)
+
+
+def _survival_of(store, window, slice_, phase, contract, fine, grouped, edges) -> KindStats:
+    """Survival statistics from summed cells plus the edges' rows."""
+    columns = [queries.label_columns(store, w, slice_, phase, contract) for w in edges]
+    depths = max([int(fine["depth"].max(initial=0)), int(grouped["depth"].max(initial=0)),
+                  *(c.depths for c in columns), 1])  # fmt: skip
+    stats = _kind_stats(fine, grouped, depths + 1)
+    for c in columns:
+        stats = stats + _kinds(c, depths)[0]
+    return stats
+
+
+def _summed(slice_: Slice) -> bool:
+    """Whether the sums are kept by what ``slice_`` selects (not by task, temperature or load bucket)."""
+    return not slice_.per_request and slice_.load_bucket is None
+
+
+def _buckets(window: Window) -> tuple[int | None, int | None] | None:
+    """The whole sum buckets ``[low, high)`` the window covers (None for an open side), or None when it
+    covers none."""
+    low = None if window.since is None else _clamp(math.ceil(window.since / SUM_BUCKET_S))
+    high = None if window.until is None else _clamp(math.floor(window.until / SUM_BUCKET_S))
+    return None if low is not None and high is not None and low >= high else (low, high)
+
+
+def _edges(window: Window, low: int | None, high: int | None) -> list[Window]:
+    """The parts of the window's first and last bucket that the whole buckets leave out."""
+    edges = []
+    if low is not None and window.since is not None and window.since < low * SUM_BUCKET_S:
+        edges.append(Window(window.since, low * SUM_BUCKET_S))
+    if high is not None and window.until is not None and high * SUM_BUCKET_S < window.until:
+        edges.append(Window(high * SUM_BUCKET_S, window.until))
+    return edges
 
 
 def _clamp(bucket: int) -> int:
@@ -160,18 +237,7 @@ class _Cells:
         for kind in (0, 1):
             f = {k: v[self.fine["kind"] == kind] for k, v in self.fine.items()}
             g = {k: v[self.grouped["kind"] == kind] for k, v in self.grouped.items()}
-            fine_index = (f["mode"], f["depth"], f["fine"], f["y"].astype(np.int64))
-            group_index = (g["grp"], g["depth"], g["bin"])
-            arrays = []
-            for shape, index, columns in (
-                ((len(MODES), width, FINE_BINS, 2), fine_index, (f["n"], f["sum_p"], f["sum_p2"])),
-                ((REQUEST_GROUPS, width, N_BINS), group_index, (g["n"], g["sum_p"], g["sum_y"])),
-            ):
-                for values in columns:
-                    a = np.zeros(shape, values.dtype)
-                    a[index] = values
-                    arrays.append(a)
-            kinds.append(KindStats(*arrays))
+            kinds.append(_kind_stats(f, g, width))
         s = self.status
         statuses = np.zeros((len(STATUSES), width), np.int64)
         np.add.at(statuses, (s["status"], s["depth"]), s["n"])
@@ -187,6 +253,22 @@ class _Cells:
             hist[r["mode"][keep], r["x"][keep], r["y"][keep]] = r["n"][keep]
             hists[name] = hist
         return WindowStats(kinds[0], kinds[1], statuses, estimated, hists)
+
+
+def _kind_stats(f: dict[str, np.ndarray], g: dict[str, np.ndarray], width: int) -> KindStats:
+    """One kind's statistics from its fine and grouped sums (cells summed, numpy columns by name)."""
+    fine_index = (f["mode"], f["depth"], f["fine"], f["y"].astype(np.int64))
+    group_index = (g["grp"], g["depth"], g["bin"])
+    arrays = []
+    for shape, index, columns in (
+        ((len(MODES), width, FINE_BINS, 2), fine_index, (f["n"], f["sum_p"], f["sum_p2"])),
+        ((REQUEST_GROUPS, width, N_BINS), group_index, (g["n"], g["sum_p"], g["sum_y"])),
+    ):
+        for values in columns:
+            a = np.zeros(shape, values.dtype)
+            a[index] = values
+            arrays.append(a)
+    return KindStats(*arrays)
 
 
 _QUERIES = {

@@ -60,6 +60,33 @@ def test_any_window_reads_the_figures_of_its_rows(store, since, length, replica)
     _assert_same(a, b)
 
 
+def _assert_same_kind(a, b) -> None:
+    """Equal statistics, the narrower padded with the empty trailing depths the wider has."""
+    for name in a.__dataclass_fields__:
+        x, y = getattr(a, name), getattr(b, name)
+        width = max(x.shape[1], y.shape[1])
+        pad = [lambda v: np.pad(v, [(0, 0), (0, width - v.shape[1])] + [(0, 0)] * (v.ndim - 2))][0]
+        assert np.allclose(pad(x), pad(y)), name
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    since=st.one_of(st.none(), st.floats(T0 - 5, T0 + 110)),
+    length=st.one_of(st.none(), st.floats(0.01, 120)),
+    phase=st.sampled_from([None, "shadow"]),
+)
+def test_survival_alone_and_per_replica_read_what_the_full_read_does(store, since, length, phase):
+    until = None if length is None else (since if since is not None else T0) + length
+    window = Window(since, until)
+    contract = None if phase is None else SameContract(None)
+    _assert_same_kind(window_stats.survival(store, window, Slice(), phase, contract),
+                      window_stats.read(store, window, Slice(), phase, contract).survival)  # fmt: skip
+    by_replica = window_stats.survival_by_replica(store, window, Slice(), ["a", "b", "absent"])
+    for replica, stats in by_replica.items():
+        _assert_same_kind(stats, window_stats.read(store, window, Slice(replica_id=replica)).survival)
+    assert by_replica["absent"].fine_count.sum() == 0
+
+
 def test_a_phase_and_contract_read_the_steps_recorded_in_them(store):
     shadow = window_stats.read(store, Window(), Slice(), "shadow", SameContract(None))
     _assert_same(shadow, _scan(store, Window(), Slice(), "shadow", SameContract(None)))
