@@ -29,6 +29,7 @@ def test_rollout_shows_the_phase_and_the_verdicts_that_rolled_back(monkeypatch, 
     assert decisions.loc[0, "gates failed"] == "upper_bound_utilization, tier_miss_rate, p99_ttft_ratio"
     # The dry-run comparison gates: treatment requests took 1.5x as long in every epoch pair.
     assert gates.loc["p99_ttft_ratio", "verdict"] == "fail" and gates.loc["p99_ttft_ratio", "dry run"] == "dry run"
-    assert gates.loc["p99_ttft_ratio", "samples"] == 10 and gates.loc["p99_step_ratio", "verdict"] == "inconclusive"
+    assert gates.loc["p99_ttft_ratio", "samples"] == 20  # the fleet's pairs: 10 on each of two replicas
+    assert gates.loc["p99_step_ratio", "verdict"] == "inconclusive"
     commands = app.code[0].value
     assert "sparkgate resume" in commands and "sparkgate abort" not in commands and "promote" not in commands
