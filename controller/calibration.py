@@ -29,7 +29,6 @@ import numpy as np
 from sparkgate.collectors.aggregate import CalibrationStats
 from sparkgate.collectors.schema import MODES
 from sparkgate.policies.binning import FINE_BINS, FINE_PER_BIN, N_BINS, REQUEST_GROUPS
-from sparkgate.policies.intervals import look_alpha
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
 from .measurement import Measurement
@@ -304,7 +303,7 @@ def _bounded(
     """The worst cell's ``value`` (a depth, or a replica's depth) with bounds ± z × ``se``: the fail side
     one-sided at α / (cells × looks spending), the pass side at α (see ``debiased_ece``)."""
     alpha = (1 - level) / 2
-    fail_alpha = look_alpha(alpha, looks) / len(value)
+    fail_alpha = alpha * 6 / (math.pi**2 * max(looks, 1) ** 2) / len(value)
     z_fail, z_pass = NormalDist().inv_cdf(1 - fail_alpha), NormalDist().inv_cdf(1 - alpha)
     method = (
         f"{what}, worst of {len(value)} {cells}, ± bootstrap se over request groups; fail side at "

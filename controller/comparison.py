@@ -24,13 +24,7 @@ are the worst of those R + 1 intervals: for a metric that is bad when high,
 is below the threshold and fails as soon as one is wholly above it (mirrored
 for metrics bad when low); a healthy fleet fails a gate no more often than one
 comparison at ``level`` would (the R + 1 one-sided errors sum to one side of it).
-Pairs accumulate over the stage and every interval looks again, so the fail
-side is spent over looks as the calibration gates' is (``look_alpha``:
-``6 / (π² k²)`` of the error rate at the k-th look, which sums to it): a
-healthy stage fails a comparison gate at some look no more often than one side
-of ``level``, however long it lasts. The pass side stays at ``level`` (passing
-wrongly is a missed change, which the next looks can still catch). A replica
-with too few pairs for its own interval leaves the good side open
+A replica with too few pairs for its own interval leaves the good side open
 (the gate cannot pass) but does not keep the pooled interval from failing it.
 ``samples`` is the fleet's pairs. The estimate is the pooled one, the fleet's
 effect (the worst replica's center is biased away from one even when nothing
@@ -69,7 +63,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sparkgate.collectors.store import Store
-from sparkgate.policies.intervals import look_alpha, signed_rank_interval
+from sparkgate.policies.intervals import signed_rank_interval
 from sparkgate.policies.rollout import Comparison
 from sparkgate.policies.vocabulary import Arm, FinishReason
 
@@ -108,6 +102,21 @@ class Groups:
 
 
 Design = Epochs | Groups
+
+
+def measure(d: np.ndarray, level: float) -> Measurement:
+    """One unit's (or the pooled fleet's) estimate and interval."""
+    center, low, high = signed_rank_interval(d, level)
+    if center is None:
+        return Measurement(None, 0)
+    method = f"signed-rank interval of the paired log ratio's center, {len(d)} pairs, {level:.2%}"
+    return Measurement(
+        math.exp(center),
+        len(d),
+        None if low is None else math.exp(low),
+        None if high is None else math.exp(high),
+        method,
+    )
 
 
 def _split(design: Design, spec: Comparison, alias: str, ts: str) -> tuple[str, str, list[object]]:
@@ -197,55 +206,40 @@ def paired(per_pair: dict) -> dict[str, np.ndarray]:
     return {unit: np.array(d) for unit, d in out.items()}
 
 
-def fleet(by_unit: dict[str, np.ndarray], bad_when_high: bool, level: float, look: int = 1) -> Measurement:
-    """The fleet's estimate and bounds from each unit's paired log ratios at the stage's ``look``-th look
-    (see the module docstring)."""
+def fleet(by_unit: dict[str, np.ndarray], bad_when_high: bool, level: float) -> Measurement:
+    """The fleet's estimate and bounds from each unit's paired log ratios (see the module docstring)."""
     if not by_unit:
         return Measurement(None, 0)
+    if len(by_unit) == 1:
+        unit, d = next(iter(by_unit.items()))
+        m = measure(d, level)
+        who = "treatment group against control group" if unit == GROUPS else f"one replica ({unit})"
+        return Measurement(m.value, m.samples, m.low, m.high, f"{who}: {m.method}")
     alpha, units = 1 - level, len(by_unit)
-    fail_alpha = look_alpha(alpha, look)
-    pooled = np.concatenate(list(by_unit.values()))
-    # (share of the error rate, pairs) of each interval: the pooled one and, for a fleet, each replica's.
-    parts = [(1.0, pooled)] if units == 1 else [(0.5, pooled), *((0.5 / units, d) for d in by_unit.values())]
-    bad_bounds, good_bounds = [], []
-    for share, d in parts:
-        _, bad_low, bad_high = signed_rank_interval(d, 1 - fail_alpha * share)
-        _, good_low, good_high = signed_rank_interval(d, 1 - alpha * share)
-        bad_bounds.append(bad_low if bad_when_high else bad_high)
-        good_bounds.append(good_high if bad_when_high else good_low)
+    pooled = measure(np.concatenate(list(by_unit.values())), 1 - alpha / 2)
+    parts = {unit: measure(d, 1 - alpha / (2 * units)) for unit, d in by_unit.items()}
+    intervals = [pooled, *parts.values()]
     pick = max if bad_when_high else min
     # The bad side fails on any interval that has one (an interval too short on pairs cannot fail); the good
     # side passes only when every interval has one.
+    bad_bounds = [m.low if bad_when_high else m.high for m in intervals]
+    good_bounds = [m.high if bad_when_high else m.low for m in intervals]
     closed = [b for b in bad_bounds if b is not None]
     bad = pick(closed) if closed else None
     good = None if None in good_bounds else pick(good_bounds)  # type: ignore[type-var]
-    center = signed_rank_interval(pooled, level)[0]
-    sides = f"fail side at {fail_alpha:.3g} (look {look}), pass side at {alpha:.3g}"
-    if units == 1:
-        unit = next(iter(by_unit))
-        who = "treatment group against control group" if unit == GROUPS else f"one replica ({unit})"
-        method = f"{who}: signed-rank interval of the paired log ratio's center, {len(pooled)} pairs; {sides}"
-    else:
-        worst = pick(by_unit, key=lambda r: float(np.median(by_unit[r])))
-        method = (
-            f"pooled ({len(pooled)} pairs) and per replica ({units}), half the error rate each, Bonferroni over "
-            f"replicas: signed-rank intervals of the paired log ratio's center over switchback epoch pairs, the "
-            f"worst of those bounds (worst replica {worst}); {sides}"
-        )
-    low, high = (bad, good) if bad_when_high else (good, bad)
-    return Measurement(
-        None if center is None else math.exp(center),
-        len(pooled),
-        None if low is None else math.exp(low),
-        None if high is None else math.exp(high),
-        method,
+    worst = pick(parts, key=lambda r: parts[r].value or 0.0)
+    method = (
+        f"pooled ({pooled.samples} pairs, at {1 - alpha / 2:.2%}) and per replica ({units}, each at "
+        f"{1 - alpha / (2 * units):.2%}): signed-rank intervals of the paired log ratio's center over switchback "
+        f"epoch pairs; the worst of those bounds (worst replica {worst})"
     )
+    low, high = (bad, good) if bad_when_high else (good, bad)
+    return Measurement(pooled.value, pooled.samples, low, high, method)
 
 
-def comparisons(store: Store, design: Design, spec: Comparison, look: int = 1) -> dict[str, Measurement]:
-    """Every comparison metric's estimate, bounds and pair count over the window, at the stage's ``look``-th
-    look."""
+def comparisons(store: Store, design: Design, spec: Comparison) -> dict[str, Measurement]:
+    """Every comparison metric's estimate, bounds and pair count over the window."""
     return {
-        metric: fleet(paired(values), metric in BAD_WHEN_HIGH, spec.level, look)
+        metric: fleet(paired(values), metric in BAD_WHEN_HIGH, spec.level)
         for metric, values in per_pair(store, design, spec).items()
     }

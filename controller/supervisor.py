@@ -175,7 +175,7 @@ class Controller:
         comparing = [g for g in gates if g.metric in COMPARISON_METRICS and not g.promql]
         if comparing:  # two queries otherwise unread
             design = self._design(state, now)
-            measured.update(comparisons(self.store, design, self.policy.comparison, looks))
+            measured.update(comparisons(self.store, design, self.policy.comparison))
             if isinstance(design, Groups) and {arm for _, arm in design.arms} != set(Arm):
                 # Every server serves one arm in this stage (e.g. shadow: all verify in full), so there is no
                 # effect to measure: the gates are recorded, and cannot hold the stage back.

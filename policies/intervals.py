@@ -48,13 +48,6 @@ def median_interval(d: np.ndarray, level: float) -> tuple[float | None, float | 
     return float(ordered[j - 1]), float(ordered[n - j])
 
 
-def look_alpha(alpha: float, look: int) -> float:
-    """The share of an error rate ``alpha`` spent at the ``look``-th look at a growing sample (1, 2, …):
-    ``6 / (π² k²)`` of it, which sums to ``alpha`` over all looks, so a gate judged at every look of a stage
-    errs on that side no more often than ``alpha`` however long the stage lasts (a union bound)."""
-    return alpha * 6 / (math.pi**2 * max(look, 1) ** 2)
-
-
 # Up to this many values the signed-rank critical value comes from its exact null distribution; above it,
 # from the normal approximation (with a continuity correction), which is within one rank of it there.
 SIGNED_RANK_EXACT_UP_TO = 80
