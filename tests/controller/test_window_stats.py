@@ -65,8 +65,8 @@ def _assert_same_kind(a, b) -> None:
     for name in a.__dataclass_fields__:
         x, y = getattr(a, name), getattr(b, name)
         width = max(x.shape[1], y.shape[1])
-        pad = [lambda v: np.pad(v, [(0, 0), (0, width - v.shape[1])] + [(0, 0)] * (v.ndim - 2))][0]
-        assert np.allclose(pad(x), pad(y)), name
+        x, y = (np.pad(v, [(0, 0), (0, width - v.shape[1])] + [(0, 0)] * (v.ndim - 2)) for v in (x, y))
+        assert np.allclose(x, y), name
 
 
 @settings(max_examples=30, deadline=None)
