@@ -129,18 +129,13 @@ def _survival_cells(store, window, slice_, phase, contract, by_replica: bool):
         return None
     where, params = _sums_where(*buckets, slice_.replica_id, phase, contract)
     by = "replica_id, " if by_replica else ""
-    out = []
-    for table, keys, values in (_QUERIES["fine"], _QUERIES["grouped"]):
-        try:
-            rows = store.query(
-                f"SELECT {by}{keys}, sum(n)::BIGINT AS n, {values} FROM {table} WHERE {where} AND kind = 0 "
-                "GROUP BY ALL HAVING sum(n) <> 0",
-                params,
-            )
-        except duckdb.CatalogException:
-            return None
-        out.append({c: rows.column(c).to_numpy(zero_copy_only=False) for c in rows.column_names})
-    return out[0], out[1], _edges(window, *buckets)
+    try:
+        fine, grouped = (
+            _summed_cells(store, name, f"{where} AND kind = 0", params, by) for name in ("fine", "grouped")
+        )
+    except duckdb.CatalogException:
+        return None
+    return fine, grouped, _edges(window, *buckets)
 
 
 def _survival_of(store, window, slice_, phase, contract, fine, grouped, edges) -> KindStats:
@@ -288,15 +283,19 @@ def _sums(
     contract: SameContract | None,
 ) -> _Cells:
     where, params = _sums_where(low, high, replica_id, phase, contract)
-    out = {}
-    for name, (table, keys, values) in _QUERIES.items():
-        rows = store.query(
-            f"SELECT {keys}, sum(n)::BIGINT AS n{', ' + values if values else ''} FROM {table} WHERE {where} "
-            "GROUP BY ALL HAVING sum(n) <> 0",
-            params,
-        )
-        out[name] = {c: rows.column(c).to_numpy() for c in rows.column_names}
-    return _Cells(**out)
+    return _Cells(**{name: _summed_cells(store, name, where, params) for name in _QUERIES})
+
+
+def _summed_cells(store: Store, name: str, where: str, params: list, by: str = "") -> dict[str, np.ndarray]:
+    """One sums table's rows under ``where``, summed per cell (and per ``by``, key columns put first), as
+    numpy columns by name."""
+    table, keys, values = _QUERIES[name]
+    rows = store.query(
+        f"SELECT {by}{keys}, sum(n)::BIGINT AS n{', ' + values if values else ''} FROM {table} WHERE {where} "
+        "GROUP BY ALL HAVING sum(n) <> 0",
+        params,
+    )
+    return {c: rows.column(c).to_numpy(zero_copy_only=False) for c in rows.column_names}
 
 
 def _sums_where(low, high, replica_id, phase, contract) -> tuple[str, list]:
