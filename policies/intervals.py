@@ -68,7 +68,7 @@ def _signed_rank_k(n: int, alpha: float) -> int:
     counts = np.zeros(total + 1)
     counts[0] = 1.0
     for i in range(1, n + 1):  # the generating function of T+: each rank i in or out of the sum
-        counts[i:] = counts[i:] + counts[: total + 1 - i].copy()
+        counts[i:] = counts[i:] + counts[: total + 1 - i]  # the sum is a new array: no aliasing
     cumulative = np.cumsum(counts) / 2.0**n
     return int(np.searchsorted(cumulative, alpha / 2 * (1 + 1e-12), side="right"))
 
