@@ -109,6 +109,13 @@ class CostAwareScheduler:
     the windows sum to ``budget``; a 1-D table's ``max_batch_tokens`` caps the
     rows planned unless ``min_window`` alone needs more.
 
+    When the table prices every budget from ``min_window`` to the full block the
+    same (a small batch whose rows all land in one graph tier), every request
+    verifies the whole block and nothing is sorted: a padding row costs what a
+    real one does, so a draft verified in its place can only add tokens (a
+    survival of zero is an estimate), the step runs static's dense shape, and its
+    labels stay uncensored. Elsewhere ties go to the smaller budget.
+
     ``min_window`` defaults to 1: a zero window is plain decoding, and its
     depth-1 outcome stays censored, so it teaches the calibration nothing.
     ``lag > 0`` decides the budget from ``ctx.lagged_survival`` (the step
@@ -122,6 +129,8 @@ class CostAwareScheduler:
     min_window: int = 1
     lag: int = 0
     _curves: dict[tuple[int, int, str], torch.Tensor] = field(default_factory=dict, init=False, repr=False)
+    # Per curve key: whether every budget from the forced ones to the full block has one price.
+    _flat: dict[tuple[int, int, str], bool] = field(default_factory=dict, init=False, repr=False)
     _predictions: dict[tuple[int, int], float] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -150,7 +159,14 @@ class CostAwareScheduler:
             seconds[hi + 1 :] = math.inf
             curve = seconds.to(device=device, dtype=torch.float32)
             self._curves[key] = curve
+            self._flat[key] = hi == n and bool((seconds[lo:] == seconds[n]).all())
         return curve
+
+    def flat_price(self, batch_size: int, gamma: int, device: torch.device | str) -> bool:
+        """Whether every feasible budget up to the full block costs the same (decided on the host, cached
+        with the curve)."""
+        self.step_seconds_curve(batch_size, gamma, device)
+        return self._flat[(batch_size, gamma, str(device))]
 
     def table_step_ms(self, batch_size: int, verify_rows: int) -> float:
         """``cost_table``'s prediction for a step that verified ``verify_rows`` rows (what the step's time is
@@ -188,6 +204,8 @@ class CostAwareScheduler:
         if batch_size == 0:
             return WindowDecision(torch.zeros(0, dtype=torch.int64, device=survival.device))
         s = clean_survival(survival)
+        if self.flat_price(batch_size, survival.shape[1], survival.device):
+            return self._full_block(s)
         requests, tau, curve = self._plan(s)
         if self.lag:
             _, lagged_tau, lagged_curve = self._plan(self._lagged(s, ctx))
@@ -203,4 +221,17 @@ class CostAwareScheduler:
             predicted_step_ms=seconds * 1000.0,
             predicted_tokens_per_s=committed / seconds,
             budget=budget,
+        )
+
+    def _full_block(self, survival: torch.Tensor) -> WindowDecision:
+        """Every request verifies all γ drafts: the plan at the full budget, without the sort."""
+        batch_size, gamma = survival.shape
+        seconds = self.step_seconds_curve(batch_size, gamma, survival.device)[-1]
+        committed = batch_size + survival.sum()
+        windows = torch.full((batch_size,), gamma, dtype=torch.int64, device=survival.device)
+        return WindowDecision(
+            windows=windows,
+            predicted_step_ms=seconds * 1000.0,
+            predicted_tokens_per_s=committed / seconds,
+            budget=windows.sum(),  # a device op, not a new tensor: this may run inside a CUDA-graph capture
         )

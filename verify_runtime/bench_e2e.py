@@ -6,9 +6,11 @@ Arms, at each batch size, on the same models and the same mixed workload:
 - ``cost_aware`` — compact verification with DSpark's cost-aware scheduler.
 The figure is committed tokens per second (wall clock, prefill included) and
 its ratio to ``static`` at the same batch size; ``decode_ratio_to_static`` is
-the same ratio over decode steps only (see ``summary``). Arms alternate per
-batch size so machine noise hits them alike, in reversed order every other
-round so a drift in the machine's speed does not always favour the same arm.
+the same ratio over decode steps only (see ``summary``). Within a round the
+arms' engines run in lockstep, one step each in turn, each timed over its own
+steps (``summary.run_interleaved``), so a second in which a neighbour slows the
+cores slows every arm alike instead of whichever arm was running alone; the
+order is reversed every other round, so no arm always runs first.
 
 Two estimates of each ratio, because a shared machine's speed swings by 15-20%
 between identical runs:
@@ -42,7 +44,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -62,11 +63,11 @@ from sparkgate.policies.window import (
 from .bench_verdict import interval, verdict
 from .device_options import device_options, resolve_graphs
 from .engine import Engine, EngineConfig, Request
-from .summary import run_timed, summarize
+from .summary import TimedRun, run_interleaved, summarize
 from .workload import mixed_workload
 
 
-def run_arm(
+def arm_engine(
     target,
     drafter,
     policy,
@@ -78,21 +79,24 @@ def run_arm(
     calibrate=None,
     graphs: bool = False,
     prefill_threads: int | None = None,
-) -> tuple[list[StepRecord], dict[str, Any]]:
-    """(step records, summary) of one timed run."""
+) -> tuple[Engine, list[Request]]:
+    """A fresh engine for one arm's run, and the requests it serves."""
     config = EngineConfig(gamma=gamma, max_batch=batch, prefill_threads=prefill_threads)
     engine = Engine(target, drafter, config, policy=policy, calibrate=calibrate, graphs=graphs)
     requests = [
         Request(f"{p.task}-{i}", p.tokens, max_new_tokens, mode=mode, task=p.task, seed=i, stop_at_eos=False)
         for i, p in enumerate(prompts)
     ]
-    cpu = time.thread_time()
-    records, outputs, seconds = run_timed(engine, requests)
-    cpu = time.thread_time() - cpu
-    summary = summarize(records, outputs, seconds)
-    # The engine's own thread: a neighbour on the machine slows the wall clock, not this.
-    summary["cpu_ms_per_token"] = round(1000.0 * cpu / max(sum(len(o) for o in outputs.values()), 1), 4)
-    return records, summary
+    return engine, requests
+
+
+def arm_summary(run: TimedRun) -> dict[str, Any]:
+    """``summarize`` of one arm's run, with the CPU time of the engine's own thread per delivered token
+    (a neighbour on the machine slows the wall clock, not this)."""
+    summary = summarize(run.records, run.outputs, run.seconds)
+    tokens = sum(len(o) for o in run.outputs.values())
+    summary["cpu_ms_per_token"] = round(1000.0 * run.cpu_seconds / max(tokens, 1), 4)
+    return summary
 
 
 def replay_decode_ratio(
@@ -175,14 +179,19 @@ def run_e2e(
         prompts = mixed_workload(max(batch * waves, min_requests), seed=batch)
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
         for r in range(rounds):
-            for name, (mode, policy) in list(arms.items()) if r % 2 == 0 else list(arms.items())[::-1]:
-                if progress:
-                    print(f"bench e2e: batch {batch:>3} {name} (round {r + 1}/{rounds})", file=sys.stderr, flush=True)
-                records, summary = run_arm(
+            order = list(arms) if r % 2 == 0 else list(arms)[::-1]
+            if progress:
+                print(
+                    f"bench e2e: batch {batch:>3} round {r + 1}/{rounds}: {' '.join(order)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            engines = {
+                name: arm_engine(
                     target,
                     drafter,
-                    policy,
-                    mode,
+                    arms[name][1],
+                    arms[name][0],
                     batch,
                     prompts,
                     max_new_tokens,
@@ -191,10 +200,13 @@ def run_e2e(
                     graphs,
                     prefill_threads,
                 )
-                runs[name].append(summary)
+                for name in order
+            }
+            for name, run in run_interleaved(engines).items():
+                runs[name].append(arm_summary(run))
                 if name == "static" and r == 0:  # greedy: every static run commits the same tokens
-                    foresight = foresight_decode_ratio(records, table)
-                    replayed = replay_decode_ratio(records, table, policy_windows(arms["cost_aware"][1]))
+                    foresight = foresight_decode_ratio(run.records, table)
+                    replayed = replay_decode_ratio(run.records, table, policy_windows(arms["cost_aware"][1]))
         # Per arm its figures, then the figures of the batch as a whole.
         row: dict[str, Any] = {
             name: dict(

@@ -21,7 +21,6 @@ from sparkgate.collectors.request_records import RequestRecord
 from sparkgate.collectors.schema import RequestRow, StepRecord
 from sparkgate.policies.contract import Contract, hardware_text
 from sparkgate.policies.cost_profile import hardware_fingerprint
-from sparkgate.policies.vocabulary import Mode
 from sparkgate.policies.window import FixedWindow, WindowContext, WindowPolicy
 
 from .acceptance import AcceptInput, accept, draft_accepts, next_accept_prob
@@ -306,8 +305,9 @@ class Engine:
         )
         result = accept(inputs, self.passes)
         accepted, full, nxt = (t.tolist() for t in (result.accepted, result.full, result.next_token))
-        # Only a compact row can use up its window below γ: no other reads the next draft's probability.
-        next_prob = next_accept_prob(inputs).tolist() if Mode.COMPACT in modes else [None] * len(reqs)
+        # Only a compact row verifying fewer than γ drafts can use its window up (verify_plan gives every other
+        # row the full block): when none does, nobody reads the next draft's probability.
+        next_prob = next_accept_prob(inputs).tolist() if min(lens) <= gamma else [None] * len(reqs)
         syncs += 1
         drafts = draft.tokens.tolist()
         clock.mark()

@@ -12,6 +12,7 @@ a comparison of policies, by a share that depends on prompt and output lengths.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from sparkgate.collectors.schema import StepRecord
 
@@ -27,6 +28,45 @@ def run_timed(engine: Engine, requests: list[Request]) -> tuple[list[StepRecord]
     start = time.perf_counter()
     outputs = engine.run()
     return records, outputs, time.perf_counter() - start
+
+
+@dataclass
+class TimedRun:
+    """One engine's share of an interleaved run: its records and outputs, and the wall and thread CPU
+    seconds of its own steps (admission and prefill included)."""
+
+    records: list[StepRecord]
+    outputs: dict[str, list[int]]
+    seconds: float
+    cpu_seconds: float
+
+
+def run_interleaved(runs: dict[str, tuple[Engine, list[Request]]]) -> dict[str, TimedRun]:
+    """Run several engines to completion one step each in turn, in the order given.
+
+    Each engine is timed over its own steps only, so the arms of a comparison share the
+    machine's state within milliseconds of each other: a neighbour that slows the cores
+    for a second slows every arm's steps in that second, instead of whichever arm ran
+    through it alone. Every step of an engine does the work ``run_timed`` would time
+    (``Engine.run`` is this loop for one engine).
+    """
+    timed = {name: TimedRun([], {}, 0.0, 0.0) for name in runs}
+    for name, (engine, requests) in runs.items():
+        engine.sink = timed[name].records.append
+        for r in requests:
+            engine.submit(r)
+    pending = list(runs)
+    while pending:
+        for name in pending:
+            engine, run = runs[name][0], timed[name]
+            start, cpu = time.perf_counter(), time.thread_time()
+            engine.step()
+            run.seconds += time.perf_counter() - start
+            run.cpu_seconds += time.thread_time() - cpu
+        pending = [name for name in pending if runs[name][0].queue or runs[name][0].active]
+    for name, (engine, _) in runs.items():
+        timed[name].outputs = {rid: r.output for rid, r in engine.finished.items()}
+    return timed
 
 
 def summarize(records: list[StepRecord], outputs: dict[str, list[int]], seconds: float) -> dict:

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkgate.policies.cost_model import AdditiveCostTable, StepsPerSecondTable
+from sparkgate.policies.cost_model import AdditiveCostTable, CostMeta, StepsPerSecondTable
 from sparkgate.policies.window import (
     ConfidenceThreshold,
     CostAwareScheduler,
@@ -41,6 +41,23 @@ def test_free_verification_verifies_everything():
         decision = decide(CostAwareScheduler(table), survival)
         assert decision.windows.tolist() == [7] * 16
         assert int(decision.budget) == 16 * 7
+
+
+def test_one_price_for_every_budget_verifies_the_whole_block_even_past_a_zero_survival():
+    # A batch of 2 at gamma 3 plans 2..8 rows; the shipped tiers put all of them in one 8-row tier.
+    tiered = AdditiveCostTable(0.004, (1,), (0.0,), (8, 16), (0.002, 0.003), meta=CostMeta(tiers=(8, 16)))
+    survival = torch.tensor([[0.9, 0.0, 0.0], [0.5, 0.2, 0.0]])
+    scheduler = CostAwareScheduler(tiered)
+    assert scheduler.flat_price(2, 3, "cpu")
+    decision = decide(scheduler, survival)
+    assert decision.windows.tolist() == [3, 3] and int(decision.budget) == 6
+    assert float(decision.predicted_step_ms) == pytest.approx(6.0)
+    assert float(decision.predicted_tokens_per_s) == pytest.approx((2 + 1.6) / 0.006)
+    # One more request crosses into the 16-row tier: prices differ, and ties go to the smaller budget again
+    # (the zero-survival cells are not taken).
+    wider = torch.tensor([[0.9, 0.0, 0.0], [0.5, 0.2, 0.0], [0.9, 0.0, 0.0]])
+    assert not scheduler.flat_price(3, 3, "cpu")
+    assert decide(scheduler, wider).windows.tolist() == [1, 2, 1]
 
 
 def test_proportional_cost_picks_the_hand_computed_optimum():

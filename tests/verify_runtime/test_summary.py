@@ -5,7 +5,7 @@ import pytest
 from sparkgate.policies.window import FixedWindow
 from sparkgate.verify_runtime.drafters import ModelDrafter
 from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
-from sparkgate.verify_runtime.summary import run_timed, summarize
+from sparkgate.verify_runtime.summary import run_interleaved, run_timed, summarize
 from tests.collectors.strategies import compact_row, step
 from tests.conftest import tiny_model
 from tests.verify_runtime.reference import greedy_decode
@@ -44,3 +44,25 @@ def test_run_timed_records_every_step_and_returns_every_output():
     summary = summarize(records, outputs, seconds)
     assert summary["steps"] == len(records) and summary["decode_share"] <= 1.0
     assert summary["mean_window"] <= 2.0 and summary["tokens_per_s"] == pytest.approx(18 / seconds, rel=0.01)
+
+
+def test_run_interleaved_gives_each_engine_what_it_gives_alone_and_times_its_own_steps():
+    target = tiny_model()
+    prompts = {"a": [1, 2, 3], "b": [4, 5], "c": [6]}
+
+    def arm(window: int, max_new: int):
+        engine = Engine(
+            target, ModelDrafter(target, noise=1.5), EngineConfig(gamma=3, max_batch=2), policy=FixedWindow(window)
+        )
+        return engine, [Request(rid, p, max_new, mode="compact", stop_at_eos=False) for rid, p in prompts.items()]
+
+    # The second arm needs more steps: the loop keeps stepping it after the first has finished.
+    timed = run_interleaved({"short": arm(1, 4), "long": arm(3, 9)})
+    assert list(timed) == ["short", "long"]
+    for name, max_new in (("short", 4), ("long", 9)):
+        run = timed[name]
+        assert run.outputs == {rid: greedy_decode(target, p, max_new) for rid, p in prompts.items()}
+        assert run.records and run.seconds > 0 and run.cpu_seconds > 0
+        assert {rec.requests[0].window for rec in run.records} <= {1 if name == "short" else 3}
+    # Each engine's clock counts its own steps only.
+    assert timed["short"].seconds * 1000 >= sum(rec.step_ms for rec in timed["short"].records) * 0.99
