@@ -50,7 +50,8 @@ class WindowDecision:
     when a scheduler computed them: turning them into floats would make a
     device caller wait, so convert them once the step has finished.
     ``budget`` is ``windows.sum()`` as the scheduler chose it, on the device of
-    the survivals it was decided from (the lagged ones when lagged).
+    the survivals it was decided from (the lagged ones when lagged). A decision's
+    tensors are read-only: a scheduler may hand the same ones to many decisions.
     """
 
     windows: torch.Tensor  # [B] int64 in [0, gamma]
@@ -129,8 +130,11 @@ class CostAwareScheduler:
     min_window: int = 1
     lag: int = 0
     _curves: dict[tuple[int, int, str], torch.Tensor] = field(default_factory=dict, init=False, repr=False)
-    # Per curve key: whether every budget from the forced ones to the full block has one price.
-    _flat: dict[tuple[int, int, str], bool] = field(default_factory=dict, init=False, repr=False)
+    # Per curve key whose every budget, from the forced ones to the full block, has one price: the plan's
+    # constant part (windows, step ms, budget, seconds), built once and shared read-only by its decisions.
+    _flat: dict[tuple[int, int, str], tuple[torch.Tensor, ...] | None] = field(
+        default_factory=dict, init=False, repr=False
+    )
     _predictions: dict[tuple[int, int], float] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -159,14 +163,29 @@ class CostAwareScheduler:
             seconds[hi + 1 :] = math.inf
             curve = seconds.to(device=device, dtype=torch.float32)
             self._curves[key] = curve
-            self._flat[key] = hi == n and bool((seconds[lo:] == seconds[n]).all())
+            flat = hi == n and bool((seconds[lo:] == seconds[n]).all())
+            self._flat[key] = (
+                (
+                    torch.full((batch_size,), gamma, dtype=torch.int64, device=device),
+                    curve[n] * 1000.0,
+                    torch.tensor(n, dtype=torch.int64, device=device),
+                    curve[n],
+                )
+                if flat
+                else None
+            )
         return curve
 
     def flat_price(self, batch_size: int, gamma: int, device: torch.device | str) -> bool:
         """Whether every feasible budget up to the full block costs the same (decided on the host, cached
         with the curve)."""
-        self.step_seconds_curve(batch_size, gamma, device)
-        return self._flat[(batch_size, gamma, str(device))]
+        return self._full_plan(batch_size, gamma, device) is not None
+
+    def _full_plan(self, batch_size: int, gamma: int, device: torch.device | str) -> tuple[torch.Tensor, ...] | None:
+        key = (batch_size, gamma, str(device))
+        if key not in self._flat:
+            self.step_seconds_curve(batch_size, gamma, device)
+        return self._flat[key]
 
     def table_step_ms(self, batch_size: int, verify_rows: int) -> float:
         """``cost_table``'s prediction for a step that verified ``verify_rows`` rows (what the step's time is
@@ -204,8 +223,10 @@ class CostAwareScheduler:
         if batch_size == 0:
             return WindowDecision(torch.zeros(0, dtype=torch.int64, device=survival.device))
         s = clean_survival(survival)
-        if self.flat_price(batch_size, survival.shape[1], survival.device):
-            return self._full_block(s)
+        full = self._full_plan(batch_size, survival.shape[1], survival.device)
+        if full is not None:
+            windows, step_ms, budget, seconds = full
+            return WindowDecision(windows, step_ms, (batch_size + s.sum()) / seconds, budget)
         requests, tau, curve = self._plan(s)
         if self.lag:
             _, lagged_tau, lagged_curve = self._plan(self._lagged(s, ctx))
@@ -221,17 +242,4 @@ class CostAwareScheduler:
             predicted_step_ms=seconds * 1000.0,
             predicted_tokens_per_s=committed / seconds,
             budget=budget,
-        )
-
-    def _full_block(self, survival: torch.Tensor) -> WindowDecision:
-        """Every request verifies all γ drafts: the plan at the full budget, without the sort."""
-        batch_size, gamma = survival.shape
-        seconds = self.step_seconds_curve(batch_size, gamma, survival.device)[-1]
-        committed = batch_size + survival.sum()
-        windows = torch.full((batch_size,), gamma, dtype=torch.int64, device=survival.device)
-        return WindowDecision(
-            windows=windows,
-            predicted_step_ms=seconds * 1000.0,
-            predicted_tokens_per_s=committed / seconds,
-            budget=windows.sum(),  # a device op, not a new tensor: this may run inside a CUDA-graph capture
         )
