@@ -267,7 +267,7 @@ class Comparison(BaseModel):
     epoch_s: Float = Field(10.0, description="Seconds per switchback epoch.")
     burn_in_s: Float = Field(1.0, description="Seconds at the start of each epoch left out of comparisons.")
     seed: Int = Field(0, description="Seed of the epoch schedule.")
-    level: Float = Field(0.95, description="Two-sided confidence level of the comparison intervals.")
+    level: Float = Field(0.99, description="Two-sided confidence level of the comparison intervals.")
     step_time: Literal["wall", "cpu"] = Field(
         "wall", description="Step cost the step comparisons read: wall time, or the replica's CPU time (shared CPUs)."
     )
