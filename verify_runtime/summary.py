@@ -20,14 +20,9 @@ from .engine import Engine, Request
 
 
 def run_timed(engine: Engine, requests: list[Request]) -> tuple[list[StepRecord], dict[str, list[int]], float]:
-    """(step records, outputs by request id, wall seconds) for ``requests`` run to completion."""
-    records: list[StepRecord] = []
-    engine.sink = records.append
-    for r in requests:
-        engine.submit(r)
-    start = time.perf_counter()
-    outputs = engine.run()
-    return records, outputs, time.perf_counter() - start
+    """(step records, outputs by request id, wall seconds of its steps) for ``requests`` run to completion."""
+    run = run_interleaved({"": (engine, requests)})[""]
+    return run.records, run.outputs, run.seconds
 
 
 @dataclass
@@ -47,8 +42,7 @@ def run_interleaved(runs: dict[str, tuple[Engine, list[Request]]]) -> dict[str, 
     Each engine is timed over its own steps only, so the arms of a comparison share the
     machine's state within milliseconds of each other: a neighbour that slows the cores
     for a second slows every arm's steps in that second, instead of whichever arm ran
-    through it alone. Every step of an engine does the work ``run_timed`` would time
-    (``Engine.run`` is this loop for one engine).
+    through it alone. With one engine this is ``Engine.run``, timed.
     """
     timed = {name: TimedRun([], {}, 0.0, 0.0) for name in runs}
     for name, (engine, requests) in runs.items():
