@@ -268,12 +268,26 @@ def drift_ece(window: Calibration, reference: Calibration, looks: int, level: fl
     return _bounded(gap, se, min(window.samples, reference.samples), looks, level, "debiased ECE now minus shadow's")
 
 
+def look_index(age_s: float, interval_s: float, window_s: float) -> int:
+    """The look whose spending a stage's evaluation at ``age_s`` pays (``_bounded``): 1 + the intervals the
+    stage has lasted, capped at ``1 + ⌈window_s / interval_s⌉``, the first look that reads a full window.
+
+    Invariant: a calibrated fleet fails a gate at most α over the stage's first K looks (Σ 6/(π²k²) < 1)
+    and at most α · 6/(π²K²) at each look after them, where K is the cap. Past the cap every look reads a
+    window as full as the K-th did, so it is tested as the K-th was: the false-alarm rate becomes one per
+    unit of time instead of one per stage, and a stage without end (adaptive) does not go deaf with age,
+    as an uncapped index does (its k-th look asks a z that grows without bound, about √(4 ln k))."""
+    cap = 1 + math.ceil(window_s / interval_s)
+    return max(1, min(1 + int(age_s // interval_s), cap))
+
+
 def debiased_ece(calibration: Calibration, looks: int, level: float) -> Measurement:
     """The gate input of ``survival_ece_debiased``: the worst depth's ECE minus its noise floor, with bounds
     from each depth's bootstrap standard error. The fail side is one-sided at
     α / (depths × looks spending), α = (1 - level) / 2, spending 6/(π²k²) of α at the stage's k-th look
-    (those sum to 1 over all looks), so a calibrated rollout fails a stage no more often than α whatever
-    the depths and however long the stage lasts; the pass side is one-sided at α."""
+    (``look_index``: those sum to 1 over the looks of a growing window), so a calibrated rollout fails a
+    stage's first looks no more often than α whatever the depths, and each later look at a fixed rate;
+    the pass side is one-sided at α."""
     debiased = calibration.debiased()
     if not debiased:
         return Measurement(None, calibration.samples)

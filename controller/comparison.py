@@ -94,14 +94,25 @@ class Groups:
     each): a replica whose id starts with a prefix in ``arms`` serves that arm for the whole stage, which
     began at ``origin``. After ``burn_in_s`` (the push reaching every server, and records the poller read
     before it), the stage is cut into slices of ``epoch_s``; a pair is one slice, the treatment group's
-    steps against the control group's, load bucket by load bucket. The groups are one unit (``GROUPS``)."""
+    steps against the control group's, load bucket by load bucket, from the slice that begins at
+    ``since`` (None: the first). The groups are one unit (``GROUPS``)."""
 
     origin: float
     arms: tuple[tuple[str, Arm], ...]
     until: float | None = None
+    since: float | None = None
 
 
 Design = Epochs | Groups
+
+
+def window_start(first: float, period: float, now: float, window_s: float | None) -> float:
+    """Where a comparison window of ``window_s`` ending at ``now`` begins: the start of the oldest whole
+    pair in it, pairs being ``period`` long from ``first`` (``first`` itself for a window longer than the
+    stage, or None). Aligned to a pair, so no pair is cut in two and compared by half its epochs."""
+    if window_s is None or now - window_s <= first:
+        return first
+    return first + period * math.ceil((now - window_s - first) / period)
 
 
 def measure(d: np.ndarray, level: float) -> Measurement:
@@ -135,7 +146,8 @@ def _split(design: Design, spec: Comparison, alias: str, ts: str) -> tuple[str, 
     arm = f"CASE {cases} END" if design.arms else "NULL"
     select = f"'{GROUPS}' AS unit, floor(({alias}.{ts} - ?) / ?)::BIGINT AS pair, {arm} AS cmp_arm"
     params = [start, spec.epoch_s, *(x for prefix, arm_ in design.arms for x in (prefix, str(arm_)))]
-    return select, f"{alias}.{ts} >= ?" + _before(alias, ts, design.until), [*params, start, *_bound(design.until)]
+    since = start if design.since is None else max(start, design.since)
+    return select, f"{alias}.{ts} >= ?" + _before(alias, ts, design.until), [*params, since, *_bound(design.until)]
 
 
 def _before(alias: str, ts: str, until: float | None) -> str:

@@ -51,8 +51,14 @@ class Run:
     intervals: int = 0
 
 
-def run_seed(policy: RolloutPolicy, scenario: Scenario, seed: int, fleet: Fleet, max_intervals: int) -> Run:
-    """One seeded rollout, from baseline until it falls back or has held the top of the ladder a while."""
+def run_seed(
+    policy: RolloutPolicy, scenario: Scenario, seed: int, fleet: Fleet, max_intervals: int, late: int | None = None
+) -> Run:
+    """One seeded rollout, from baseline until it falls back or has held the top of the ladder a while.
+
+    The scenario's change starts at the first canary interval, or with ``late``, that many intervals after
+    the rollout reached the top of the ladder (a fault in a long last stage); either way the rollout then
+    holds the top ``3 × consecutive_passes`` intervals past the onset."""
     rng = np.random.default_rng(seed)
     policy = policy.replace(comparison={**policy.comparison.model_dump(), "seed": seed})
     run, now, step = Run(), [T0], [0]
@@ -62,7 +68,7 @@ def run_seed(policy: RolloutPolicy, scenario: Scenario, seed: int, fleet: Fleet,
     with Store(":memory:", threads=1) as store:
         ctl = Controller(store, policy, clock=lambda: now[0], resamples=50)
         for k in range(max_intervals):
-            if run.onset is None and ctl.state.compact_fraction > 0 and scenario.changes:
+            if run.onset is None and scenario.changes and _onset(ctl, run, k, late):
                 run.onset = k
             emit_interval(store, ctl, fleet, scenario, rng, now[0], step, run.onset is not None)
             now[0] += policy.evaluation_interval_s
@@ -76,9 +82,15 @@ def run_seed(policy: RolloutPolicy, scenario: Scenario, seed: int, fleet: Fleet,
                 break
             if ctl.state.stage == top and run.compact_at is None:
                 run.compact_at = k
-            if run.compact_at is not None and k - run.compact_at >= 3 * policy.consecutive_passes:
+            if run.compact_at is not None and k - run.compact_at >= (late or 0) + 3 * policy.consecutive_passes:
                 break
     return run
+
+
+def _onset(ctl: Controller, run: Run, k: int, late: int | None) -> bool:
+    if late is None:
+        return ctl.state.compact_fraction > 0
+    return run.compact_at is not None and k - run.compact_at > late
 
 
 def run_seeds(
@@ -89,13 +101,14 @@ def run_seeds(
     max_intervals: int,
     workers: int = 1,
     progress: Callable[[str], object] = lambda _: None,
+    late: int | None = None,
 ) -> list[Run]:
     """Seeds ``0 .. seeds - 1`` in ``workers`` processes; the runs in seed order (each is determined by its
     seed alone, so the result does not depend on ``workers``)."""
     if workers <= 1:
         runs = []
         for seed in range(seeds):
-            runs.append(run_seed(policy, scenario, seed, fleet, max_intervals))
+            runs.append(run_seed(policy, scenario, seed, fleet, max_intervals, late))
             progress(f"seed {seed + 1}/{seeds}")
         return runs
     # One BLAS thread per worker: the bootstrap's small products run several times slower when each of the
@@ -104,7 +117,7 @@ def run_seeds(
         _environment(BLAS_THREADS),
         ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool,
     ):
-        futures = [pool.submit(run_seed, policy, scenario, seed, fleet, max_intervals) for seed in range(seeds)]
+        futures = [pool.submit(run_seed, policy, scenario, seed, fleet, max_intervals, late) for seed in range(seeds)]
         for done, _ in enumerate(as_completed(futures), 1):
             progress(f"{done}/{seeds} seeds")
         return [f.result() for f in futures]
@@ -250,6 +263,9 @@ def plot(points: list[dict], gate: str, fault: str, path: str | Path) -> None:
               help="Processes running seeds.")  # fmt: skip
 @click.option("--regression", type=click.FloatRange(min=0), default=None,
               help="The latency scenario's slowdown of the treatment [default: the scenario's].")  # fmt: skip
+@click.option("--late-onset", "late", type=click.IntRange(min=0), default=None,
+              help="Start the scenario's change this many intervals after the rollout reaches the top of the ladder "
+                   "[default: at the first canary interval].")  # fmt: skip
 @click.option("--sweep", default=None, help="GATE=T1,T2,...: the operating curve of that gate (a faulty --scenario).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="PNG of the operating curve.")
 @click.option("--fit", "fit_path", type=click.Path(exists=True, dir_okay=False), default=str(FIT_PATH),
@@ -257,7 +273,8 @@ def plot(points: list[dict], gate: str, fault: str, path: str | Path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 def simulate(
     policy_path: str, scenario: str, seeds: int, max_intervals: int, drift: float | None, workers: int,
-    regression: float | None, sweep: str | None, plot_path: str | None, fit_path: str, as_json: bool,
+    regression: float | None, late: int | None, sweep: str | None, plot_path: str | None, fit_path: str,
+    as_json: bool,
 ) -> None:  # fmt: skip
     """Seeded simulated rollouts through the real controller: rollback and detection rates, delays."""
     policy, chosen, fleet = load_rollout_policy(policy_path), SCENARIOS[scenario], Fleet.fitted(fit_path)
@@ -280,9 +297,10 @@ def simulate(
         return
     started = time.perf_counter()
     runs = run_seeds(policy, chosen, seeds, fleet, max_intervals, workers,
-                     lambda done: click.echo(f"simulate {scenario}: {done}", err=True))  # fmt: skip
+                     lambda done: click.echo(f"simulate {scenario}: {done}", err=True), late)  # fmt: skip
     result = {
         **summarize(chosen, runs),
+        "late_onset": late,
         "fleet": fleet.describe(),
         "scenario_model": replace(chosen).__dict__,
         "wall_s": round(time.perf_counter() - started, 1),

@@ -29,7 +29,8 @@ from sparkgate.policies.rollout import Gate, RolloutPolicy
 from sparkgate.policies.vocabulary import CHANGES_POLICY, SWITCHBACK_PHASES, Arm, Phase
 
 from . import contract, ledger, promql, rollout
-from .comparison import COMPARISON_METRICS, Design, Epochs, Groups, comparisons
+from .calibration import look_index
+from .comparison import COMPARISON_METRICS, Design, Epochs, Groups, comparisons, window_start
 from .exporter import ControllerMetrics
 from .gates import Verdict, error_verdict, judge_all, judge_baseline
 from .measurement import Measurement
@@ -168,7 +169,7 @@ class Controller:
         if phase == "baseline":
             steps = sum(evaluation.baseline.column("steps").to_pylist()) if evaluation.baseline is not None else 0
             return [judge_baseline(self.policy, steps, stale)]
-        looks = 1 + int((now - state.entered_at) // self.policy.evaluation_interval_s)
+        looks = look_index(now - state.entered_at, self.policy.evaluation_interval_s, self.lookback_s)
         measured = evaluation.measurements(phase, looks)
         # Comparisons read every pair since the stage began (the window bounds the other gates): pairs are
         # the scarce evidence, and every one was measured against its own concurrent control.
@@ -207,10 +208,13 @@ class Controller:
         return state.stage is not None and any(g.metric == metric for g in self._judged(state)[1])
 
     def _design(self, state: RolloutState, now: float) -> Design:
-        until = self._until(now)
+        """The comparisons' pairs: those of the stage's last ``comparison.window_s``, whole pairs only."""
+        until, spec = self._until(now), self.policy.comparison
         if self.groups is None:
-            return Epochs(state.revision, state.entered_at, state.entered_at, until)
-        return Groups(state.entered_at, self.groups(self.policy_payload(state)), until)
+            since = window_start(state.entered_at, 2 * spec.epoch_s, now, spec.window_s)
+            return Epochs(state.revision, state.entered_at, since, until)
+        slices = window_start(state.entered_at + spec.burn_in_s, spec.epoch_s, now, spec.window_s)
+        return Groups(state.entered_at, self.groups(self.policy_payload(state)), until, slices)
 
     def _stale(self, evaluation: Evaluation, now: float) -> str | None:
         if evaluation.as_of is None:

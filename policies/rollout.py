@@ -260,7 +260,8 @@ class Comparison(BaseModel):
     """How the comparison gates get their concurrent control (``comparison:``, docs/design.md §6): each
     replica alternates treatment and control epochs of ``epoch_s`` on a schedule drawn from ``seed``; the
     first ``burn_in_s`` of every epoch is left out (the other arm's batch is still draining); intervals are
-    two-sided at ``level``; goodput counts requests within both SLOs."""
+    two-sided at ``level`` over the pairs of the stage's last ``window_s`` (every pair of a shorter stage;
+    None: of the whole stage); goodput counts requests within both SLOs."""
 
     model_config = _FROZEN
 
@@ -268,6 +269,11 @@ class Comparison(BaseModel):
     burn_in_s: Float = Field(1.0, description="Seconds at the start of each epoch left out of comparisons.")
     seed: Int = Field(0, description="Seed of the epoch schedule.")
     level: Float = Field(0.99, description="Two-sided confidence level of the comparison intervals.")
+    window_s: Float | None = Field(
+        1800.0,
+        description="Seconds of the stage's newest pairs the comparisons read (a stage without end, adaptive, "
+        "would otherwise dilute a new regression in its whole history); null: every pair since the stage began.",
+    )
     step_time: Literal["wall", "cpu"] = Field(
         "wall", description="Step cost the step comparisons read: wall time, or the replica's CPU time (shared CPUs)."
     )
@@ -283,6 +289,8 @@ class Comparison(BaseModel):
             problems.append(_want("burn_in_s", self.burn_in_s, f"seconds in [0, epoch_s={self.epoch_s})"))
         if not (0.5 <= self.level < 1):
             problems.append(_want("level", self.level, "a confidence level in [0.5, 1)"))
+        if self.window_s is not None and not (math.isfinite(self.window_s) and self.window_s >= 2 * self.epoch_s):
+            problems.append(_want("window_s", self.window_s, f"null or seconds >= 2 x epoch_s={self.epoch_s} (a pair)"))
         for key in ("ttft_slo_ms", "tpot_slo_ms"):
             if not (math.isfinite(getattr(self, key)) and getattr(self, key) > 0):
                 problems.append(_want(key, getattr(self, key), "a finite number of milliseconds > 0"))

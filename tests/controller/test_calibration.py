@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from sklearn.calibration import calibration_curve
 from sklearn.metrics import roc_auc_score
 
@@ -19,6 +23,7 @@ from sparkgate.controller.calibration import (
     bootstrap_ece,
     debiased_ece,
     fine_bin,
+    look_index,
     null_ece,
     worst_replica_debiased_ece,
 )
@@ -183,6 +188,38 @@ def test_the_debiased_gate_fails_a_calibrated_stage_no_more_often_than_its_level
         failed_stages += failed
     assert failed_stages / runs <= 0.025 + 0.02  # one side of the level, over 3 depths and 4 looks, + sampling
     assert caught / runs >= 0.9
+
+
+def test_the_look_index_counts_a_stages_intervals_until_its_window_is_full():
+    # A 60-second interval and a 300-second window: looks 1, 2, … until the sixth, the first whose window
+    # holds five whole intervals; every later look pays the sixth's share.
+    ages = [0, 59, 60, 299, 300, 301, 3600, 86400 * 30]
+    assert [look_index(a, 60.0, 300.0) for a in ages] == [1, 1, 2, 5, 6, 6, 6, 6]
+    assert look_index(125.0, 60.0, 90.0) == 3  # a window of 1.5 intervals is full from the third look
+
+
+@given(st.floats(0, 1e7), st.floats(1, 1e3), st.floats(1, 1e4), st.floats(0, 1e7))
+def test_a_late_look_is_never_stricter_than_the_first_full_windows_and_the_spending_stays_under_alpha(
+    age, interval, window, later
+):
+    cap = 1 + math.ceil(window / interval)
+    first, second = look_index(age, interval, window), look_index(age + later, interval, window)
+    assert 1 <= first <= second <= cap  # never stricter than the cap's, whatever the stage's age
+    # The looks up to the cap spend less than α in all (the union bound over a stage's growing window).
+    assert sum(6 / (math.pi**2 * k**2) for k in range(1, cap + 1)) < 1
+
+
+def test_a_drift_late_in_a_long_stage_is_judged_as_at_the_first_full_window_not_deafened_by_age():
+    gate = Gate(metric="survival_ece_debiased", threshold=0.05, direction="at_most")
+    rng = np.random.default_rng(11)
+    drifted = _calibration(rng, 3000, 0.10)
+    at_cap = debiased_ece(drifted, look_index(300.0, 60.0, 300.0), 0.95)
+    month = debiased_ece(drifted, look_index(86400.0 * 30, 60.0, 300.0), 0.95)
+    assert month.low == at_cap.low and "look 6" in month.method
+    assert judge(gate, month).outcome == "fail"
+    # Counting every look from the stage's start, a month in, the same evidence would not fail it.
+    uncapped = debiased_ece(drifted, 1 + 86400 * 30 // 60, 0.95)
+    assert uncapped.low < month.low and judge(gate, uncapped).outcome != "fail"
 
 
 def _calibration(rng, n: int, shift: float, depths: int = 2) -> Calibration:

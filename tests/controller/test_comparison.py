@@ -7,9 +7,11 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sparkgate.collectors.request_ingest import prepare_requests
-from sparkgate.controller.comparison import Epochs, Groups, comparisons, fleet, measure
+from sparkgate.controller.comparison import Epochs, Groups, comparisons, fleet, measure, window_start
 from sparkgate.controller.gates import judge
 from sparkgate.policies.intervals import sign_interval
 from sparkgate.policies.rollout import Comparison, Gate
@@ -84,6 +86,39 @@ def test_epoch_pairs_read_from_the_store_compare_treatment_with_control(store):
     assert found["p99_step_ratio"].low == pytest.approx(2.0)
     assert "pooled (16 pairs" in method and "per replica (2" in method
     assert comparisons(store, Epochs(revision=4, origin=T0, since=T0), spec)["p99_step_ratio"].samples == 0
+
+
+@given(st.floats(-1e6, 1e6), st.floats(0.1, 100), st.floats(0, 1e6), st.one_of(st.none(), st.floats(0.2, 1e5)))
+def test_a_comparison_window_starts_at_a_whole_pair_inside_it_or_at_the_stages_first(first, period, age, window):
+    now = first + age
+    since = window_start(first, period, now, window)
+    pairs = (since - first) / period
+    assert since >= first and abs(pairs - round(pairs)) < 1e-6 * max(1.0, pairs)  # a pair's start
+    if window is None or now - window <= first:
+        assert since == first
+    else:  # the oldest pair wholly inside the window: no later than one pair past its start
+        assert now - window - 1e-6 * period <= since < now - window + period * (1 + 1e-9)
+
+
+def test_a_regression_late_in_a_long_stage_fails_the_window_that_the_whole_stage_dilutes(store):
+    schedule, spec = Switchback(7, 1.0, T0), Comparison(epoch_s=1.0, burn_in_s=0.2, window_s=16.0)
+    step, pairs, slow_from = 0, 40, 32  # the treatment's steps twice as slow in the last 8 pairs of 40
+    for replica in ("r0", "r1"):
+        for epoch in range(2 * pairs):
+            arm = schedule.arm(replica, epoch)
+            factor = 2.0 if arm == "treatment" and epoch >= 2 * slow_from else 1.0
+            ingest_synthetic(store, 20, schedule.start(epoch) + 0.3, phase="adaptive", replica=replica,
+                             first_step=step, epoch=epoch, arm=str(arm), policy_revision=3,
+                             step_ms=10.0 * factor)  # fmt: skip
+            step += 1000
+    gate = Gate(metric="p99_step_ratio", threshold=1.1, direction="at_most", min_samples=8)
+    now = T0 + 2 * pairs
+    since = window_start(T0, 2 * spec.epoch_s, now, spec.window_s)
+    assert since == T0 + 2 * (pairs - 8)  # the newest 8 pairs
+    windowed = comparisons(store, Epochs(revision=3, origin=T0, since=since), spec)["p99_step_ratio"]
+    assert windowed.samples == 16 and judge(gate, windowed).outcome == "fail"
+    whole = comparisons(store, Epochs(revision=3, origin=T0, since=T0), spec)["p99_step_ratio"]
+    assert whole.samples == 80 and judge(gate, whole).outcome != "fail"  # 64 healthy pairs hide 16 slow ones
 
 
 def test_a_regression_on_one_replica_of_three_fails_the_gate_a_pooled_center_would_never_fail():

@@ -126,3 +126,12 @@ def test_a_load_swing_or_a_replica_that_stops_reporting_is_no_fault(name):
     policy = parse_rollout_policy(POLICY)
     run = run_seed(policy, SCENARIOS[name], 0, FLEET, 20)
     assert run.onset is not None and run.rollback is None and run.compact_at is not None
+
+
+def test_a_late_onset_starts_the_fault_that_many_intervals_into_the_top_of_the_ladder_and_is_caught_after_it():
+    policy = parse_rollout_policy(POLICY)
+    run = run_seed(policy, SCENARIOS["consistency"], 0, FLEET, 30, late=3)
+    assert run.compact_at is not None and run.onset == run.compact_at + 4  # the fourth interval at the top
+    assert run.rollback is not None and run.rollback >= run.onset and run.rollback_rule == "critical gate failed"
+    held = run_seed(policy, SCENARIOS["none"], 0, FLEET, 30, late=3)
+    assert held.rollback is None and held.intervals == held.compact_at + 3 + 3 * policy.consecutive_passes + 1
