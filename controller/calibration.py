@@ -268,16 +268,23 @@ def drift_ece(window: Calibration, reference: Calibration, looks: int, level: fl
     return _bounded(gap, se, min(window.samples, reference.samples), looks, level, "debiased ECE now minus shadow's")
 
 
+# Past a stage's first looks, a calibrated fleet fails a gate at most α in each period this long.
+ALARM_PERIOD_S = 86400.0
+
+
 def look_index(age_s: float, interval_s: float, window_s: float) -> int:
     """The look whose spending a stage's evaluation at ``age_s`` pays (``_bounded``): 1 + the intervals the
-    stage has lasted, capped at ``1 + ⌈window_s / interval_s⌉``, the first look that reads a full window.
+    stage has lasted, capped at K, the larger of ``1 + ⌈window_s / interval_s⌉`` (the first look that
+    reads a full window) and ``⌈√(6/π² × ALARM_PERIOD_S / interval_s)⌉``.
 
     Invariant: a calibrated fleet fails a gate at most α over the stage's first K looks (Σ 6/(π²k²) < 1)
-    and at most α · 6/(π²K²) at each look after them, where K is the cap. Past the cap every look reads a
-    window as full as the K-th did, so it is tested as the K-th was: the false-alarm rate becomes one per
-    unit of time instead of one per stage, and a stage without end (adaptive) does not go deaf with age,
-    as an uncapped index does (its k-th look asks a z that grows without bound, about √(4 ln k))."""
-    cap = 1 + math.ceil(window_s / interval_s)
+    and at most α in any ``ALARM_PERIOD_S`` after them: each later look spends 6/(π²K²) ≤ interval_s /
+    ALARM_PERIOD_S of α. So the false-alarm rate of a stage without end (adaptive) is one per unit of time,
+    and the stage does not go deaf with age, as an uncapped index makes it (its k-th look asks a z that
+    grows without bound, about √(4 ln k): 4.6 at the 30th look of one depth in seven, 7.0 a month in at
+    one-minute intervals, against 4.6 for ever with the cap)."""
+    per_period = 6 / math.pi**2 * ALARM_PERIOD_S / interval_s
+    cap = max(1 + math.ceil(window_s / interval_s), math.ceil(math.sqrt(per_period)))
     return max(1, min(1 + int(age_s // interval_s), cap))
 
 

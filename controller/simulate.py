@@ -56,9 +56,10 @@ def run_seed(
 ) -> Run:
     """One seeded rollout, from baseline until it falls back or has held the top of the ladder a while.
 
-    The scenario's change starts at the first canary interval, or with ``late``, that many intervals after
-    the rollout reached the top of the ladder (a fault in a long last stage); either way the rollout then
-    holds the top ``3 × consecutive_passes`` intervals past the onset."""
+    The scenario's change starts at the first canary interval, and the run ends once the rollout has held
+    the top ``3 × consecutive_passes`` intervals; or with ``late``, that many intervals after the rollout
+    reached the top (a fault in a long last stage), and the run lasts ``max_intervals`` unless it rolls back
+    (a fault diluted in a long history may take long to catch)."""
     rng = np.random.default_rng(seed)
     policy = policy.replace(comparison={**policy.comparison.model_dump(), "seed": seed})
     run, now, step = Run(), [T0], [0]
@@ -82,7 +83,7 @@ def run_seed(
                 break
             if ctl.state.stage == top and run.compact_at is None:
                 run.compact_at = k
-            if run.compact_at is not None and k - run.compact_at >= (late or 0) + 3 * policy.consecutive_passes:
+            if late is None and run.compact_at is not None and k - run.compact_at >= 3 * policy.consecutive_passes:
                 break
     return run
 
@@ -264,8 +265,8 @@ def plot(points: list[dict], gate: str, fault: str, path: str | Path) -> None:
 @click.option("--regression", type=click.FloatRange(min=0), default=None,
               help="The latency scenario's slowdown of the treatment [default: the scenario's].")  # fmt: skip
 @click.option("--late-onset", "late", type=click.IntRange(min=0), default=None,
-              help="Start the scenario's change this many intervals after the rollout reaches the top of the ladder "
-                   "[default: at the first canary interval].")  # fmt: skip
+              help="Start the scenario's change this many intervals after the rollout reaches the top of the ladder, "
+                   "and run --max-intervals unless it rolls back [default: at the first canary interval].")  # fmt: skip
 @click.option("--sweep", default=None, help="GATE=T1,T2,...: the operating curve of that gate (a faulty --scenario).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="PNG of the operating curve.")
 @click.option("--fit", "fit_path", type=click.Path(exists=True, dir_okay=False), default=str(FIT_PATH),

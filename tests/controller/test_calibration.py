@@ -17,6 +17,7 @@ from sparkgate.collectors.schema import MODES
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import flatten
 from sparkgate.controller.calibration import (
+    ALARM_PERIOD_S,
     REQUEST_GROUPS,
     Calibration,
     KindStats,
@@ -190,32 +191,33 @@ def test_the_debiased_gate_fails_a_calibrated_stage_no_more_often_than_its_level
     assert caught / runs >= 0.9
 
 
-def test_the_look_index_counts_a_stages_intervals_until_its_window_is_full():
-    # A 60-second interval and a 300-second window: looks 1, 2, … until the sixth, the first whose window
-    # holds five whole intervals; every later look pays the sixth's share.
-    ages = [0, 59, 60, 299, 300, 301, 3600, 86400 * 30]
-    assert [look_index(a, 60.0, 300.0) for a in ages] == [1, 1, 2, 5, 6, 6, 6, 6]
-    assert look_index(125.0, 60.0, 90.0) == 3  # a window of 1.5 intervals is full from the third look
+def test_the_look_index_counts_a_stages_intervals_until_its_cap():
+    # One-minute intervals and a five-minute window: looks 1, 2, … until the thirtieth, whose share spent
+    # at every look of a day adds up to the error rate (√(6/π² × 1440) = 29.6); every later look pays it.
+    ages = [0, 59, 60, 299, 300, 1739, 1740, 3600, 86400 * 30]
+    assert [look_index(a, 60.0, 300.0) for a in ages] == [1, 1, 2, 5, 6, 29, 30, 30, 30]
+    # Hourly looks: a day's share from the fourth (√(6/π² × 24) = 3.8), unless the window fills later.
+    assert look_index(1e7, 3600.0, 3600.0) == 4 and look_index(1e7, 3600.0, 36000.0) == 11
 
 
-@given(st.floats(0, 1e7), st.floats(1, 1e3), st.floats(1, 1e4), st.floats(0, 1e7))
-def test_a_late_look_is_never_stricter_than_the_first_full_windows_and_the_spending_stays_under_alpha(
-    age, interval, window, later
-):
-    cap = 1 + math.ceil(window / interval)
+@given(st.floats(0, 1e7), st.floats(1, 1e4), st.floats(1, 1e5), st.floats(0, 1e7))
+def test_a_late_look_never_asks_more_than_the_caps_and_spends_at_most_alpha_per_period(age, interval, window, later):
     first, second = look_index(age, interval, window), look_index(age + later, interval, window)
+    cap = look_index(1e12, interval, window)
     assert 1 <= first <= second <= cap  # never stricter than the cap's, whatever the stage's age
-    # The looks up to the cap spend less than α in all (the union bound over a stage's growing window).
-    assert sum(6 / (math.pi**2 * k**2) for k in range(1, cap + 1)) < 1
+    assert cap >= 1 + math.ceil(window / interval)  # the growing window's looks are spent as a stage's
+    # Every look past the cap spends its share; a period's looks spend at most the error rate in all.
+    assert 6 / (math.pi**2 * cap**2) * (ALARM_PERIOD_S / interval) <= 1 + 1e-9
+    assert sum(6 / (math.pi**2 * k**2) for k in range(1, min(cap, 10_000) + 1)) < 1
 
 
-def test_a_drift_late_in_a_long_stage_is_judged_as_at_the_first_full_window_not_deafened_by_age():
+def test_a_drift_late_in_a_long_stage_is_judged_as_at_the_cap_not_deafened_by_age():
     gate = Gate(metric="survival_ece_debiased", threshold=0.05, direction="at_most")
     rng = np.random.default_rng(11)
     drifted = _calibration(rng, 3000, 0.10)
-    at_cap = debiased_ece(drifted, look_index(300.0, 60.0, 300.0), 0.95)
+    at_cap = debiased_ece(drifted, look_index(1740.0, 60.0, 300.0), 0.95)
     month = debiased_ece(drifted, look_index(86400.0 * 30, 60.0, 300.0), 0.95)
-    assert month.low == at_cap.low and "look 6" in month.method
+    assert month.low == at_cap.low and "look 30" in month.method
     assert judge(gate, month).outcome == "fail"
     # Counting every look from the stage's start, a month in, the same evidence would not fail it.
     uncapped = debiased_ece(drifted, 1 + 86400 * 30 // 60, 0.95)
