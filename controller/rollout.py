@@ -15,6 +15,9 @@ Invariants:
   stage; a failed or inconclusive interval resets the streak, so a value that
   oscillates around a threshold never advances, and its failures accumulate
   until the failure limit sends the rollout to the sticky fallback: no flapping.
+  A failed interval counts towards the limits for ``failure_window_s`` (the
+  whole stage when None), so a stage without end (adaptive) rolls back on
+  failures that come close together, not on a few spread over weeks.
 - ``paused`` holds the stage it paused at (``stage``), never advances, and still
   rolls back on a critical failure.
 - In ``adaptive`` a failed interval while fitted cost tables are served, failed by
@@ -55,7 +58,8 @@ class TransitionError(ValueError):
 @dataclass(frozen=True)
 class RolloutState:
     """Where the rollout stands. ``stage`` indexes ``policy.stages()`` (None in fallback; in paused, the
-    stage to resume). ``passes``/``failures`` count intervals since ``entered_at``;
+    stage to resume). ``passes``/``failures`` count intervals since ``entered_at`` (``recent_failures`` those
+    within a failure window);
     ``last_conclusive_at`` is the latest pass or fail (or entry), for the progress deadline; ``errors``
     counts consecutive intervals whose gates could not be measured."""
 
@@ -65,20 +69,31 @@ class RolloutState:
     compact_fraction: float
     entered_at: float
     passes: int = 0
-    failures: int = 0
+    failed_at: tuple[float, ...] = ()  # when the stage's failed intervals were decided
     last_conclusive_at: float = 0.0
     errors: int = 0  # consecutive error intervals
-    # Per gate that has decided in the stage: (name, consecutive passes, failed intervals).
-    gate_streaks: tuple[tuple[str, int, int], ...] = ()
+    # Per gate that has decided in the stage: (name, consecutive passes, when its failed intervals were decided).
+    gate_streaks: tuple[tuple[str, int, tuple[float, ...]], ...] = ()
     contract: str | None = None
     # Adaptive: the fitted cost table each replica group serves, as sorted (group, version) pairs (empty: the
     # static tables); ``static_only`` once the stage was entered by a revert, which no fitted table follows.
     tables: tuple[tuple[str, str], ...] = ()
     static_only: bool = False
 
+    @property
+    def failures(self) -> int:
+        """Failed intervals of the stage."""
+        return len(self.failed_at)
+
     def streak(self, gate: str) -> tuple[int, int]:
-        """(consecutive passes, failures) of ``gate`` in the stage."""
-        return next(((p, f) for name, p, f in self.gate_streaks if name == gate), (0, 0))
+        """(consecutive passes, failed intervals) of ``gate`` in the stage."""
+        return next(((p, len(f)) for name, p, f in self.gate_streaks if name == gate), (0, 0))
+
+    def recent_failures(self, now: float, window_s: float | None, gate: str | None = None) -> int:
+        """Failed intervals of the stage (or of ``gate``) that count at ``now``: those decided less than
+        ``window_s`` before it (None: every one of the stage)."""
+        times = self.failed_at if gate is None else next((f for name, _, f in self.gate_streaks if name == gate), ())
+        return len(times) if window_s is None else sum(1 for t in times if now - t < window_s)
 
 
 @dataclass(frozen=True)
@@ -224,18 +239,15 @@ def decide(
     for v in verdicts:
         gate = limits.get(v.gate)
         if v.decides and v.outcome == Outcome.FAIL and gate is not None and gate.failure_limit is not None:
-            failures = state.streak(v.gate)[1] + 1
+            failures = state.recent_failures(now, policy.failure_window_s, v.gate) + 1
             if failures > gate.failure_limit:
                 return move(Action.ROLLBACK, None, because("gate failure limit", gate=v.gate, failures=failures,
                                                            limit=gate.failure_limit))  # fmt: skip
-    if outcome == Outcome.FAIL and state.failures + 1 > policy.failure_limit:
-        return move(
-            Action.ROLLBACK,
-            None,
-            because("failure limit", failures=state.failures + 1, limit=policy.failure_limit),
-        )
+    failures = state.recent_failures(now, policy.failure_window_s) + 1
+    if outcome == Outcome.FAIL and failures > policy.failure_limit:
+        return move(Action.ROLLBACK, None, because("failure limit", failures=failures, limit=policy.failure_limit))
     if outcome == Outcome.FAIL:
-        return hold(because("failed interval", failures=state.failures + 1, limit=policy.failure_limit))
+        return hold(because("failed interval", failures=failures, limit=policy.failure_limit))
     if outcome == Outcome.ERROR and state.errors + 1 > policy.error_limit:
         return move(Action.ROLLBACK, None, because("error limit", errors=state.errors + 1, limit=policy.error_limit))
     if outcome == Outcome.ERROR:
@@ -343,23 +355,26 @@ def apply(state: RolloutState | None, decision: Decision) -> RolloutState:
     return replace(
         state,
         passes=state.passes + 1 if decision.outcome == Outcome.PASS else 0,
-        failures=state.failures + (decision.outcome == Outcome.FAIL),
+        failed_at=state.failed_at + ((decision.decided_at,) if decision.outcome == Outcome.FAIL else ()),
         errors=state.errors + 1 if decision.outcome == Outcome.ERROR else 0,
-        gate_streaks=_streaks(state, decision.reasons),
+        gate_streaks=_streaks(state, decision.reasons, decision.decided_at),
         last_conclusive_at=decision.decided_at if conclusive else state.last_conclusive_at,
         contract=decision.contract,
     )
 
 
-def _streaks(state: RolloutState, reasons: tuple[dict[str, Any], ...]) -> tuple[tuple[str, int, int], ...]:
-    """Per-gate streaks after an interval whose verdicts are ``reasons[1:]`` (dry runs do not count)."""
-    streaks = {name: (p, f) for name, p, f in state.gate_streaks}
+def _streaks(
+    state: RolloutState, reasons: tuple[dict[str, Any], ...], at: float
+) -> tuple[tuple[str, int, tuple[float, ...]], ...]:
+    """Per-gate streaks after an interval decided ``at`` whose verdicts are ``reasons[1:]`` (dry runs do not
+    count)."""
+    streaks: dict[str, tuple[int, tuple[float, ...]]] = {name: (p, f) for name, p, f in state.gate_streaks}
     for v in reasons[1:]:
         if "gate" in v and not v.get("dry_run"):
-            passes, failures = streaks.get(v["gate"], (0, 0))
+            passes, failed = streaks.get(v["gate"], (0, ()))
             streaks[v["gate"]] = (
                 passes + 1 if v["outcome"] == Outcome.PASS else 0,
-                failures + (v["outcome"] == Outcome.FAIL),
+                failed + ((at,) if v["outcome"] == Outcome.FAIL else ()),
             )
     return tuple((name, p, f) for name, (p, f) in sorted(streaks.items()))
 

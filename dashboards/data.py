@@ -81,7 +81,9 @@ def ledger_view(_source, token: str, policy: RolloutPolicy) -> dict:
             "entered_at": state.entered_at,
             "passes": state.passes,
             "needed_passes": policy.consecutive_passes,
-            "failures": state.failures,
+            # As of the newest judged interval: a stored run is read long after it ended.
+            "failures": state.recent_failures(state.last_conclusive_at, policy.failure_window_s),
+            "failure_window_s": policy.failure_window_s,
             "failure_limit": policy.failure_limit,
             "last_conclusive_at": state.last_conclusive_at,
         }

@@ -305,7 +305,7 @@ class RolloutPolicy(BaseModel):
     - ``canary_steps`` strictly increasing in (0, 1), non-empty when canary runs;
     - ``0 < observe_fraction < 1``; ``fallback_window`` in [0, gamma] or None (static);
     - advance after ``consecutive_passes`` all-pass intervals; roll back when a
-      phase's failed intervals exceed ``failure_limit``, or when a serving phase
+      phase's failed intervals of the last ``failure_window_s`` exceed ``failure_limit``, or when a serving phase
       stays inconclusive for ``progress_deadline_s``; data older than
       ``stale_after_s`` makes a gate inconclusive;
     - gate names are unique.
@@ -319,6 +319,11 @@ class RolloutPolicy(BaseModel):
     observe_fraction: Float = Field(0.05, description="Fraction of compact traffic verified in full (cap_accept).")
     consecutive_passes: Int = Field(3, description="All-pass intervals in a row that advance a stage.")
     failure_limit: Int = Field(2, description="Failed intervals a phase may have; one more rolls back.")
+    failure_window_s: Float | None = Field(
+        3600.0,
+        description="Seconds a failed interval counts towards failure_limit and a gate's failure_limit (null: the "
+        "whole stage); in a stage without end (adaptive) the limits then bound false rollbacks per unit of time.",
+    )
     error_limit: Int = Field(
         3, description="Consecutive intervals with a gate that could not be measured; one more rolls back."
     )
@@ -359,6 +364,11 @@ class RolloutPolicy(BaseModel):
         for key in ("evaluation_interval_s", "stale_after_s"):
             if not (math.isfinite(getattr(self, key)) and getattr(self, key) > 0):
                 problems.append(_want(key, getattr(self, key), "a finite number of seconds > 0"))
+        if self.failure_window_s is not None and not (
+            math.isfinite(self.failure_window_s) and self.failure_window_s >= self.evaluation_interval_s
+        ):
+            want = f"null or seconds >= evaluation_interval_s ({self.evaluation_interval_s})"
+            problems.append(_want("failure_window_s", self.failure_window_s, want))
         if not (math.isfinite(self.min_dwell_s) and self.min_dwell_s >= 0):
             problems.append(_want("min_dwell_s", self.min_dwell_s, "a finite number of seconds >= 0"))
         if not (self.progress_deadline_s >= self.evaluation_interval_s):

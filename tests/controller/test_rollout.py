@@ -363,3 +363,39 @@ def test_a_gates_own_streak_holds_an_advance_the_interval_streak_would_allow(sto
     assert [d.action for d in decisions] == ["hold", "hold", "hold", "advance"]
     assert decisions[1].reasons[0] == {"rule": "gate streak", "gate": "survival_ece", "passes": 2, "needed": 4}
     assert script.state.gate_streaks == ()  # a new stage starts its streaks again
+
+
+def test_failures_count_within_the_failure_window_so_a_stage_without_end_rolls_back_on_a_burst_not_on_stragglers(
+    store,
+):
+    gates = [g.model_dump(mode="json") for g in POLICY.gates]
+    gates = [dict(g, failure_limit=1) if g["metric"] == "tier_miss_rate" else g for g in gates]
+    # Failed intervals count for five intervals: a policy limit of 1 (two tolerated) and a gate limit of 1.
+    script = Script(store, POLICY.replace(failure_window_s=300, gates=gates))
+    script.climb_to("adaptive")
+    slow, misses = good(upper_bound_utilization=Measurement(0.5, 1000)), good(tier_miss_rate=Measurement(0.1, 1000))
+    for failing in [slow, misses] * 4:  # a failure, then five good intervals: it has aged out before the next
+        assert [script.interval(m).action for m in [failing] + [GOOD] * 5] == ["hold"] * 6
+    assert script.state.phase == "adaptive" and script.state.failures == 8  # the stage's count is kept
+    assert script.state.recent_failures(script.now, 300) == 0
+    # Stored and replayed, the failure times come back: a restarted controller counts the same.
+    assert ledger.load_state(store, script.policy).failed_at == script.state.failed_at
+    assert script.interval(misses).action == "hold"
+    decision = script.interval(misses)  # two of the gate's failures within the window
+    assert decision.action == "rollback"
+    assert decision.reasons[0] == {"rule": "gate failure limit", "gate": "tier_miss_rate", "failures": 2, "limit": 1}
+
+
+def test_without_a_failure_window_every_failure_of_the_stage_counts(store):
+    script = Script(store, POLICY.replace(failure_window_s=None))
+    script.climb_to("adaptive")
+    slow = good(upper_bound_utilization=Measurement(0.5, 1000))
+    assert script.interval(slow).action == "hold"
+    assert [script.interval().action for _ in range(50)] == ["hold"] * 50
+    decision = script.interval(slow)  # the policy's failure_limit 1: the second failed interval of the stage
+    assert decision.action == "rollback" and decision.reasons[0] == {"rule": "failure limit", "failures": 2, "limit": 1}
+
+
+def test_a_failure_window_shorter_than_an_interval_is_refused():
+    with pytest.raises(ValueError, match="failure_window_s"):
+        POLICY.replace(failure_window_s=30)
