@@ -200,3 +200,15 @@ def test_a_collector_that_cannot_read_its_source_is_an_error_with_its_own_limit(
     assert ctl.tick().reasons[0] == {"rule": "error limit", "errors": 2, "limit": 1}
     poll_forever([poller], TwoPolls(), 0.0, health)  # the server answers again
     assert health.errors() == []
+
+
+def test_comparisons_read_the_newest_whole_pairs_of_a_long_stage_and_every_pair_of_a_short_one(store):
+    policy = POLICY.replace(comparison={"epoch_s": 2.0, "burn_in_s": 0.5, "window_s": 20.0})
+    ctl = controller(store, policy)
+    state = ctl.state  # baseline, entered at T0
+    assert ctl._design(state, T0 + 15).since == T0  # younger than the window: the whole stage
+    assert ctl._design(state, T0 + 100).since == T0 + 80  # pairs of 4 s: the oldest whole one in the last 20 s
+    groups = controller(store, policy, groups=lambda payload: (("a", "treatment"), ("b", "control")))
+    # Slices of 2 s from the burn-in's end: the oldest whole one in the last 20 s.
+    assert groups._design(state, T0 + 100).since == T0 + 80.5
+    assert controller(store, POLICY.replace(comparison={"window_s": None}))._design(state, T0 + 1e6).since == T0
