@@ -171,8 +171,8 @@ class Controller:
             return [judge_baseline(self.policy, steps, stale)]
         looks = look_index(now - state.entered_at, self.policy.evaluation_interval_s, self.lookback_s)
         measured = evaluation.measurements(phase, looks)
-        # Comparisons read every pair since the stage began (the window bounds the other gates): pairs are
-        # the scarce evidence, and every one was measured against its own concurrent control.
+        # Comparisons read the pairs of the stage's last comparison.window_s, far longer than the other gates'
+        # window: pairs are the scarce evidence, and every one was measured against its own concurrent control.
         comparing = [g for g in gates if g.metric in COMPARISON_METRICS and not g.promql]
         if comparing:  # two queries otherwise unread
             design = self._design(state, now)
