@@ -48,6 +48,7 @@ class Run:
     rollback_rule: str | None = None  # why: a gate's failure, or e.g. the progress deadline
     compact_at: int | None = None
     inconclusive: int = 0
+    failed: int = 0  # failed intervals, rolled back or held (a healthy fleet's false alarms)
     intervals: int = 0
 
 
@@ -78,6 +79,7 @@ def run_seed(
             if decision is None:
                 continue
             run.inconclusive += decision.outcome == "inconclusive"
+            run.failed += decision.outcome == "fail"
             if decision.phase_to == Phase.FALLBACK:
                 run.rollback, run.rollback_rule = k, decision.reasons[0].get("rule")
                 break
@@ -173,6 +175,9 @@ def summarize(scenario: Scenario, runs: list[Run]) -> dict:
         ),
         "intervals_to_top_of_ladder": {"median": _quantile(reached, 0.5), "reached": len(reached)},
         "inconclusive_share": sum(r.inconclusive for r in runs) / max(sum(r.intervals for r in runs), 1),
+        # Failed intervals over all intervals judged: on a healthy fleet, the false-alarm rate per look.
+        "failed_share": sum(r.failed for r in runs) / max(sum(r.intervals for r in runs), 1),
+        "failed_intervals": sum(r.failed for r in runs),
         "rollbacks": rollbacks[:MAX_LISTED],
     }
 

@@ -59,6 +59,7 @@ def test_the_command_prints_the_rates_as_json(tmp_path):
     assert result.exit_code == 0, result.output
     body = json.loads(result.output.strip().splitlines()[-1])
     assert body["scenario"] == "none" and body["seeds"] == 1 and "inconclusive_share" in body
+    assert isinstance(body["failed_intervals"], int) and 0 <= body["failed_share"] <= 1
 
 
 def test_the_operating_curve_trades_false_rollbacks_for_detection_and_is_drawn(tmp_path):
@@ -119,6 +120,7 @@ def test_tier_misses_and_a_consistency_mismatch_in_the_treatment_are_caught(name
     run = run_seed(policy, SCENARIOS[name], 0, FLEET, 20)
     assert run.onset is not None and run.rollback is not None and run.rollback >= run.onset
     assert run.rollback_rule == rule
+    assert run.failed == (1 if rule == "failure limit" else 0)  # failure_limit 0; a critical interval is not "fail"
 
 
 @pytest.mark.parametrize("name", ["load-swing", "stops-reporting"])
