@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
@@ -12,6 +14,7 @@ from sparkgate.controller.contract import ContractReading
 from sparkgate.controller.gates import judge_all, judge_baseline
 from sparkgate.controller.measurement import Measurement
 from sparkgate.controller.rollout import (
+    RolloutState,
     TransitionError,
     apply,
     command,
@@ -399,3 +402,22 @@ def test_without_a_failure_window_every_failure_of_the_stage_counts(store):
 def test_a_failure_window_shorter_than_an_interval_is_refused():
     with pytest.raises(ValueError, match="failure_window_s"):
         POLICY.replace(failure_window_s=30)
+
+
+@given(st.lists(st.tuples(st.integers(1, 8), st.booleans()), max_size=40), st.integers(0, 3), st.integers(1, 10))
+def test_a_stage_rolls_back_exactly_when_one_failure_window_holds_more_failures_than_the_limit(steps, limit, window):
+    policy = POLICY.replace(failure_limit=limit, failure_window_s=60.0 * window)
+    top = len(policy.stages()) - 1
+    state = RolloutState(1, "adaptive", top, 1.0, entered_at=0.0)
+    slow = good(upper_bound_utilization=Measurement(0.5, 1000))
+    verdicts = {failed: judge_all(policy.gates_for("adaptive"), slow if failed else GOOD) for failed in (False, True)}
+    now, failed_at = 0.0, []
+    for gap, failed in steps:
+        now += 60.0 * gap
+        decision = decide(policy, state, verdicts[failed], now)
+        counted = [t for t in failed_at if now - t < policy.failure_window_s] + ([now] if failed else [])
+        assert (decision.action == "rollback") == (failed and len(counted) > limit)
+        if decision.action == "rollback":
+            return
+        state = apply(state, decision)
+        failed_at += [now] if failed else []
