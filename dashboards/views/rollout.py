@@ -128,7 +128,9 @@ def render() -> None:
     cols[2].metric("Compact fraction", f"{change['compact_fraction']:.0%}")
     if status:
         cols[3].metric("Passing intervals", f"{status['passes']} / {status['needed_passes']}")
-        cols[4].metric("Failed intervals", f"{status['failures']} / limit {status['failure_limit']}")
+        window = status.get("failure_window_s")  # a controller from before failure windows sends none
+        counted = "Failed intervals" + (f" (last {window / 60:g} min)" if window else "")
+        cols[4].metric(counted, f"{status['failures']} / limit {status['failure_limit']}")
     st.caption(f"In force since {when(change['decided_at'])} ({change['action']}: {data.rule_of(change)}).")
     if change["phase_to"] == "fallback":
         st.error(

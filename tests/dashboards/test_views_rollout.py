@@ -16,6 +16,8 @@ def test_rollout_shows_the_phase_and_the_verdicts_that_rolled_back(monkeypatch, 
     app = run_app(monkeypatch, *snapshot_args(fixture_store))
     shown = metrics(app)
     assert shown["Phase"] == "fallback" and shown["Revision"] == "3" and shown["Compact fraction"] == "0%"
+    # Fallback was entered by the rollback, which started its counters afresh; the window is the policy's.
+    assert shown["Failed intervals (last 60 min)"].startswith("0 / limit ")
     assert "failure limit" in app.error[0].value and "resume" in app.error[0].value
     gates = app.dataframe[0].value.set_index("gate")
     decided = {r["gate"]: r for r in rollback(fixture_store)["reasons"] if "gate" in r}
