@@ -85,15 +85,34 @@ class RolloutState:
         """Failed intervals of the stage."""
         return len(self.failed_at)
 
+    def _gate(self, gate: str) -> tuple[int, tuple[float, ...]]:
+        return next(((p, f) for name, p, f in self.gate_streaks if name == gate), (0, ()))
+
     def streak(self, gate: str) -> tuple[int, int]:
         """(consecutive passes, failed intervals) of ``gate`` in the stage."""
-        return next(((p, len(f)) for name, p, f in self.gate_streaks if name == gate), (0, 0))
+        passes, failed = self._gate(gate)
+        return passes, len(failed)
 
     def recent_failures(self, now: float, window_s: float | None, gate: str | None = None) -> int:
         """Failed intervals of the stage (or of ``gate``) that count at ``now``: those decided less than
         ``window_s`` before it (None: every one of the stage)."""
-        times = self.failed_at if gate is None else next((f for name, _, f in self.gate_streaks if name == gate), ())
+        times = self.failed_at if gate is None else self._gate(gate)[1]
         return len(times) if window_s is None else sum(1 for t in times if now - t < window_s)
+
+
+def stage_counters(policy: RolloutPolicy, state: RolloutState, now: float) -> dict[str, Any]:
+    """The stage's counters against their limits, as ``GET /v1/status`` and the Rollout page show them: the
+    failures that count at ``now`` (those within ``failure_window_s``)."""
+    return {
+        "stage": state.stage,
+        "entered_at": state.entered_at,
+        "passes": state.passes,
+        "needed_passes": policy.consecutive_passes,
+        "failures": state.recent_failures(now, policy.failure_window_s),
+        "failure_window_s": policy.failure_window_s,
+        "failure_limit": policy.failure_limit,
+        "last_conclusive_at": state.last_conclusive_at,
+    }
 
 
 @dataclass(frozen=True)

@@ -158,6 +158,7 @@ def summarize(scenario: Scenario, runs: list[Run]) -> dict:
     for r, _ in rolled:
         rules[str(r.rollback_rule)] = rules.get(str(r.rollback_rule), 0) + 1
     reached = [r.compact_at for r in runs if r.compact_at is not None]
+    intervals, failed = max(sum(r.intervals for r in runs), 1), sum(r.failed for r in runs)
     # Which seeds rolled back, when and why: ``run_seed`` replays any of them exactly.
     rollbacks = [{"seed": i, "interval": r.rollback, "rule": r.rollback_rule} for i, r in enumerate(runs)
                  if r.rollback is not None]  # fmt: skip
@@ -174,10 +175,10 @@ def summarize(scenario: Scenario, runs: list[Run]) -> dict:
             {str(k): sum(d <= k for d in caught) / len(runs) for k in (1, 3, 5)} if scenario.faulty else None
         ),
         "intervals_to_top_of_ladder": {"median": _quantile(reached, 0.5), "reached": len(reached)},
-        "inconclusive_share": sum(r.inconclusive for r in runs) / max(sum(r.intervals for r in runs), 1),
+        "inconclusive_share": sum(r.inconclusive for r in runs) / intervals,
         # Failed intervals over all intervals judged: on a healthy fleet, the false-alarm rate per look.
-        "failed_share": sum(r.failed for r in runs) / max(sum(r.intervals for r in runs), 1),
-        "failed_intervals": sum(r.failed for r in runs),
+        "failed_share": failed / intervals,
+        "failed_intervals": failed,
         "rollbacks": rollbacks[:MAX_LISTED],
     }
 

@@ -305,15 +305,8 @@ class Controller:
         state = self.state
         return {
             "policy": self.policy_payload().model_dump(mode="json"),
-            "stage": state.stage,
+            **rollout.stage_counters(self.policy, state, self.clock()),
             "contract": state.contract,
-            "entered_at": state.entered_at,
-            "passes": state.passes,
-            "needed_passes": self.policy.consecutive_passes,
-            "failures": state.recent_failures(self.clock(), self.policy.failure_window_s),
-            "failure_window_s": self.policy.failure_window_s,
-            "failure_limit": self.policy.failure_limit,
-            "last_conclusive_at": state.last_conclusive_at,
             "ladder": [{"phase": s.phase, "compact_fraction": s.compact_fraction} for s in self.policy.stages()],
             "gates": [v.to_dict() for v in self.last_verdicts],
             "cost_tables": dict(state.tables),

@@ -19,7 +19,7 @@ import pandas as pd
 import streamlit as st
 
 from sparkgate.collectors.schema import MODES
-from sparkgate.controller import ledger
+from sparkgate.controller import ledger, rollout
 from sparkgate.controller.metrics import evaluate
 from sparkgate.controller.queries import SLICE_COLUMNS, Slice, Window, slice_values
 from sparkgate.policies.rollout import RolloutPolicy
@@ -73,21 +73,8 @@ def ledger_view(_source, token: str, policy: RolloutPolicy) -> dict:
         state = ledger.load_state(_source, policy)
     except LookupError:  # the ledger's stage is not in the policy file given to the dashboard
         state = None
-    status = (
-        None
-        if state is None
-        else {
-            "stage": state.stage,
-            "entered_at": state.entered_at,
-            "passes": state.passes,
-            "needed_passes": policy.consecutive_passes,
-            # As of the newest judged interval: a stored run is read long after it ended.
-            "failures": state.recent_failures(state.last_conclusive_at, policy.failure_window_s),
-            "failure_window_s": policy.failure_window_s,
-            "failure_limit": policy.failure_limit,
-            "last_conclusive_at": state.last_conclusive_at,
-        }
-    )
+    # As of the newest judged interval: a stored run is read long after it ended.
+    status = None if state is None else rollout.stage_counters(policy, state, state.last_conclusive_at)
     return {"decisions": decisions, "status": status}
 
 
