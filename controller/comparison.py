@@ -14,6 +14,16 @@ symmetric at any noise distribution. It is about 1.5 times as efficient as the
 sign test, which the interval used before. Too few pairs for an interval at the
 level leaves it open, and the gate inconclusive.
 
+A comparison's drift (``<metric>_drift``) is how its ratio moved between the window
+before the newest one and the newest: ``exp`` of the Hodges-Lehmann shift between
+the two windows' paired log ratios (every replica's pooled) with the rank-sum
+interval for it (``policies.intervals.rank_sum_interval``), ``samples`` the lesser
+window's pairs. Each window's pairs were measured against their own concurrent
+control, so the drift is a difference of two controlled ratios: it sees a
+treatment that got slower late in a stage without end even while it stays ahead
+of static, which the ratio against the control cannot call a failure. A stage
+shorter than one window has no window before it, and no drift.
+
 A fleet of several replicas is judged twice, the error rate split between the
 two: pooled (every replica's pairs together, at level ``1 - (1 - level) / 2``),
 which is what catches a fleet-wide regression soonest, and per replica (each at
@@ -63,14 +73,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from sparkgate.collectors.store import Store
-from sparkgate.policies.intervals import signed_rank_interval
+from sparkgate.policies.intervals import rank_sum_interval, signed_rank_interval
 from sparkgate.policies.rollout import Comparison
-from sparkgate.policies.vocabulary import Arm, FinishReason
+from sparkgate.policies.vocabulary import DRIFT_METRICS, Arm, FinishReason
 
 from .measurement import Measurement
 from .queries import LOAD_BUCKET_SQL
 
-COMPARISON_METRICS = ("p99_step_ratio", "tokens_per_s_ratio", "p99_tpot_ratio", "p99_ttft_ratio", "goodput_ratio")
 # Metrics whose ratio is bad when high (latencies); the others are bad when low (rates).
 BAD_WHEN_HIGH = frozenset({"p99_step_ratio", "p99_tpot_ratio", "p99_ttft_ratio"})
 # The one unit of a group design.
@@ -249,9 +258,50 @@ def fleet(by_unit: dict[str, np.ndarray], bad_when_high: bool, level: float) -> 
     return Measurement(pooled.value, pooled.samples, low, high, method)
 
 
-def comparisons(store: Store, design: Design, spec: Comparison) -> dict[str, Measurement]:
-    """Every comparison metric's estimate, bounds and pair count over the window."""
-    return {
-        metric: fleet(paired(values), metric in BAD_WHEN_HIGH, spec.level)
-        for metric, values in per_pair(store, design, spec).items()
-    }
+def drift(recent: dict[str, np.ndarray], before: dict[str, np.ndarray], level: float) -> Measurement:
+    """How a ratio moved from the window ``before`` to the ``recent`` one (see the module docstring), from
+    each window's paired log ratios per unit."""
+    x = np.concatenate(list(recent.values())) if recent else np.empty(0)
+    y = np.concatenate(list(before.values())) if before else np.empty(0)
+    center, low, high = rank_sum_interval(x, y, level)
+    if center is None:
+        return Measurement(None, 0)
+    method = (
+        f"rank-sum interval of the shift in the paired log ratio, {len(x)} pairs of the newest window against "
+        f"{len(y)} of the one before, {level:.2%}"
+    )
+    return Measurement(
+        math.exp(center),
+        min(len(x), len(y)),
+        None if low is None else math.exp(low),
+        None if high is None else math.exp(high),
+        method,
+    )
+
+
+def comparisons(
+    store: Store, design: Design, spec: Comparison, reference: Design | None = None
+) -> dict[str, Measurement]:
+    """Every comparison metric's estimate, bounds and pair count over the window; with the ``reference``
+    window (the one before it), every metric's drift from it too."""
+    recent = {metric: paired(values) for metric, values in per_pair(store, design, spec).items()}
+    out = {metric: fleet(d, metric in BAD_WHEN_HIGH, spec.level) for metric, d in recent.items()}
+    if reference is not None:
+        before = {metric: paired(values) for metric, values in per_pair(store, reference, spec).items()}
+        out.update({name: drift(recent[m], before[m], spec.level) for name, m in DRIFT_METRICS.items()})
+    return out
+
+
+def reference_window(design: Design, spec: Comparison) -> Design | None:
+    """The window of ``comparison.window_s`` just before ``design``'s, whole pairs only, which its drift is
+    measured from; None while the stage is no older than one window (there is nothing before it)."""
+    if isinstance(design, Epochs):
+        if design.since <= design.origin:
+            return None
+        since = window_start(design.origin, 2 * spec.epoch_s, design.since, spec.window_s)
+        return Epochs(design.revision, design.origin, since, until=design.since)
+    first = design.origin + spec.burn_in_s
+    if design.since is None or design.since <= first:
+        return None
+    since = window_start(first, spec.epoch_s, design.since, spec.window_s)
+    return Groups(design.origin, design.arms, until=design.since, since=since)

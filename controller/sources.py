@@ -22,6 +22,8 @@ SGLANG_CANNOT = {
     "tier_miss_rate": "SGLang reports the padded tier, not whether a step replayed a graph (tier -2)",
     "p99_step_ratio": "the collector's file holds no baseline of the controller's; use a PromQL gate",
     "tokens_per_s_ratio": "the collector's file holds no baseline of the controller's; use a PromQL gate",
+    "p99_step_ratio_drift": "as p99_step_ratio",
+    "tokens_per_s_ratio_drift": "as tokens_per_s_ratio",
     "consistency_mismatches": "no greedy replay runs against an SGLang server",
     "state_rollback_failures": "no cache-state check runs against an SGLang server",
 }

@@ -26,11 +26,18 @@ from sparkgate.collectors.store import Store
 from sparkgate.policies.adaptive import ADAPTIVE_METRICS
 from sparkgate.policies.payload import PolicyPayload, SwitchbackSpec
 from sparkgate.policies.rollout import Gate, RolloutPolicy
-from sparkgate.policies.vocabulary import CHANGES_POLICY, SWITCHBACK_PHASES, Arm, Phase
+from sparkgate.policies.vocabulary import (
+    CHANGES_POLICY,
+    COMPARISON_METRICS,
+    DRIFT_METRICS,
+    SWITCHBACK_PHASES,
+    Arm,
+    Phase,
+)
 
 from . import contract, ledger, promql, rollout
 from .calibration import look_index
-from .comparison import COMPARISON_METRICS, Design, Epochs, Groups, comparisons, window_start
+from .comparison import Design, Epochs, Groups, comparisons, reference_window, window_start
 from .exporter import ControllerMetrics
 from .gates import Verdict, error_verdict, judge_all, judge_baseline
 from .measurement import Measurement
@@ -173,10 +180,11 @@ class Controller:
         measured = evaluation.measurements(phase, looks)
         # Comparisons read the pairs of the stage's last comparison.window_s, far longer than the other gates'
         # window: pairs are the scarce evidence, and every one was measured against its own concurrent control.
-        comparing = [g for g in gates if g.metric in COMPARISON_METRICS and not g.promql]
-        if comparing:  # two queries otherwise unread
-            design = self._design(state, now)
-            measured.update(comparisons(self.store, design, self.policy.comparison))
+        comparing = [g for g in gates if g.metric in (*COMPARISON_METRICS, *DRIFT_METRICS) and not g.promql]
+        if comparing:  # two queries otherwise unread (two more for the window before, which drifts read)
+            design, spec = self._design(state, now), self.policy.comparison
+            drifts = any(g.metric in DRIFT_METRICS for g in comparing)
+            measured.update(comparisons(self.store, design, spec, reference_window(design, spec) if drifts else None))
             if isinstance(design, Groups) and {arm for _, arm in design.arms} != set(Arm):
                 # Every server serves one arm in this stage (e.g. shadow: all verify in full), so there is no
                 # effect to measure: the gates are recorded, and cannot hold the stage back.

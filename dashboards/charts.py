@@ -8,7 +8,7 @@ import altair as alt
 import pandas as pd
 from altair.typing import ChartType
 
-from sparkgate.controller.comparison import COMPARISON_METRICS
+from sparkgate.policies.vocabulary import COMPARISON_METRICS, DRIFT_METRICS
 
 # Ladder order top to bottom on the timeline, then the side states.
 PHASE_ORDER = ["adaptive", "compact", "canary", "shadow", "baseline", "paused", "fallback"]
@@ -174,7 +174,7 @@ def comparison_frame(verdicts: list[dict]) -> pd.DataFrame:
     rows = [
         {k: v[k] for k in ("gate", "value", "low", "high", "threshold", "samples")} | {"verdict": v["outcome"]}
         for v in verdicts
-        if v.get("metric") in COMPARISON_METRICS
+        if v.get("metric") in (*COMPARISON_METRICS, *DRIFT_METRICS)
         and v.get("low") is not None
         and v.get("high") is not None
         and v["value"] is not None

@@ -13,21 +13,15 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 
 from sparkgate.policies.fields import FROZEN, Float, Int
+from sparkgate.policies.vocabulary import COMPARISON_METRICS, DRIFT_METRICS
 
 # The gate metrics only the adaptive phase measures (controller.adaptive_gates).
 ADAPTIVE_METRICS = ("cost_prediction_error", "window_oscillation")
 # Gates a cost table can fail: its own, the windows it chooses (utilization, tier misses) and the comparisons,
-# which in adaptive judge the fitted tables against the static one. A failure of any other (calibration,
-# consistency) is not the table's doing: it takes the rollout's usual path instead of reverting the table.
-TABLE_METRICS = ADAPTIVE_METRICS + (
-    "upper_bound_utilization",
-    "tier_miss_rate",
-    "p99_step_ratio",
-    "tokens_per_s_ratio",
-    "p99_tpot_ratio",
-    "p99_ttft_ratio",
-    "goodput_ratio",
-)
+# which in adaptive judge the fitted tables against the static one, and their drifts. A failure of any other
+# (calibration, consistency) is not the table's doing: it takes the rollout's usual path instead of reverting
+# the table.
+TABLE_METRICS = (*ADAPTIVE_METRICS, "upper_bound_utilization", "tier_miss_rate", *COMPARISON_METRICS, *DRIFT_METRICS)
 
 
 class Adaptive(BaseModel):

@@ -1,9 +1,11 @@
 """Distribution-free intervals for a center: the sign test's order statistics, and the signed-rank
-test's Walsh averages (pure functions).
+test's Walsh averages; and for the shift between two samples, the rank-sum test's differences (pure
+functions).
 
 Every layer that reports an estimate with an interval over paired or repeated
-measurements uses these: the comparison gates (epoch pairs, signed-rank), the
-adaptive gates (step errors) and the benchmarks (paired rounds).
+measurements uses these: the comparison gates (epoch pairs, signed-rank; their
+drift between two windows, rank-sum), the adaptive gates (step errors) and the
+benchmarks (paired rounds).
 """
 
 from __future__ import annotations
@@ -94,3 +96,40 @@ def signed_rank_interval(d: np.ndarray, level: float) -> tuple[float | None, flo
     if k == 0:
         return estimate, None, None
     return estimate, float(walsh[k - 1]), float(walsh[len(walsh) - k])
+
+
+def _kth_difference(x: np.ndarray, y: np.ndarray, k: int) -> float:
+    """The ``k``-th smallest (1-based) of the ``len(x) * len(y)`` differences ``x_i - y_j``, ``x`` and ``y``
+    sorted, without forming them: bisection on the count of differences at or below a value, which
+    ``searchsorted`` gives in O(m log n), so memory stays linear however long the windows are."""
+    lo, hi = float(x[0] - y[-1]), float(x[-1] - y[0])
+    n = len(y)
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if not lo < mid < hi:  # adjacent floats: hi is the k-th difference
+            break
+        at_or_below = int(np.sum(n - np.searchsorted(y, x - mid, side="left")))
+        lo, hi = (lo, mid) if at_or_below >= k else (mid, hi)
+    return hi
+
+
+def rank_sum_interval(x: np.ndarray, y: np.ndarray, level: float) -> tuple[float | None, float | None, float | None]:
+    """(Hodges-Lehmann estimate, low, high) of the shift ``x - y`` between two independent samples, for
+    samples of one shape that differ by a shift: the median of the differences ``x_i - y_j`` and the interval
+    from their order statistics that the rank-sum (Mann-Whitney) test inverts, with its critical value from
+    the normal approximation (coverage about ``level`` once each sample has a dozen values). Low and high are
+    None when the samples are too small for an interval at ``level``; all three when one is empty."""
+    m, n = len(x), len(y)
+    if not m or not n:
+        return None, None, None
+    x, y = np.sort(np.asarray(x, dtype=float)), np.sort(np.asarray(y, dtype=float))
+    total = m * n
+    middle = (total + 1) // 2
+    estimate = _kth_difference(x, y, middle)
+    if total % 2 == 0:
+        estimate = (estimate + _kth_difference(x, y, middle + 1)) / 2
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    k = math.floor(total / 2 - z * math.sqrt(total * (m + n + 1) / 12))
+    if k < 1:
+        return estimate, None, None
+    return estimate, _kth_difference(x, y, k), _kth_difference(x, y, total - k + 1)

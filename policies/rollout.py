@@ -27,7 +27,7 @@ from pydantic import (
 
 from sparkgate.policies.adaptive import Adaptive
 from sparkgate.policies.fields import FROZEN, Bool, Float, Int
-from sparkgate.policies.vocabulary import LADDER, SERVING_PHASES, Phase
+from sparkgate.policies.vocabulary import DRIFT_METRICS, LADDER, SERVING_PHASES, Phase
 
 Direction = Literal["at_most", "at_least"]
 LadderPhase = Literal["baseline", "shadow", "canary", "compact", "adaptive"]
@@ -55,6 +55,11 @@ METRICS = {
     "p99_tpot_ratio": "p99 time per output token, treatment / control epochs (with its interval)",
     "p99_ttft_ratio": "p99 time to first token, treatment / control epochs (with its interval)",
     "goodput_ratio": "requests meeting comparison.ttft_slo_ms and tpot_slo_ms, treatment / control epochs",
+    **{
+        drift: f"{ratio} over the stage's newest comparison.window_s / over the window before it (a stage "
+        "without end getting worse while still ahead of its control), with its rank-sum interval"
+        for drift, ratio in DRIFT_METRICS.items()
+    },
     "accepted_length_ratio": "mean full-block a* / the shadow reference's (baseline's without shadow)",
     "cost_prediction_error": "adaptive: median |predicted - measured| / measured step time of treatment steps "
     "served on fitted cost tables (adaptive.step_time), with its interval",

@@ -123,3 +123,9 @@ class Outcome(StrEnum):
     # inconclusive; an interval with one (and no failure) is an error interval, counted against error_limit.
     ERROR = "error"
     CRITICAL = "critical"  # an interval outcome only: a critical gate failed
+
+
+# The comparison gates' ratios, treatment over control (controller.comparison), and each one's drift
+# between the comparison window before the newest and the newest.
+COMPARISON_METRICS = ("p99_step_ratio", "tokens_per_s_ratio", "p99_tpot_ratio", "p99_ttft_ratio", "goodput_ratio")
+DRIFT_METRICS = {f"{metric}_drift": metric for metric in COMPARISON_METRICS}

@@ -16,14 +16,13 @@ from dataclasses import dataclass
 from sparkgate.collectors import cost_tables
 from sparkgate.collectors.store import Store
 from sparkgate.controller import cost_report, ledger
-from sparkgate.controller.comparison import COMPARISON_METRICS
 from sparkgate.controller.measurement import span
 from sparkgate.controller.metrics import evaluate
 from sparkgate.controller.queries import Window
 from sparkgate.controller.rollout import Decision
 from sparkgate.controller.window_stats import COMPACT_COUNTS
 from sparkgate.policies.rollout import RolloutPolicy
-from sparkgate.policies.vocabulary import CHANGES_POLICY, Action, Outcome, Phase
+from sparkgate.policies.vocabulary import CHANGES_POLICY, COMPARISON_METRICS, Action, Outcome, Phase
 
 # Bootstrap resamples per stage: the summary shows point figures; the gates had the intervals.
 SUMMARY_RESAMPLES = 20

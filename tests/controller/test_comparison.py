@@ -11,7 +11,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sparkgate.collectors.request_ingest import prepare_requests
-from sparkgate.controller.comparison import Epochs, Groups, comparisons, fleet, measure, window_start
+from sparkgate.controller.comparison import (
+    Epochs,
+    Groups,
+    comparisons,
+    fleet,
+    measure,
+    reference_window,
+    window_start,
+)
 from sparkgate.controller.gates import judge
 from sparkgate.policies.intervals import sign_interval
 from sparkgate.policies.rollout import Comparison, Gate
@@ -100,17 +108,23 @@ def test_a_comparison_window_starts_at_a_whole_pair_inside_it_or_at_the_stages_f
         assert now - window - 1e-6 * period <= since < now - window + period * (1 + 1e-9)
 
 
-def test_a_regression_late_in_a_long_stage_fails_the_window_that_the_whole_stage_dilutes(store):
-    schedule, spec = Switchback(7, 1.0, T0), Comparison(epoch_s=1.0, burn_in_s=0.2, window_s=16.0)
-    step, pairs, slow_from = 0, 40, 32  # the treatment's steps twice as slow in the last 8 pairs of 40
+def long_stage(store, pairs: int, slow_from: int, ahead: float = 1.0) -> None:
+    """Two replicas' pairs of a stage: the treatment's steps ``ahead`` times the control's until pair
+    ``slow_from``, twice that from there on."""
+    schedule, step = Switchback(7, 1.0, T0), 0
     for replica in ("r0", "r1"):
         for epoch in range(2 * pairs):
             arm = schedule.arm(replica, epoch)
-            factor = 2.0 if arm == "treatment" and epoch >= 2 * slow_from else 1.0
+            factor = (ahead * (2.0 if epoch >= 2 * slow_from else 1.0)) if arm == "treatment" else 1.0
             ingest_synthetic(store, 20, schedule.start(epoch) + 0.3, phase="adaptive", replica=replica,
                              first_step=step, epoch=epoch, arm=str(arm), policy_revision=3,
                              step_ms=10.0 * factor)  # fmt: skip
             step += 1000
+
+
+def test_a_regression_late_in_a_long_stage_fails_the_window_that_the_whole_stage_dilutes(store):
+    spec, pairs = Comparison(epoch_s=1.0, burn_in_s=0.2, window_s=16.0), 40
+    long_stage(store, pairs, slow_from=32)  # the treatment's steps twice as slow in the last 8 pairs of 40
     gate = Gate(metric="p99_step_ratio", threshold=1.1, direction="at_most", min_samples=8)
     now = T0 + 2 * pairs
     since = window_start(T0, 2 * spec.epoch_s, now, spec.window_s)
@@ -119,6 +133,37 @@ def test_a_regression_late_in_a_long_stage_fails_the_window_that_the_whole_stage
     assert windowed.samples == 16 and judge(gate, windowed).outcome == "fail"
     whole = comparisons(store, Epochs(revision=3, origin=T0, since=T0), spec)["p99_step_ratio"]
     assert whole.samples == 80 and judge(gate, whole).outcome != "fail"  # 64 healthy pairs hide 16 slow ones
+
+
+def test_a_treatment_that_slows_while_still_ahead_of_control_fails_its_drift_not_its_ratio(store):
+    # Half the control's step time, until the last 8 of 40 pairs double it: still no slower than control.
+    spec, pairs = Comparison(epoch_s=1.0, burn_in_s=0.2, window_s=16.0), 40
+    long_stage(store, pairs, slow_from=32, ahead=0.5)
+    recent = Epochs(revision=3, origin=T0, since=window_start(T0, 2.0, T0 + 2 * pairs, spec.window_s))
+    reference = reference_window(recent, spec)
+    assert (reference.since, reference.until) == (T0 + 2 * (pairs - 16), recent.since)  # the 8 pairs before
+    found = comparisons(store, recent, spec, reference)
+    ratio = Gate(metric="p99_step_ratio", threshold=1.05, direction="at_most", min_samples=8)
+    drift = Gate(metric="p99_step_ratio_drift", threshold=1.05, direction="at_most", min_samples=8)
+    assert found["p99_step_ratio"].value == pytest.approx(1.0)
+    assert judge(ratio, found["p99_step_ratio"]).outcome != "fail"
+    moved = found["p99_step_ratio_drift"]
+    assert moved.value == pytest.approx(2.0) and moved.samples == 16 and judge(drift, moved).outcome == "fail"
+    assert "16 pairs of the newest window against 16" in moved.method
+    assert found["tokens_per_s_ratio_drift"].value == pytest.approx(0.5, rel=0.05)
+    steady = comparisons(store, reference, spec, reference_window(reference, spec))  # before the slowdown
+    assert steady["p99_step_ratio_drift"].value == pytest.approx(1.0)
+    assert judge(drift, steady["p99_step_ratio_drift"]).outcome == "pass"
+
+
+def test_a_stage_no_older_than_one_window_has_no_window_before_it_to_drift_from():
+    spec = Comparison(epoch_s=1.0, burn_in_s=0.2, window_s=16.0)
+    assert reference_window(Epochs(revision=3, origin=T0, since=T0), spec) is None
+    arms = (("a", Arm.TREATMENT), ("b", Arm.CONTROL))
+    assert reference_window(Groups(T0, arms, since=T0 + 0.2), spec) is None
+    groups = reference_window(Groups(T0, arms, since=T0 + 30.2), spec)
+    assert (groups.since, groups.until) == (pytest.approx(T0 + 14.2), T0 + 30.2)  # 16 slices of 1 s before it
+    assert reference_window(Epochs(revision=3, origin=T0, since=T0 + 10), spec).since == T0  # what there is
 
 
 def test_a_regression_on_one_replica_of_three_fails_the_gate_a_pooled_center_would_never_fail():

@@ -6,13 +6,12 @@ import pytest
 
 from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
-from sparkgate.controller.comparison import COMPARISON_METRICS
 from sparkgate.controller.gates import judge_all
 from sparkgate.controller.measurement import Measurement
 from sparkgate.controller.rollout import TransitionError, apply, command, decide, publish_table, start
 from sparkgate.policies.adaptive import ADAPTIVE_METRICS, TABLE_METRICS
 from sparkgate.policies.rollout import parse_rollout_policy
-from sparkgate.policies.vocabulary import Action, Phase
+from sparkgate.policies.vocabulary import COMPARISON_METRICS, Action, Phase
 
 POLICY = parse_rollout_policy(
     {

@@ -212,3 +212,36 @@ def test_comparisons_read_the_newest_whole_pairs_of_a_long_stage_and_every_pair_
     # Slices of 2 s from the burn-in's end: the oldest whole one in the last 20 s.
     assert groups._design(state, T0 + 100).since == T0 + 80.5
     assert controller(store, POLICY.replace(comparison={"window_s": None}))._design(state, T0 + 1e6).since == T0
+
+
+def test_a_treatment_group_that_slows_late_fails_its_drift_gate_while_its_ratio_still_passes(store):
+    urls = ["http://a:1", "http://b:2", "http://c:3"]
+    policy = parse_rollout_policy(
+        {
+            "phases": ["baseline", "shadow", "compact"],
+            "failure_limit": 0,
+            "comparison": {"epoch_s": 2.0, "burn_in_s": 0.5, "window_s": 10.0, "level": 0.95},
+            "gates": [
+                {"metric": "p99_step_ratio", "threshold": 3.0, "direction": "at_most", "min_samples": 4},
+                {"metric": "p99_step_ratio_drift", "threshold": 1.1, "direction": "at_most", "min_samples": 4},
+            ],
+        }
+    )
+    ctl = controller(store, policy, groups=lambda payload: arms(urls, payload))
+    ctl.act("promote", "ops")
+    ctl.clock = lambda: T0 + 30
+    ctl.act("promote", "ops")  # compact, entered at T0 + 30: slices of 2 s from T0 + 30.5
+    step = 0
+    for k in range(20):  # the treatment servers (a, b) at 1.3x the control (c), 2.6x from T0 + 63 on
+        slow = 2.0 if k >= 16 else 1.0
+        for replica, step_ms in (("a:1/dp0", 13.0 * slow), ("b:2/dp0", 13.0 * slow), ("c:3/dp0", 10.0)):
+            ingest_synthetic(store, 20, T0 + 31 + 2 * k, replica=replica, first_step=step, step_ms=step_ms)
+            step += 100
+    ctl.clock = lambda: T0 + 72
+    decision = ctl.tick()
+    verdicts = {v["gate"]: v for v in decision.reasons[1:]}
+    ratio = verdicts["p99_step_ratio"]  # the newest 10 s: 2.6x, under its 3x threshold
+    assert ratio["value"] == pytest.approx(2.6) and ratio["outcome"] != "fail"
+    moved = verdicts["p99_step_ratio_drift"]  # 4 slow slices against the 5 before them
+    assert moved["outcome"] == "fail" and moved["value"] == pytest.approx(2.0) and moved["samples"] == 4
+    assert decision.phase_to == "fallback"

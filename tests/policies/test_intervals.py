@@ -1,13 +1,16 @@
-"""Order-statistic intervals for a median."""
+"""Order-statistic intervals for a median, a symmetric center and a two-sample shift."""
 
 from __future__ import annotations
+
+import math
+from statistics import NormalDist
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkgate.policies.intervals import median_interval, sign_interval, signed_rank_interval
+from sparkgate.policies.intervals import median_interval, rank_sum_interval, sign_interval, signed_rank_interval
 
 
 @settings(max_examples=30, deadline=None)
@@ -69,3 +72,30 @@ def test_the_signed_rank_interval_holds_its_estimate_and_moves_with_a_shift(n, s
     assert low <= estimate <= high
     moved = signed_rank_interval(d + shift, 0.95)
     assert moved == pytest.approx((estimate + shift, low + shift, high + shift), abs=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 60), st.integers(1, 60), st.integers(0, 10_000))
+def test_the_rank_sum_interval_is_the_order_statistics_of_every_difference(m, n, seed):
+    rng = np.random.default_rng(seed)
+    x, y = rng.lognormal(0.0, 1.0, m), rng.normal(0.0, 1.0, n)
+    estimate, low, high = rank_sum_interval(x, y, 0.95)
+    every = np.sort(np.subtract.outer(x, y).ravel())  # what the bisection must find without forming them
+    assert estimate == pytest.approx(float(np.median(every)), abs=1e-9)
+    k = math.floor(m * n / 2 - NormalDist().inv_cdf(0.975) * math.sqrt(m * n * (m + n + 1) / 12))
+    if k < 1:
+        assert (low, high) == (None, None)
+    else:
+        assert (low, high) == pytest.approx((every[k - 1], every[m * n - k]), abs=1e-9)
+
+
+def test_the_rank_sum_interval_covers_the_shift_at_its_level_and_empty_samples_have_none():
+    rng = np.random.default_rng(3)
+    runs, covered = 1000, 0
+    for _ in range(runs):  # heavy tails, unequal sizes, a shift of -0.1
+        x, y = rng.standard_t(3, 40) * 0.3 - 0.1, rng.standard_t(3, 25) * 0.3
+        _, low, high = rank_sum_interval(x, y, 0.9)
+        covered += low <= -0.1 <= high
+    assert abs(covered / runs - 0.9) < 0.03
+    assert rank_sum_interval(np.empty(0), np.ones(3), 0.9) == (None, None, None)
+    assert rank_sum_interval(np.ones(2), np.ones(2), 0.99)[1:] == (None, None)  # too few for 99%
