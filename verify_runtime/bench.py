@@ -24,16 +24,22 @@ from sparkgate.collectors.metrics import peak_rss_mb
 from .bench_verdict import interval, verdict
 from .device_options import device_options, resolve_graphs
 from .kv_cache import KVCache
+from .model import ModelArgs, Transformer
 from .tiers import TierGrid
 from .verify import TargetRunner
+from .verify_overhead import narrow_twin, overhead_summary
 
 
-def prepared_runner(batch: int, prompt_len: int, device: str, seed: int = 0) -> tuple[TargetRunner, list[int], int]:
-    """The default target (the shipped one) with ``batch`` prefilled random prompts."""
+def prepared_runner(
+    batch: int, prompt_len: int, device: str, seed: int = 0, args: ModelArgs | None = None
+) -> tuple[TargetRunner, list[int], int]:
+    """The default target (the shipped one), or a seeded random model of ``args``, with ``batch`` prefilled
+    random prompts (the same prompts for the same seed, whichever the model)."""
     from .defaults import default_target
 
     torch.manual_seed(seed)
-    model = default_target(seed).to(device).eval()
+    model = (default_target(seed) if args is None else Transformer(args)).to(device).eval()
+    torch.manual_seed(seed)
     cache = KVCache(model.args, batch, device=device)
     slots = [cache.alloc() for _ in range(batch)]
     runner = TargetRunner(model, cache, TierGrid())
@@ -75,8 +81,10 @@ def run_verify_bench(
     device: str,
     graphs: bool = False,
     profile: bool = False,
+    overhead: bool = False,
 ) -> dict:
     runner, slots, params = prepared_runner(batch, prompt_len, device)
+    twin = prepared_runner(batch, prompt_len, device, args=narrow_twin(runner.model.args))[:2] if overhead else None
     if graphs:
         from .cuda_graphs import GraphTiers
 
@@ -86,12 +94,18 @@ def run_verify_bench(
     windows_dist = torch.distributions.Binomial(gamma, torch.tensor(mean_window / gamma))
     static_ms, compact_ms, compact_rows, compact_tier_rows, timed_windows = [], [], [], [], []
     wall_ratios, cpu_ratios = [], []
+    cpu: dict[str, list[float]] = {"static": [], "compact": [], "twin_static": [], "twin_compact": []}
     for i in range(warmup + steps):
         windows = windows_dist.sample((batch,)).long().tolist()
         s_ms, s_cpu, _ = _timed(runner, tokens, [gamma + 1] * batch, slots)
         c_lens = [w + 1 for w in windows]
         c_ms, c_cpu, c_tier = _timed(runner, tokens, c_lens, slots)
+        if twin is not None and i >= warmup:  # the same step on the twin, right after the real one
+            cpu["twin_static"].append(_timed(twin[0], tokens, [gamma + 1] * batch, twin[1])[1])
+            cpu["twin_compact"].append(_timed(twin[0], tokens, c_lens, twin[1])[1])
         if i >= warmup:
+            cpu["static"].append(s_cpu)
+            cpu["compact"].append(c_cpu)
             static_ms.append(s_ms)
             compact_ms.append(c_ms)
             wall_ratios.append(c_ms / s_ms)
@@ -132,6 +146,8 @@ def run_verify_bench(
             ),
         },
     }
+    if twin is not None:
+        result["overhead"] = overhead_summary(cpu["static"], cpu["compact"], cpu["twin_static"], cpu["twin_compact"])
     if profile:  # after the timed steps, so the profiler's cost stays out of the timings
         from .verify_profile import profiled
 
@@ -159,14 +175,25 @@ def run_verify_bench(
     is_flag=True,
     help="Also profile the timed steps again per operator category (matmul, attention, gathers, the rest).",
 )
+@click.option(
+    "--overhead",
+    is_flag=True,
+    help="Also time every step on a narrow twin of the target (same operators and calls, width 16): the step's "
+    "fixed cost, and compact/static of what is left (the arithmetic).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON result.")
-def bench_verify(batch, gamma, mean_window, steps, warmup, prompt_len, device, graphs, threads, profile, as_json):
+def bench_verify(
+    batch, gamma, mean_window, steps, warmup, prompt_len, device, graphs, threads, profile, overhead, as_json
+):
     """Static vs compact verification cost on one batch; prints JSON."""
     torch.set_num_threads(threads)
     if not 0 <= mean_window <= gamma:
         raise click.BadParameter(f"must lie in [0, gamma={gamma}], got {mean_window}", param_hint="--mean-window")
+    if overhead and device != "cpu":
+        # A GPU's cost is not the host thread's CPU time, which is what the twin's fixed cost is measured in.
+        raise click.BadParameter(f"measures CPU time, so only on --device cpu, not {device}", param_hint="--overhead")
     graphs = resolve_graphs(device, graphs)
-    result = run_verify_bench(batch, gamma, mean_window, steps, warmup, prompt_len, device, graphs, profile)
+    result = run_verify_bench(batch, gamma, mean_window, steps, warmup, prompt_len, device, graphs, profile, overhead)
     result["peak_rss_mb"] = peak_rss_mb()
     if not as_json:
         v = result["verdict"]

@@ -74,3 +74,21 @@ def test_operators_fall_into_their_categories():
 def test_bench_verify_rejects_a_window_beyond_gamma():
     out = CliRunner().invoke(main, ["bench", "verify", "--gamma", "3", "--mean-window", "5"])
     assert out.exit_code != 0 and "--mean-window" in out.output
+
+
+def test_the_overhead_twin_times_every_step_beside_the_real_one():
+    out = CliRunner().invoke(
+        main,
+        ["bench", "verify", "--batch", "8", "--gamma", "3", "--steps", "12", "--warmup", "1", "--overhead", "--json"],
+    )
+    assert out.exit_code == 0, out.output
+    over = json.loads(out.output.strip().splitlines()[-1])["overhead"]
+    assert over["twin_dim"] == 16
+    for key in ("twin_static_ms", "twin_compact_ms", "fixed_share_static", "fixed_share_compact"):
+        assert over[key]["rounds"] == 12 and over[key]["median"] > 0
+    assert over["compute_ratio"]["rounds"] <= 12
+
+
+def test_the_overhead_twin_is_refused_off_the_cpu():
+    out = CliRunner().invoke(main, ["bench", "verify", "--overhead", "--device", "meta"])
+    assert out.exit_code != 0 and "--overhead" in out.output and "meta" in out.output
