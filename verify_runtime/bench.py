@@ -34,12 +34,11 @@ def prepared_runner(
     batch: int, prompt_len: int, device: str, seed: int = 0, args: ModelArgs | None = None
 ) -> tuple[TargetRunner, list[int], int]:
     """The default target (the shipped one), or a seeded random model of ``args``, with ``batch`` prefilled
-    random prompts (the same prompts for the same seed, whichever the model)."""
+    random prompts of ``prompt_len``."""
     from .defaults import default_target
 
     torch.manual_seed(seed)
     model = (default_target(seed) if args is None else Transformer(args)).to(device).eval()
-    torch.manual_seed(seed)
     cache = KVCache(model.args, batch, device=device)
     slots = [cache.alloc() for _ in range(batch)]
     runner = TargetRunner(model, cache, TierGrid())
@@ -84,7 +83,9 @@ def run_verify_bench(
     overhead: bool = False,
 ) -> dict:
     runner, slots, params = prepared_runner(batch, prompt_len, device)
+    rng = torch.get_rng_state()  # restored after the twin, so the windows are the same with or without it
     twin = prepared_runner(batch, prompt_len, device, args=narrow_twin(runner.model.args))[:2] if overhead else None
+    torch.set_rng_state(rng)
     if graphs:
         from .cuda_graphs import GraphTiers
 

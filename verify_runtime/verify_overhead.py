@@ -1,7 +1,7 @@
 """The part of a verify step that does not shrink with the model's width: ``sparkgate bench verify --overhead``.
 
 A narrow twin of the target (the same layers, heads, vocabulary, cache layout
-and prompts, at width ``TWIN_DIM`` instead of the target's) runs every timed
+and prompt length, at width ``TWIN_DIM`` instead of the target's) runs every timed
 step beside the real one. It issues the same operators, the same number of
 calls and the same ragged grouping at the same row and key counts, with almost
 no arithmetic, so its CPU time is the step's fixed cost: dispatch, grouping,
