@@ -4,7 +4,8 @@ simulated fleet produces, under the policy its controller serves and a scenario'
 The fleet serves what it is told: baseline and fallback static; shadow logs suggestions; canary and compact
 serve compact windows to their fraction (``observe_fraction`` of it in cap_accept); in the serving phases
 every replica alternates treatment and control switchback epochs on the payload's schedule, control epochs
-static, and reports greedy-replay checks. Rows are drawn as the runtime's were (``Fleet.fitted``,
+static (adaptive's compact on the static table, as a replica serves them; the simulator fits no tables, so
+there both arms serve alike), and reports greedy-replay checks. Rows are drawn as the runtime's were (``Fleet.fitted``,
 ``controller.simulate_fit``): confidences from a sample of its rows, acceptance from its own calibration;
 windows come from a survival-threshold scheduler; step time follows the rows verified, with a lognormal
 per-step noise, a load factor both arms of an epoch pair share and noise each epoch draws alone, in wall and
@@ -160,8 +161,12 @@ SCENARIOS = {
 
 
 def _modes(phase: str, fraction: float, observe: float, arm: str | None) -> tuple[float, ...]:
+    """The serving modes' shares of one epoch's requests, as a replica serves them: a control epoch is static
+    verification, except in adaptive, whose control serves compact on the static table (``Replica.follow``),
+    which is what the treatment serves too while the simulator fits no tables."""
     weights: dict[str, float] = dict.fromkeys(map(str, MODES), 0.0)
-    if arm == Arm.CONTROL or phase in (Phase.BASELINE, Phase.FALLBACK, Phase.PAUSED):
+    static_control = arm == Arm.CONTROL and phase != Phase.ADAPTIVE
+    if static_control or phase in (Phase.BASELINE, Phase.FALLBACK, Phase.PAUSED):
         weights["static"] = 1.0
     elif phase == Phase.SHADOW:
         weights["shadow"] = 1.0

@@ -13,6 +13,7 @@ from sparkgate.collectors.synth import worst_depth_ece
 from sparkgate.controller.simulate import run_seed, run_seeds, summarize
 from sparkgate.controller.simulate_fleet import SCENARIOS, Fleet, drift_scale
 from sparkgate.policies.rollout import parse_rollout_policy
+from sparkgate.policies.vocabulary import Arm, Phase
 
 # Calibration, tier and consistency gates: what this fleet model feeds quickly (comparisons need many
 # epoch pairs).
@@ -137,3 +138,15 @@ def test_a_late_onset_starts_the_fault_that_many_intervals_into_the_top_of_the_l
     assert run.rollback is not None and run.rollback >= run.onset and run.rollback_rule == "critical gate failed"
     held = run_seed(policy, SCENARIOS["none"], 0, FLEET, 20, late=3)
     assert held.rollback is None and held.intervals == 20  # a late onset runs the whole horizon
+
+
+def test_adaptive_control_epochs_serve_compact_as_a_replica_does_and_earlier_control_epochs_static():
+    from sparkgate.collectors.schema import MODES
+    from sparkgate.controller.simulate_fleet import _modes
+
+    static = tuple(1.0 if str(m) == "static" else 0.0 for m in MODES)
+    for phase in (Phase.CANARY, Phase.COMPACT):
+        assert _modes(phase, 1.0, 0.05, Arm.CONTROL) == static
+        assert _modes(phase, 1.0, 0.05, Arm.TREATMENT) != static
+    assert _modes(Phase.ADAPTIVE, 1.0, 0.05, Arm.CONTROL) == _modes(Phase.ADAPTIVE, 1.0, 0.05, Arm.TREATMENT)
+    assert _modes(Phase.ADAPTIVE, 1.0, 0.05, Arm.CONTROL) != static
