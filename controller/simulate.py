@@ -270,6 +270,9 @@ def plot(points: list[dict], gate: str, fault: str, path: str | Path) -> None:
               help="Processes running seeds.")  # fmt: skip
 @click.option("--regression", type=click.FloatRange(min=0), default=None,
               help="The latency scenario's slowdown of the treatment [default: the scenario's].")  # fmt: skip
+@click.option("--table-gain", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Adaptive's treatment steps this fraction faster than its control's "
+                   "(a fitted table that pays).")  # fmt: skip
 @click.option("--late-onset", "late", type=click.IntRange(min=0), default=None,
               help="Start the scenario's change this many intervals after the rollout reaches the top of the ladder, "
                    "and run --max-intervals unless it rolls back [default: at the first canary interval].")  # fmt: skip
@@ -280,8 +283,8 @@ def plot(points: list[dict], gate: str, fault: str, path: str | Path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 def simulate(
     policy_path: str, scenario: str, seeds: int, max_intervals: int, drift: float | None, workers: int,
-    regression: float | None, late: int | None, sweep: str | None, plot_path: str | None, fit_path: str,
-    as_json: bool,
+    regression: float | None, table_gain: float, late: int | None, sweep: str | None, plot_path: str | None,
+    fit_path: str, as_json: bool,
 ) -> None:  # fmt: skip
     """Seeded simulated rollouts through the real controller: rollback and detection rates, delays."""
     policy, chosen, fleet = load_rollout_policy(policy_path), SCENARIOS[scenario], Fleet.fitted(fit_path)
@@ -289,6 +292,7 @@ def simulate(
         chosen = replace(chosen, ece=drift)
     if regression is not None and chosen.regression:
         chosen = replace(chosen, regression=regression)
+    chosen = replace(chosen, table_gain=table_gain)
     if sweep is not None or plot_path is not None:
         if sweep is None or not chosen.faulty:
             raise click.UsageError("--sweep GATE=T1,T2,... and a faulty --scenario draw the operating curve")

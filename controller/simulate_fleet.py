@@ -105,7 +105,10 @@ class Scenario:
     tokens by that fraction; ``tier_misses`` makes that fraction of the treatment's steps run eager;
     ``mismatches`` greedy-replay checks a replica reports per interval find a mismatch. No fault:
     ``load_swing`` swings the batch size (and step time with it) by that fraction over a slow cycle;
-    ``silent`` replicas stop reporting at the onset."""
+    ``silent`` replicas stop reporting at the onset. Not a change at the onset: ``table_gain`` makes
+    adaptive's treatment steps that fraction faster than its control's from the stage's first interval (a
+    fitted table that pays; the simulator fits none), the lead over the static-table control that a drift
+    gate watches."""
 
     name: str
     ece: float = 0.0
@@ -115,6 +118,7 @@ class Scenario:
     mismatches: int = 0
     load_swing: float = 0.0
     silent: int = 0
+    table_gain: float = 0.0
 
     @property
     def faulty(self) -> bool:
@@ -205,6 +209,8 @@ def emit_interval(store: Store, ctl: Controller, fleet: Fleet, scenario: Scenari
             batch = max(1, round(fleet.batch * swing))
             wire = synthetic_wire(n, batch, policy.gamma, replica, step[0], int(rng.integers(1 << 31)), t, model=model)
             slow = swing * (1 + scenario.regression if treated else 1.0)
+            if arm == Arm.TREATMENT and state.phase == Phase.ADAPTIVE:
+                slow /= 1 + scenario.table_gain
             factor = math.exp(pair_load + rng.normal(0, fleet.noise_sd)) * slow
             cpu_factor = math.exp(pair_load + rng.normal(0, fleet.cpu_noise_sd)) * slow
             rows = _verify_rows(wire, policy.gamma)

@@ -4,7 +4,9 @@ fleet climbs the ladder and a calibration drift is caught after its onset."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -150,3 +152,29 @@ def test_adaptive_control_epochs_serve_compact_as_a_replica_does_and_earlier_con
         assert _modes(phase, 1.0, 0.05, Arm.TREATMENT) != static
     assert _modes(Phase.ADAPTIVE, 1.0, 0.05, Arm.CONTROL) == _modes(Phase.ADAPTIVE, 1.0, 0.05, Arm.TREATMENT)
     assert _modes(Phase.ADAPTIVE, 1.0, 0.05, Arm.CONTROL) != static
+
+
+@pytest.mark.parametrize("gain", [0.0, 0.25])
+def test_a_table_gain_speeds_adaptive_treatment_steps_alone(gain):
+    from sparkgate.collectors.store import Store
+    from sparkgate.controller.simulate_fleet import T0, emit_interval
+    from sparkgate.controller.supervisor import Controller
+
+    policy = parse_rollout_policy({**POLICY, "phases": ["baseline", "shadow", "adaptive"]})
+    scenario, rng, now, step = replace(SCENARIOS["none"], table_gain=gain), np.random.default_rng(0), [T0], [0]
+    with Store(":memory:", threads=1) as store:
+        ctl = Controller(store, policy, clock=lambda: now[0], resamples=20)
+        adaptive = 0
+        for _ in range(40):
+            emit_interval(store, ctl, FLEET, scenario, rng, now[0], step, False)
+            now[0] += policy.evaluation_interval_s
+            ctl.tick()
+            adaptive += ctl.state.phase == Phase.ADAPTIVE
+            if adaptive > 4:
+                break
+        assert adaptive > 4
+        cpu = store.query(
+            "SELECT arm, avg(step_cpu_ms) AS ms FROM steps WHERE phase = 'adaptive' GROUP BY arm ORDER BY arm"
+        ).to_pydict()
+    assert cpu["arm"] == ["control", "treatment"]
+    assert cpu["ms"][0] / cpu["ms"][1] == pytest.approx(1 + gain, rel=0.08)
