@@ -49,13 +49,16 @@ def test_bench_verify_runs_and_reports_its_fields():
     assert v["target"] == round(1.15 * result["row_ratio"] + 0.03, 4)
 
 
-def test_the_profile_puts_every_operator_in_a_category_for_both_arms():
-    out = CliRunner().invoke(
-        main,
-        ["bench", "verify", "--batch", "8", "--gamma", "3", "--steps", "3", "--warmup", "1", "--profile", "--json"],
-    )
+def small_bench(steps: int, flag: str) -> dict:
+    """``bench verify --FLAG`` on a small batch: its JSON."""
+    args = ["bench", "verify", "--batch", "8", "--gamma", "3", "--steps", str(steps), "--warmup", "1", flag, "--json"]
+    out = CliRunner().invoke(main, args)
     assert out.exit_code == 0, out.output
-    prof = json.loads(out.output.strip().splitlines()[-1])["profile"]
+    return json.loads(out.output.strip().splitlines()[-1])
+
+
+def test_the_profile_puts_every_operator_in_a_category_for_both_arms():
+    prof = small_bench(3, "--profile")["profile"]
     categories = [*CATEGORIES, OTHER, "op_calls"]
     assert list(prof["static_ms"]) == list(prof["compact_ms"]) == list(prof["compact_over_static"]) == categories
     for arm in ("static_ms", "compact_ms"):  # times only as present and positive: no timing thresholds here
@@ -77,12 +80,7 @@ def test_bench_verify_rejects_a_window_beyond_gamma():
 
 
 def test_the_overhead_twin_times_every_step_beside_the_real_one():
-    out = CliRunner().invoke(
-        main,
-        ["bench", "verify", "--batch", "8", "--gamma", "3", "--steps", "12", "--warmup", "1", "--overhead", "--json"],
-    )
-    assert out.exit_code == 0, out.output
-    over = json.loads(out.output.strip().splitlines()[-1])["overhead"]
+    over = small_bench(12, "--overhead")["overhead"]
     assert over["twin_dim"] == 16
     for key in ("twin_static_ms", "twin_compact_ms", "fixed_share_static", "fixed_share_compact"):
         assert over[key]["rounds"] == 12 and over[key]["median"] > 0
