@@ -21,7 +21,8 @@ interval for it (``policies.intervals.rank_sum_interval``), ``samples`` the less
 window's pairs. Each window's pairs were measured against their own concurrent
 control, so the drift is a difference of two controlled ratios: it sees a
 treatment that got slower late in a stage without end even while it stays ahead
-of static, which the ratio against the control cannot call a failure. A stage
+of its control by the gates' margin (a fitted cost table losing its lead over
+the static one), which the ratio against the control cannot call a failure. A stage
 shorter than one window has no window before it, and no drift.
 
 A fleet of several replicas is judged twice, the error rate split between the

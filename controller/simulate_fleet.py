@@ -5,12 +5,12 @@ The fleet serves what it is told: baseline and fallback static; shadow logs sugg
 serve compact windows to their fraction (``observe_fraction`` of it in cap_accept); in the serving phases
 every replica alternates treatment and control switchback epochs on the payload's schedule, control epochs
 static (adaptive's compact on the static table, as a replica serves them; the simulator fits no tables, so
-there both arms serve alike), and reports greedy-replay checks. Rows are drawn as the runtime's were (``Fleet.fitted``,
-``controller.simulate_fit``): confidences from a sample of its rows, acceptance from its own calibration;
-windows come from a survival-threshold scheduler; step time follows the rows verified, with a lognormal
-per-step noise, a load factor both arms of an epoch pair share and noise each epoch draws alone, in wall and
-CPU time; request latency is lognormal on the same factors. A scenario's change starts when the rollout first
-serves the treatment (the first canary interval) and stays.
+there both arms serve alike), and reports greedy-replay checks. Rows are drawn as the runtime's were
+(``Fleet.fitted``, ``controller.simulate_fit``): confidences from a sample of its rows, acceptance from its
+own calibration; windows come from a survival-threshold scheduler; step time follows the rows verified,
+with a lognormal per-step noise, a load factor both arms of an epoch pair share and noise each epoch draws
+alone, in wall and CPU time; request latency is lognormal on the same factors. A scenario's change starts
+when the rollout first serves the treatment (the first canary interval) and stays.
 """
 
 from __future__ import annotations

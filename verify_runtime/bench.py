@@ -83,9 +83,11 @@ def run_verify_bench(
     overhead: bool = False,
 ) -> dict:
     runner, slots, params = prepared_runner(batch, prompt_len, device)
-    rng = torch.get_rng_state()  # restored after the twin, so the windows are the same with or without it
-    twin = prepared_runner(batch, prompt_len, device, args=narrow_twin(runner.model.args))[:2] if overhead else None
-    torch.set_rng_state(rng)
+    twin = None
+    if overhead:
+        rng = torch.get_rng_state()  # restored after the twin, so the windows are the same with or without it
+        twin = prepared_runner(batch, prompt_len, device, args=narrow_twin(runner.model.args))[:2]
+        torch.set_rng_state(rng)
     if graphs:
         from .cuda_graphs import GraphTiers
 
@@ -94,7 +96,7 @@ def run_verify_bench(
     tokens = torch.randint(0, 256, (batch, gamma + 1), generator=gen).to(device)
     windows_dist = torch.distributions.Binomial(gamma, torch.tensor(mean_window / gamma))
     static_ms, compact_ms, compact_rows, compact_tier_rows, timed_windows = [], [], [], [], []
-    wall_ratios, cpu_ratios = [], []
+    wall_ratios = []
     cpu: dict[str, list[float]] = {"static": [], "compact": [], "twin_static": [], "twin_compact": []}
     for i in range(warmup + steps):
         windows = windows_dist.sample((batch,)).long().tolist()
@@ -110,10 +112,10 @@ def run_verify_bench(
             static_ms.append(s_ms)
             compact_ms.append(c_ms)
             wall_ratios.append(c_ms / s_ms)
-            cpu_ratios.append(c_cpu / s_cpu)
             compact_rows.append(sum(c_lens))
             compact_tier_rows.append(c_tier)
             timed_windows.append(windows)
+    cpu_ratios = [c / s for c, s in zip(cpu["compact"], cpu["static"], strict=True)]
     rows_static = batch * (gamma + 1)
     static, compact = statistics.median(static_ms), statistics.median(compact_ms)
     tier_rows_compact = statistics.median(compact_tier_rows)
