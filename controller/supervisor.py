@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import duckdb
 
@@ -35,14 +35,14 @@ from sparkgate.policies.vocabulary import (
     Phase,
 )
 
-from . import contract, ledger, promql, rollout
+from . import contract, ledger, lookback, promql, rollout
 from .calibration import look_index
 from .comparison import Design, Epochs, Groups, comparisons, reference_window, window_start
 from .exporter import ControllerMetrics
 from .gates import Verdict, error_verdict, judge_all, judge_baseline
 from .measurement import Measurement
 from .metrics import Evaluation, evaluate
-from .queries import Slice, Window
+from .queries import SameContract, Slice, Window
 from .rollout import Decision, RolloutState
 
 log = logging.getLogger(__name__)
@@ -163,6 +163,25 @@ class Controller:
         # A bound at the very instant the stage began reads nothing (Window needs since < until).
         return Window(since=since, until=None if until is None else max(until, since + 1e-6))
 
+    def gate_window(self, state: RolloutState, now: float) -> Window:
+        """The gates' window: ``window``, reaching further back while the stage's calibration gates lack
+        labels (``controller.lookback``). The cost tables' fits read the plain window."""
+        plain = self.window(state, now)
+        need = lookback.LabelNeed.of(self._judged(state)[1]) if state.stage is not None else lookback.LabelNeed()
+        if plain.since is None or not need:
+            return plain
+        since = lookback.gate_since(
+            self.store,
+            entered_at=state.entered_at,
+            since=plain.since,
+            now=now if plain.until is None else min(now, plain.until),
+            step_s=self.policy.evaluation_interval_s,
+            max_lookback_s=self.policy.max_lookback_s,
+            need=need,
+            contract=None if state.contract is None else SameContract(state.contract),
+        )
+        return plain if since >= plain.since else Window(since, plain.until)
+
     def _until(self, now: float) -> float | None:
         """Where reads stop: open for the live controller (nothing is newer than now but clock skew); a
         replay (``controller.backtest``) bounds them at the time it replays."""
@@ -178,6 +197,7 @@ class Controller:
             return [judge_baseline(self.policy, steps, stale)]
         looks = look_index(now - state.entered_at, self.policy.evaluation_interval_s, self.lookback_s)
         measured = evaluation.measurements(phase, looks)
+        windowed = set(measured)
         # Comparisons read the pairs of the stage's last comparison.window_s, far longer than the other gates'
         # window: pairs are the scarce evidence, and every one was measured against its own concurrent control.
         comparing = [g for g in gates if g.metric in (*COMPARISON_METRICS, *DRIFT_METRICS) and not g.promql]
@@ -191,7 +211,8 @@ class Controller:
                 gates = tuple(g.model_copy(update={"dry_run": True}) if g in comparing else g for g in gates)
         measured.update(self._adaptive_measurements(state, gates, now))
         measured.update({g.name: self._promql(g.promql) for g in gates if g.promql})
-        return judge_all(gates, measured, stale)
+        windowed -= {g.metric for g in gates if g.promql}
+        return _widened(judge_all(gates, measured, stale), windowed, evaluation.window, self.window(state, now))
 
     def _adaptive_measurements(self, state: RolloutState, gates: Sequence[Gate], now: float) -> dict[str, Measurement]:
         """The adaptive gates' inputs, read only when a gate of the stage asks for them."""
@@ -246,7 +267,7 @@ class Controller:
     def tick(self) -> Decision | None:
         """One evaluation interval; returns the decision taken (None if an operator acted meanwhile)."""
         state, now = self.state, self.clock()
-        window = self.window(state, now)
+        window = self.gate_window(state, now)
         evaluation: Evaluation | None = None
         try:
             reading = contract.read(self.store, window, state.contract)
@@ -320,3 +341,13 @@ class Controller:
             "cost_tables": dict(state.tables),
             "static_only": state.static_only,
         }
+
+
+
+def _widened(verdicts: list[Verdict], metrics: set[str], read: Window, plain: Window) -> list[Verdict]:
+    """``verdicts``, those of the window's ``metrics`` noting how much further back than the lookback the
+    window read (so a decision's reasons show a verdict resting on older labels)."""
+    if read.since is None or plain.since is None or read.since >= plain.since:
+        return verdicts
+    note = f"window widened {plain.since - read.since:.0f} s beyond the lookback for labels"
+    return [replace(v, note=f"{v.note}; {note}") if v.metric in metrics else v for v in verdicts]

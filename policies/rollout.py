@@ -313,6 +313,7 @@ class RolloutPolicy(BaseModel):
       phase's failed intervals of the last ``failure_window_s`` exceed ``failure_limit``, or when a serving phase
       stays inconclusive for ``progress_deadline_s``; data older than
       ``stale_after_s`` makes a gate inconclusive;
+    - ``max_lookback_s`` is null or at least one interval;
     - gate names are unique.
     """
 
@@ -338,6 +339,12 @@ class RolloutPolicy(BaseModel):
     )
     on_progress_deadline: Literal["rollback", "pause"] = Field(
         "rollback", description="What a stage inconclusive for progress_deadline_s does: roll back, or pause."
+    )
+    max_lookback_s: Float | None = Field(
+        1800.0,
+        description="When the newest five intervals hold fewer labels than the calibration gates' min_samples, "
+        "the gates read further back, one interval at a time, at most this far (never before the stage began; "
+        "null: never).",
     )
     min_dwell_s: Float = Field(0.0, description="Seconds a stage is held before it may advance, whatever its passes.")
     stale_after_s: Float = Field(300.0, description="Data older than this makes a gate inconclusive.")
@@ -374,6 +381,11 @@ class RolloutPolicy(BaseModel):
         ):
             want = f"null or seconds >= evaluation_interval_s ({self.evaluation_interval_s})"
             problems.append(_want("failure_window_s", self.failure_window_s, want))
+        if self.max_lookback_s is not None and not (
+            math.isfinite(self.max_lookback_s) and self.max_lookback_s >= self.evaluation_interval_s
+        ):
+            want = f"null or seconds >= evaluation_interval_s ({self.evaluation_interval_s})"
+            problems.append(_want("max_lookback_s", self.max_lookback_s, want))
         if not (math.isfinite(self.min_dwell_s) and self.min_dwell_s >= 0):
             problems.append(_want("min_dwell_s", self.min_dwell_s, "a finite number of seconds >= 0"))
         if not (self.progress_deadline_s >= self.evaluation_interval_s):

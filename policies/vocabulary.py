@@ -129,3 +129,7 @@ class Outcome(StrEnum):
 # between the comparison window before the newest and the newest.
 COMPARISON_METRICS = ("p99_step_ratio", "tokens_per_s_ratio", "p99_tpot_ratio", "p99_ttft_ratio", "goodput_ratio")
 DRIFT_METRICS = {f"{metric}_drift": metric for metric in COMPARISON_METRICS}
+# The gates over the full-block survival labels, fleet-wide and per replica: their min_samples decide how
+# far back the gates' window reaches when the newest intervals hold too few labels (controller.lookback).
+LABEL_METRICS = ("survival_ece", "survival_ece_upper", "survival_ece_debiased", "survival_ece_drift")
+REPLICA_LABEL_METRICS = ("survival_ece_debiased_replica",)
