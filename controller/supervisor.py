@@ -343,7 +343,6 @@ class Controller:
         }
 
 
-
 def _widened(verdicts: list[Verdict], metrics: set[str], read: Window, plain: Window) -> list[Verdict]:
     """``verdicts``, those of the window's ``metrics`` noting how much further back than the lookback the
     window read (so a decision's reasons show a verdict resting on older labels)."""

@@ -19,13 +19,12 @@ STEP = 60.0
 
 
 def counts(cells: list[tuple[int, int, int, int]], replicas: tuple[str, ...] = ("r0", "r1")) -> LabelCounts:
-    bucket, replica, depth, n = (np.array(c, dtype=np.int64) for c in zip(*cells)) if cells else [np.zeros(0, dtype=np.int64)] * 4
+    columns = zip(*cells) if cells else [()] * 4
+    bucket, replica, depth, n = (np.array(c, dtype=np.int64) for c in columns)
     return LabelCounts(bucket, replica, depth, n, replicas)
 
 
-cells = st.lists(
-    st.tuples(st.integers(0, 180), st.integers(0, 1), st.integers(1, 3), st.integers(1, 40)), max_size=60
-)
+cells = st.lists(st.tuples(st.integers(0, 180), st.integers(0, 1), st.integers(1, 3), st.integers(1, 40)), max_size=60)
 
 
 @settings(max_examples=200, deadline=None)

@@ -44,7 +44,8 @@ def test_check_names_every_problem_at_once(tmp_path):
         f"{bad}: gates[1].direction: expected one of at_most, at_least, got 'below'",
         f"{bad}: colour: unknown key (known: gamma, phases, canary_steps, observe_fraction, consecutive_passes, "
         "failure_limit, failure_window_s, error_limit, evaluation_interval_s, progress_deadline_s, "
-        "on_progress_deadline, max_lookback_s, min_dwell_s, stale_after_s, fallback_window, gates, notify, comparison, adaptive)",
+        "on_progress_deadline, max_lookback_s, min_dwell_s, stale_after_s, fallback_window, gates, notify, "
+        "comparison, adaptive)",
     ]
 
 
