@@ -3,10 +3,12 @@
 Per ``SUM_BUCKET_S`` seconds of step time (``bucket = floor(ts / SUM_BUCKET_S)``), replica, phase and
 contract of the step, four tables hold what an evaluation derives its figures from:
 
-- ``label_fine_sums``: per kind (0 survival over observed labels, 1 conditional over labels at risk),
-  mode, depth, fine bin of the prediction (``FINE_BINS``) and outcome: count, Σp, Σp².
+- ``label_fine_sums``: per kind (0 survival over observed labels, 1 conditional over labels at risk,
+  2 survival over windowed labels: observed ones at depths within the row's scheduler window, see
+  ``window_sql``), mode, depth, fine bin of the prediction (``FINE_BINS``) and outcome: count, Σp, Σp².
 - ``label_group_sums``: per kind, request group (``hash(request_id) % REQUEST_GROUPS``), depth and
-  equal-width bin, over the full-block modes: count, Σp, Σy (what the bootstrap resamples).
+  equal-width bin, over the full-block modes (kind 2: the windowed modes): count, Σp, Σy (what the
+  bootstrap resamples).
 - ``label_status_sums``: per mode, depth, status and equal-width bin of S_k: count, ΣS_k and
   Σ probability (the compact view's counts and its estimated labels).
 - ``request_sums``: per mode the request histograms, ``hist`` 0 ``(window, accepted)``, 1 ``(accepted,
@@ -30,7 +32,7 @@ import pyarrow as pa
 
 from sparkgate.collectors.schema import MODES, STATUSES
 from sparkgate.policies.binning import FINE_BINS, N_BINS, REQUEST_GROUPS
-from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
+from sparkgate.policies.vocabulary import FULL_BLOCK_MODES, WINDOWED_MODES
 
 SUM_BUCKET_S = 10.0
 _KEY = {"bucket": "BIGINT NOT NULL", "replica_id": "VARCHAR NOT NULL", "phase": "VARCHAR NOT NULL",
@@ -97,21 +99,42 @@ _FINE = f"least(floor(x.p * {FINE_BINS}), {FINE_BINS - 1})::SMALLINT"
 _PER_BIN = FINE_BINS // N_BINS
 
 
-def _labels_sql(labels: str, steps: str, sign: int, where: str) -> list[str]:
-    """Statements adding ``sign`` × the sums of ``labels`` (joined to ``steps`` for phase and contract): the
-    rows' keys are computed once into a temporary table the three INSERTs read."""
+def window_sql(requests: str) -> str:
+    """Per request row of ``requests``: its scheduler window ``w`` (shadow's suggestion, else the window
+    verified), as a relation keyed by (replica_id, step_id, request_id). A label is windowed when its depth
+    is at most ``w`` and its mode is one of ``WINDOWED_MODES``: the scheduler chose ``w`` from the
+    predictions alone, and depths within it are observed in every mode, so the selection never depends on
+    an outcome (compact's censored depths lie beyond ``w``)."""
+    return f"""(SELECT replica_id::VARCHAR AS replica_id, step_id, request_id::VARCHAR AS request_id,
+        CASE WHEN mode::VARCHAR = 'shadow' THEN window_suggested ELSE "window" END AS w FROM {requests})"""
+
+
+def _labels_sql(labels: str, steps: str, sign: int, where: str, windows: str | None = None) -> list[str]:
+    """Statements adding ``sign`` × the sums of ``labels`` (joined to ``steps`` for phase and contract, and
+    to ``windows``, a ``window_sql`` relation, for the windowed kind; None: no label is windowed, as for
+    labels recovery settled, which lie beyond their window): the rows' keys are computed once into a
+    temporary table the three INSERTs read."""
+    windowed = ", ".join(f"'{m}'" for m in WINDOWED_MODES)
+    in_window, join = "false", ""
+    if windows is not None:
+        in_window = f"coalesce(l.mode::VARCHAR IN ({windowed}) AND l.depth <= w.w, false)"
+        join = (f" LEFT JOIN {windows} w ON w.replica_id = l.replica_id::VARCHAR AND w.step_id = l.step_id "
+                "AND w.request_id = l.request_id::VARCHAR")  # fmt: skip
     rows = f"""CREATE OR REPLACE TEMP TABLE sum_rows AS
         SELECT floor(l.ts / {SUM_BUCKET_S})::BIGINT AS bucket, l.replica_id::VARCHAR AS replica_id, s.phase,
                s.contract, {_code("l.mode", MODES)} AS mode, l.depth, {_code("l.status", STATUSES)} AS status,
                l.survival, l.confidence, coalesce(l.label, false) AS y, l.probability,
-               (hash(l.request_id::VARCHAR) % {REQUEST_GROUPS})::SMALLINT AS grp
-        FROM {labels} l JOIN {steps} s ON l.replica_id = s.replica_id AND l.step_id = s.step_id WHERE {where}"""
+               (hash(l.request_id::VARCHAR) % {REQUEST_GROUPS})::SMALLINT AS grp, {in_window} AS in_window
+        FROM {labels} l JOIN {steps} s ON l.replica_id = s.replica_id AND l.step_id = s.step_id{join}
+        WHERE {where}"""
     observed = ", ".join(str(STATUSES.index(x)) for x in STATUSES if x not in ("censored", "estimated"))
     at_risk = f"{STATUSES.index('accepted')}, {STATUSES.index('rejected')}"
     kinds = f"""WITH x AS (
             SELECT *, 0::TINYINT AS kind, survival AS p FROM sum_rows WHERE status IN ({observed})
             UNION ALL
-            SELECT *, 1::TINYINT AS kind, confidence AS p FROM sum_rows WHERE status IN ({at_risk}))"""
+            SELECT *, 1::TINYINT AS kind, confidence AS p FROM sum_rows WHERE status IN ({at_risk})
+            UNION ALL
+            SELECT *, 2::TINYINT AS kind, survival AS p FROM sum_rows WHERE in_window AND status IN ({observed}))"""
     gated = ", ".join(str(MODES.index(m)) for m in FULL_BLOCK_MODES)
     key = "x.bucket, x.replica_id, x.phase, x.contract"
     return [
@@ -123,7 +146,7 @@ def _labels_sql(labels: str, steps: str, sign: int, where: str) -> list[str]:
         f"""INSERT INTO label_group_sums {kinds}
         SELECT {key}, x.kind, x.grp, x.depth, ({_FINE} // {_PER_BIN})::TINYINT AS bin, {sign} * count(*),
                {sign} * sum(x.p), {sign} * count(*) FILTER (WHERE x.y)
-        FROM x WHERE x.mode IN ({gated}) GROUP BY ALL""",
+        FROM x WHERE x.kind = 2 OR x.mode IN ({gated}) GROUP BY ALL""",
         f"""INSERT INTO label_status_sums WITH x AS (SELECT *, survival AS p FROM sum_rows)
         SELECT {key}, x.mode, x.depth, x.status, ({_FINE} // {_PER_BIN})::TINYINT AS bin, {sign} * count(*),
                {sign} * sum(x.p), {sign} * coalesce(sum(x.probability), 0)
@@ -154,7 +177,7 @@ def _requests_sql(requests: str, steps: str, where: str) -> str:
 
 def add_batch(con: duckdb.DuckDBPyConnection, labels: str, requests: str, steps: str) -> None:
     """Add the sums of a batch's rows (relations registered under these names), in the caller's transaction."""
-    for sql in _labels_sql(labels, steps, 1, "TRUE"):
+    for sql in _labels_sql(labels, steps, 1, "TRUE", window_sql(requests)):
         con.execute(sql)
     con.execute(_requests_sql(requests, steps, "TRUE"))
 
@@ -208,9 +231,10 @@ def rebuild_sql() -> str:
 def _stored_sql(low: str, high: str) -> list[str]:
     bucket = f"floor(l.ts / {SUM_BUCKET_S})"
     where = f"{bucket} {low} AND {bucket} {high}"
+    requests_where = where.replace("l.ts", "r.ts")
     return [
-        *_labels_sql("depth_labels", "steps", 1, where),
-        _requests_sql("requests", "steps", where.replace("l.ts", "r.ts")),
+        *_labels_sql("depth_labels", "steps", 1, where, window_sql(f"requests r WHERE {requests_where}")),
+        _requests_sql("requests", "steps", requests_where),
     ]
 
 

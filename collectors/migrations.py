@@ -171,6 +171,11 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         "steps carry the served cost table's prediction at the rows they verified (record version 3)",
         "ALTER TABLE steps ADD COLUMN table_step_ms DOUBLE;",
     ),
+    (
+        12,
+        "incremental evaluation: the sums gain the windowed labels (survival within the scheduler's window)",
+        "".join(f"\nDELETE FROM {table};" for table in label_sums.SUM_TABLES) + label_sums.rebuild_sql(),
+    ),
 )
 
 

@@ -29,11 +29,12 @@ import numpy as np
 from sparkgate.collectors.aggregate import CalibrationStats
 from sparkgate.collectors.schema import MODES
 from sparkgate.policies.binning import FINE_BINS, FINE_PER_BIN, N_BINS, REQUEST_GROUPS
-from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
+from sparkgate.policies.vocabulary import FULL_BLOCK_MODES, WINDOWED_MODES
 
 from .measurement import Measurement
 
 GATED = np.isin(np.arange(len(MODES)), [MODES.index(m) for m in FULL_BLOCK_MODES])
+WINDOWED = np.isin(np.arange(len(MODES)), [MODES.index(m) for m in WINDOWED_MODES])
 
 
 def fine_bin(p: np.ndarray) -> np.ndarray:
@@ -49,7 +50,8 @@ def _histogram(key: np.ndarray, size: int, weights: np.ndarray | None = None) ->
 @dataclass
 class KindStats:
     """Histograms of one kind of prediction. ``fine_*`` are [modes, depths+1, FINE_BINS, 2]
-    (last axis: y = 0, y = 1); ``grouped_*`` are [REQUEST_GROUPS, depths+1, N_BINS] over gated modes."""
+    (last axis: y = 0, y = 1); ``grouped_*`` are [REQUEST_GROUPS, depths+1, N_BINS] over gated modes (the
+    full-block modes; the windowed kind: ``WINDOWED_MODES``)."""
 
     fine_count: np.ndarray
     fine_sum_p: np.ndarray
@@ -68,9 +70,11 @@ class KindStats:
         group: np.ndarray,
         depths: int,
         keep: np.ndarray | None = None,
+        grouped: np.ndarray = GATED,
     ) -> KindStats:
         """From one row per label: mode code, depth (1..depths), prediction, outcome (0/1), request group;
-        only rows where ``keep`` holds count. Rows are never copied out (a mask would copy every column):
+        only rows where ``keep`` holds count, and in the grouped histograms only modes where ``grouped``
+        (a mask over ``MODES``) holds. Rows are never copied out (a mask would copy every column):
         left-out rows get key 0, which the histograms drop."""
         width = depths + 1
         shape, gshape = (len(MODES), width, FINE_BINS, 2), (REQUEST_GROUPS, width, N_BINS, 2)
@@ -95,7 +99,7 @@ class KindStats:
         gkey *= 2
         gkey += y
         gkey += 1
-        gated = GATED[mode]
+        gated = grouped[mode]
         if keep is not None:
             key *= keep
             gated &= keep
@@ -243,29 +247,38 @@ class Calibration:
     samples: int
 
     @classmethod
-    def of(cls, kind: KindStats, resamples: int, level: float, seed: int = 0) -> Calibration:
+    def of(
+        cls, kind: KindStats, resamples: int, level: float, seed: int = 0, modes: tuple[str, ...] = FULL_BLOCK_MODES
+    ) -> Calibration:
+        """``kind``'s calibration over ``modes``, which must be the modes its grouped histograms hold (the
+        full-block modes; ``WINDOWED_MODES`` for the windowed kind)."""
         stats = kind.calibration_stats()
-        samples = stats.samples()
+        samples = stats.samples(modes)
         return cls(
-            stats.ece(), null_ece(stats), bootstrap_ece(kind, resamples, level, seed), min(samples.values(), default=0)
+            stats.ece(modes),
+            null_ece(stats, modes),
+            bootstrap_ece(kind, resamples, level, seed),
+            min(samples.values(), default=0),
         )
 
     def debiased(self) -> dict[int, float]:
         return {d: self.ece[d] - self.null[d] for d in self.ece if d in self.null and d in self.bounds}
 
 
-def drift_ece(window: Calibration, reference: Calibration, looks: int, level: float) -> Measurement:
-    """The gate input of ``survival_ece_drift``: the worst depth's debiased ECE now minus the reference's
-    (what shadow measured, under the same contract), bounded by both standard errors with the fail side
-    spent over depths and looks as ``debiased_ece`` does. The window and the reference are disjoint label
-    sets, so their errors add in quadrature."""
+def drift_ece(
+    window: Calibration, reference: Calibration, looks: int, level: float, what: str = "debiased ECE now minus shadow's"
+) -> Measurement:
+    """The gate input of ``survival_ece_drift`` (and ``windowed_ece_drift``, over the windowed labels): the
+    worst depth's debiased ECE now minus the reference's (what shadow measured, under the same contract),
+    bounded by both standard errors with the fail side spent over depths and looks as ``debiased_ece`` does.
+    The window and the reference are disjoint label sets, so their errors add in quadrature."""
     now, then = window.debiased(), reference.debiased()
     depths = [d for d in now if d in then]
     if not depths:
         return Measurement(None, min(window.samples, reference.samples), why="no shadow reference at these depths")
     gap = {d: now[d] - then[d] for d in depths}
     se = {d: math.hypot(window.bounds[d][2], reference.bounds[d][2]) for d in depths}
-    return _bounded(gap, se, min(window.samples, reference.samples), looks, level, "debiased ECE now minus shadow's")
+    return _bounded(gap, se, min(window.samples, reference.samples), looks, level, what)
 
 
 # Past a stage's first looks, a calibrated fleet fails a gate at most α in each period this long.

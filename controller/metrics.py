@@ -28,7 +28,7 @@ from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.schema import MODES
 from sparkgate.collectors.store import Store
 from sparkgate.policies.rollout import ESTIMATED_SUFFIX
-from sparkgate.policies.vocabulary import FULL_BLOCK_MODES, CheckKind, Phase
+from sparkgate.policies.vocabulary import FULL_BLOCK_MODES, WINDOWED_MODES, CheckKind, Phase
 
 from . import queries, window_stats
 from .calibration import (
@@ -60,6 +60,7 @@ class Evaluation:
     aggregate: Aggregate
     survival: KindStats
     conditional: KindStats
+    windowed: KindStats  # survival over the windowed labels (docs/design.md §2)
     # Per status of the compact view (censored, recovered, estimated): labels per depth.
     compact_counts: dict[str, dict[int, int]]
     intervals: dict[str, dict[int, tuple[float, float, float]]]  # per kind and depth: (low, high, se)
@@ -77,6 +78,10 @@ class Evaluation:
     shadow_reference: Calibration | None = None
     # Each replica's survival calibration in the window (None: not asked for).
     replicas: dict[str, Calibration] | None = None
+    # The windowed labels' calibration recorded in shadow under the judged contract (None: not asked for),
+    # and (resamples, level, seed) the window's own is bootstrapped with, as the reference was.
+    windowed_reference: Calibration | None = None
+    resampling: tuple[int, float, int] = (BOOTSTRAP_RESAMPLES, INTERVAL_LEVEL, 0)
 
     # -- gate inputs ---------------------------------------------------------
     def measurements(self, phase: str, looks: int = 1) -> dict[str, Measurement]:
@@ -94,6 +99,7 @@ class Evaluation:
             "survival_ece_upper": Measurement(max(upper.values(), default=None), least),
             "survival_ece_debiased": debiased_ece(now, looks, INTERVAL_LEVEL),
             "survival_ece_drift": self._drift(now, looks),
+            "windowed_ece_drift": self._windowed_drift(looks),
             "survival_ece_debiased_replica": (
                 worst_replica_debiased_ece(self.replicas, looks, INTERVAL_LEVEL)
                 if self.replicas is not None
@@ -117,6 +123,13 @@ class Evaluation:
         if self.shadow_reference is None or not self.shadow_reference.samples:
             return Measurement(None, 0, why="no shadow reference under this contract")
         return drift_ece(now, self.shadow_reference, looks, INTERVAL_LEVEL)
+
+    def _windowed_drift(self, looks: int) -> Measurement:
+        reference = self.windowed_reference
+        if reference is None or not reference.samples:
+            return Measurement(None, 0, why="no windowed shadow reference under this contract")
+        now = Calibration.of(self.windowed, *self.resampling, modes=WINDOWED_MODES)
+        return drift_ece(now, reference, looks, INTERVAL_LEVEL, "windowed debiased ECE now minus shadow's")
 
     def _estimated(self) -> np.ndarray:
         return self.estimated if self.estimated is not None else np.zeros((1, 1, 3))
@@ -298,6 +311,7 @@ def evaluate(
     contract: queries.SameContract | None = None,
     shadow_reference: bool = False,
     per_replica: bool = False,
+    windowed_reference: bool = False,
     use_sums: bool = True,
     baseline: bool = True,
 ) -> Evaluation:
@@ -332,6 +346,7 @@ def evaluate(
         aggregate,
         survival,
         conditional,
+        stats.windowed,
         compact_counts,
         intervals,
         steps,
@@ -344,6 +359,8 @@ def evaluate(
         stats.estimated if compact_counts["estimated"] else None,
         _shadow_reference(store, slice_, contract, resamples, seed) if shadow_reference else None,
         _replicas(store, window, slice_, resamples, seed) if per_replica else None,
+        _windowed_reference(store, slice_, contract, resamples, seed) if windowed_reference else None,
+        (resamples, INTERVAL_LEVEL, seed),
     )
 
 
@@ -361,3 +378,12 @@ def _shadow_reference(
     span = window_stats.phase_span(store, (Phase.SHADOW,), contract)  # not the whole history, as baseline's
     survival = window_stats.survival(store, span, slice_, Phase.SHADOW, contract)
     return Calibration.of(survival, resamples, INTERVAL_LEVEL, seed)
+
+
+def _windowed_reference(
+    store: Store, slice_: Slice, contract: queries.SameContract | None, resamples: int, seed: int
+) -> Calibration:
+    """The calibration of the windowed labels recorded in shadow (its rows within the suggested window)."""
+    span = window_stats.phase_span(store, (Phase.SHADOW,), contract)
+    windowed = window_stats.survival(store, span, slice_, Phase.SHADOW, contract, window_stats.WINDOWED_SURVIVAL)
+    return Calibration.of(windowed, resamples, INTERVAL_LEVEL, seed, WINDOWED_MODES)

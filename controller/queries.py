@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from sparkgate.collectors import label_sums
 from sparkgate.collectors.schema import TIER_UNREPORTED
 from sparkgate.collectors.store import Store
 from sparkgate.policies.binning import N_BINS
-from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
+from sparkgate.policies.vocabulary import FULL_BLOCK_MODES, WINDOWED_MODES
 
 from .calibration import REQUEST_GROUPS
 
@@ -119,8 +120,8 @@ def _where(table: str, window: Window, slice_: Slice, alias: str, ts: str = "ts"
 
 @dataclass(frozen=True)
 class LabelColumns:
-    """Depth labels as numpy columns: mode and status codes, depth, S_k, c_k, request group and ``y`` (the
-    label, 0 where unknown)."""
+    """Depth labels as numpy columns: mode and status codes, depth, S_k, c_k, request group, ``y`` (the
+    label, 0 where unknown) and whether the label is windowed (``label_sums.window_sql``)."""
 
     mode: np.ndarray
     depth: np.ndarray
@@ -129,6 +130,7 @@ class LabelColumns:
     confidence: np.ndarray
     group: np.ndarray
     y: np.ndarray
+    in_window: np.ndarray
 
     @property
     def depths(self) -> int:
@@ -148,15 +150,21 @@ def label_columns(
     """The window's depth labels; ``phase`` (and ``contract``) keep those of steps recorded in that phase
     (under that contract): e.g. the shadow reference calibration is compared with."""
     where, params = _in_phase(*_where("depth_labels", window, slice_, "l"), "l", phase, contract)
+    # The request rows of the same steps, bounded as the labels are (a label's ts is its step's).
+    bounds, bound_params = time_bounds("r", window.since, window.until, "ts")
+    windows = label_sums.window_sql(f"requests r WHERE {' AND '.join(['TRUE', *bounds])}")
+    windowed = ", ".join(f"'{m}'" for m in WINDOWED_MODES)
     table = store.query(
         "SELECT enum_code(l.mode)::TINYINT AS mode, l.depth, enum_code(l.status)::TINYINT AS status,"
         f" l.survival, l.confidence, (hash(l.request_id) % {REQUEST_GROUPS})::SMALLINT AS grp,"
-        f" coalesce(l.label, false)::TINYINT AS y FROM depth_labels l WHERE {where}",
-        params,
+        " coalesce(l.label, false)::TINYINT AS y,"
+        f" coalesce(l.mode::VARCHAR IN ({windowed}) AND l.depth <= w.w, false) AS in_window"
+        f" FROM depth_labels l LEFT JOIN {windows} w ON w.replica_id = l.replica_id AND w.step_id = l.step_id"
+        f" AND w.request_id = l.request_id WHERE {where}",
+        [*bound_params, *params],
     )
-    return LabelColumns(
-        *(table.column(c).to_numpy() for c in ("mode", "depth", "status", "survival", "confidence", "grp", "y"))
-    )
+    columns = ("mode", "depth", "status", "survival", "confidence", "grp", "y", "in_window")
+    return LabelColumns(*(table.column(c).to_numpy(zero_copy_only=False) for c in columns))
 
 
 def _in_phase(

@@ -25,7 +25,7 @@ from sparkgate.policies.binning import FINE_BINS, N_BINS, REQUEST_GROUPS
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
 from . import queries
-from .calibration import KindStats
+from .calibration import WINDOWED, KindStats
 from .queries import SameContract, Slice, Window
 
 # The statuses the compact view counts per depth.
@@ -37,12 +37,14 @@ _FAR = 1 << 62
 
 @dataclass
 class WindowStats:
-    """A window's calibration histograms (survival and conditional), labels per status and depth
+    """A window's calibration histograms (survival, conditional, and survival over windowed labels: the
+    observed ones within their row's scheduler window, ``label_sums.window_sql``), labels per status and depth
     (``[len(STATUSES), depths + 1]``, every mode), the estimated labels' bins (``[depths + 1, N_BINS, 3]``:
     count, ΣS_k, ΣP(y = 1)) and the request histograms (``[len(MODES), depths + 1, depths + 1]``)."""
 
     survival: KindStats
     conditional: KindStats
+    windowed: KindStats
     statuses: np.ndarray
     estimated: np.ndarray
     hists: dict[str, np.ndarray]
@@ -51,6 +53,7 @@ class WindowStats:
         return WindowStats(
             self.survival + other.survival,
             self.conditional + other.conditional,
+            self.windowed + other.windowed,
             self.statuses + other.statuses,
             self.estimated + other.estimated,
             {k: self.hists[k] + other.hists[k] for k in HISTOGRAMS},
@@ -94,15 +97,27 @@ def read(
     return out
 
 
+# The kinds of survival statistics ``survival`` reads: the sums' kind codes (``collectors.label_sums``).
+SURVIVAL, WINDOWED_SURVIVAL = 0, 2
+
+
 def survival(
-    store: Store, window: Window, slice_: Slice, phase: str | None = None, contract: SameContract | None = None
+    store: Store,
+    window: Window,
+    slice_: Slice,
+    phase: str | None = None,
+    contract: SameContract | None = None,
+    kind: int = SURVIVAL,
 ) -> KindStats:
-    """``read(...).survival`` (up to empty trailing depths) from the survival sums alone: two statements
-    instead of four, for a reader that needs no other figure (the shadow reference)."""
-    cells = _survival_cells(store, window, slice_, phase, contract, by_replica=False)
+    """``read(...).survival`` (``kind`` ``WINDOWED_SURVIVAL``: ``.windowed``), up to empty trailing depths,
+    from that kind's sums alone: two statements instead of four, for a reader that needs no other figure
+    (the shadow references)."""
+    cells = _survival_cells(store, window, slice_, phase, contract, by_replica=False, kind=kind)
     if cells is None:
-        return read(store, window, slice_, phase, contract).survival
-    return _survival_of(store, window, slice_, phase, contract, *cells)
+        stats = read(store, window, slice_, phase, contract)
+        return stats.windowed if kind == WINDOWED_SURVIVAL else stats.survival
+    fine, grouped, edges = cells
+    return _survival_of(store, window, slice_, phase, contract, fine, grouped, edges, kind)
 
 
 def survival_by_replica(store: Store, window: Window, slice_: Slice, replicas: list[str]) -> dict[str, KindStats]:
@@ -121,7 +136,7 @@ def survival_by_replica(store: Store, window: Window, slice_: Slice, replicas: l
     return out
 
 
-def _survival_cells(store, window, slice_, phase, contract, by_replica: bool):
+def _survival_cells(store, window, slice_, phase, contract, by_replica: bool, kind: int = SURVIVAL):
     """(fine cells, grouped cells, edge windows) of the window's survival sums, per replica when
     ``by_replica``; None where ``read`` would read rows."""
     buckets = _buckets(window) if _summed(slice_) else None
@@ -131,21 +146,21 @@ def _survival_cells(store, window, slice_, phase, contract, by_replica: bool):
     by = "replica_id, " if by_replica else ""
     try:
         fine, grouped = (
-            _summed_cells(store, name, f"{where} AND kind = 0", params, by) for name in ("fine", "grouped")
+            _summed_cells(store, name, f"{where} AND kind = {int(kind)}", params, by) for name in ("fine", "grouped")
         )
     except duckdb.CatalogException:
         return None
     return fine, grouped, _edges(window, *buckets)
 
 
-def _survival_of(store, window, slice_, phase, contract, fine, grouped, edges) -> KindStats:
-    """Survival statistics from summed cells plus the edges' rows."""
+def _survival_of(store, window, slice_, phase, contract, fine, grouped, edges, kind: int = SURVIVAL) -> KindStats:
+    """Survival statistics (of ``kind``) from summed cells plus the edges' rows."""
     columns = [queries.label_columns(store, w, slice_, phase, contract) for w in edges]
     depths = max([int(fine["depth"].max(initial=0)), int(grouped["depth"].max(initial=0)),
                   *(c.depths for c in columns), 1])  # fmt: skip
     stats = _kind_stats(fine, grouped, depths + 1)
     for c in columns:
-        stats = stats + _kinds(c, depths)[0]
+        stats = stats + _kinds(c, depths)[kind]
     return stats
 
 
@@ -182,18 +197,18 @@ def _from_rows(store, window, slice_, phase, contract, depths, cols=None) -> Win
     if cols is None:
         cols = queries.label_columns(store, window, slice_, phase, contract)
     depths = depths or max(cols.depths, 1)
-    survival, conditional, statuses = _kinds(cols, depths)
+    survival, conditional, windowed, statuses = _kinds(cols, depths)
     hists = queries.request_histograms(store, window, slice_, depths + 1, phase, contract)
     estimated = queries.estimated_bins(store, window, slice_, depths, phase, contract)
-    return WindowStats(survival, conditional, statuses, estimated, hists)
+    return WindowStats(survival, conditional, windowed, statuses, estimated, hists)
 
 
-def _kinds(cols: queries.LabelColumns, depths: int) -> tuple[KindStats, KindStats, np.ndarray]:
-    """(survival over observed and recovered labels, conditional over observed labels at risk, labels per
-    status and depth), a chunk of rows at a time: the temporaries of a chunk are reused from the heap,
-    where those of the whole window would be fresh pages every time."""
-    survival: KindStats | None = None
-    conditional: KindStats | None = None
+def _kinds(cols: queries.LabelColumns, depths: int) -> tuple[KindStats, KindStats, KindStats, np.ndarray]:
+    """(survival over observed and recovered labels, conditional over observed labels at risk, survival over
+    windowed labels, labels per status and depth), indexed by the sums' kind codes; a chunk of rows at a
+    time: the temporaries of a chunk are reused from the heap, where those of the whole window would be
+    fresh pages every time."""
+    kinds: list[KindStats] = []
     statuses = np.zeros((len(STATUSES), depths + 1), np.int64)
     for start in range(0, max(len(cols), 1), CHUNK_ROWS):
         chunk = cols.rows(start, start + CHUNK_ROWS)
@@ -201,15 +216,16 @@ def _kinds(cols: queries.LabelColumns, depths: int) -> tuple[KindStats, KindStat
         # A recovered label does not record whether its depth was at risk: the conditional view is observed only.
         at_risk = (chunk.status == ACCEPTED) | (chunk.status == REJECTED)
         y = chunk.y.astype(bool)
-        s = KindStats.from_rows(chunk.mode, chunk.depth, chunk.survival, y, chunk.group, depths, observed)
-        c = KindStats.from_rows(chunk.mode, chunk.depth, chunk.confidence, y, chunk.group, depths, at_risk)
-        if survival is None or conditional is None:
-            survival, conditional = s, c
-        else:
-            survival, conditional = survival + s, conditional + c
+        rows = (chunk.mode, chunk.depth)
+        found = [
+            KindStats.from_rows(*rows, chunk.survival, y, chunk.group, depths, observed),
+            KindStats.from_rows(*rows, chunk.confidence, y, chunk.group, depths, at_risk),
+            KindStats.from_rows(*rows, chunk.survival, y, chunk.group, depths, observed & chunk.in_window, WINDOWED),
+        ]
+        kinds = found if not kinds else [a + b for a, b in zip(kinds, found)]
         np.add.at(statuses, (chunk.status.astype(np.int64), chunk.depth.astype(np.int64)), 1)
-    assert survival is not None and conditional is not None, "the loop runs at least once"
-    return survival, conditional, statuses
+    survival, conditional, windowed = kinds  # the loop runs at least once
+    return survival, conditional, windowed, statuses
 
 
 @dataclass
@@ -229,7 +245,7 @@ class _Cells:
     def stats(self, depths: int) -> WindowStats:
         width = depths + 1
         kinds = []
-        for kind in (0, 1):
+        for kind in (0, 1, 2):
             f = {k: v[self.fine["kind"] == kind] for k, v in self.fine.items()}
             g = {k: v[self.grouped["kind"] == kind] for k, v in self.grouped.items()}
             kinds.append(_kind_stats(f, g, width))
@@ -247,7 +263,7 @@ class _Cells:
             keep = r["hist"] == h
             hist[r["mode"][keep], r["x"][keep], r["y"][keep]] = r["n"][keep]
             hists[name] = hist
-        return WindowStats(kinds[0], kinds[1], statuses, estimated, hists)
+        return WindowStats(kinds[0], kinds[1], kinds[2], statuses, estimated, hists)
 
 
 def _kind_stats(f: dict[str, np.ndarray], g: dict[str, np.ndarray], width: int) -> KindStats:

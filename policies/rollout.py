@@ -41,6 +41,9 @@ METRICS = {
     "survival_ece_upper": "bootstrap upper bound of survival_ece",
     "survival_ece_drift": "worst per-depth debiased survival ECE now minus shadow's under the same contract, "
     "judged by bounds that pay for repeated looks",
+    "windowed_ece_drift": "survival_ece_drift over the windowed labels (depths within each row's scheduler "
+    "window: compact and cap-accept rows now, shadow's suggested windows then), which compact traffic supplies "
+    "without full verification",
     "survival_ece_debiased": "worst per-depth survival ECE minus what a calibrated predictor shows at the same "
     "bin counts (its noise floor; zero in expectation when calibrated), judged by bounds that pay for "
     "repeated looks",

@@ -22,6 +22,9 @@ class Mode(StrEnum):
 
 # Modes that verify the whole block, so every depth's label is observed (uncensored).
 FULL_BLOCK_MODES: tuple[Mode, ...] = (Mode.STATIC, Mode.SHADOW, Mode.CAP_ACCEPT)
+# Modes whose rows carry the scheduler's window (shadow its suggestion): their labels at depths within it are
+# observed whatever the mode verified, and were selected on the prediction alone (§2, windowed labels).
+WINDOWED_MODES: tuple[Mode, ...] = (Mode.SHADOW, Mode.COMPACT, Mode.CAP_ACCEPT)
 
 
 class Status(StrEnum):

@@ -99,3 +99,22 @@ def test_migration_7_keeps_every_label_and_survives_a_crash_before_the_next_chec
         ]
         order = store.query("SELECT enum_range(NULL::label_status_v2)::VARCHAR[] AS e").to_pylist()[0]["e"]
         assert tuple(order) == STATUSES  # stored codes are indexes into the vocabulary
+
+
+def test_migration_12_gives_a_store_kept_before_it_the_windowed_sums_of_its_rows(tmp_path):
+    from sparkgate.collectors.synth import synthetic_wire
+    from sparkgate.collectors.wire import from_wire
+
+    path = tmp_path / "events.duckdb"
+    kind2 = "SELECT count(*) AS n, sum(n) AS labels FROM {} WHERE kind = 2"
+    with Store(path) as store:
+        store.ingest(from_wire(synthetic_wire(60, 8, 5, "r0", seed=3)), "test")
+        kept = {t: store.query(kind2.format(t)).to_pylist() for t in ("label_fine_sums", "label_group_sums")}
+        # The store as version 11 left it: sums without the windowed kind.
+        for table in ("label_fine_sums", "label_group_sums"):
+            store.execute(f"DELETE FROM {table} WHERE kind = 2")
+        store.execute("DELETE FROM schema_migrations WHERE version = 12")
+    assert all(rows[0]["n"] > 0 for rows in kept.values())
+    with Store(path) as store:
+        assert store.version == 12
+        assert {t: store.query(kind2.format(t)).to_pylist() for t in kept} == kept

@@ -264,8 +264,9 @@ def _scaled_survival(wire, factor: float):
     return wire.set_column(wire.schema.get_field_index("requests"), "requests", rebuilt)
 
 
+@pytest.mark.parametrize("metric", ["survival_ece_drift", "windowed_ece_drift"])
 @pytest.mark.parametrize(("factor", "outcome"), [(1.0, "pass"), (0.6, "fail")])
-def test_drift_from_shadow_passes_the_same_calibration_and_fails_a_shifted_one(store, factor, outcome):
+def test_drift_from_shadow_passes_the_same_calibration_and_fails_a_shifted_one(store, factor, outcome, metric):
     from sparkgate.collectors.wire import from_wire
     from sparkgate.controller.metrics import evaluate
     from sparkgate.controller.queries import Window
@@ -274,8 +275,9 @@ def test_drift_from_shadow_passes_the_same_calibration_and_fails_a_shifted_one(s
     for i, (phase, scale) in enumerate([("shadow", 1.0), ("canary", factor)]):
         wire = with_columns(synthetic_wire(400, 16, 5, "r0", first_step=1000 * i, seed=i, ts=T0 + 100 * i), phase=phase)
         assert store.ingest(from_wire(_scaled_survival(wire, scale)), "test").quarantined == 0
-    evaluation = evaluate(store, Window(since=T0 + 100), resamples=100, shadow_reference=True)
-    gate = Gate(metric="survival_ece_drift", threshold=0.05, direction="at_most")
-    m = evaluation.measurements("canary")["survival_ece_drift"]
+    window = Window(since=T0 + 100)
+    evaluation = evaluate(store, window, resamples=100, shadow_reference=True, windowed_reference=True)
+    gate = Gate(metric=metric, threshold=0.05, direction="at_most")
+    m = evaluation.measurements("canary")[metric]
     assert judge(gate, m).outcome == outcome, m
-    assert evaluate(store, Window(since=T0 + 100), resamples=10).measurements("canary")["survival_ece_drift"].why
+    assert evaluate(store, window, resamples=10).measurements("canary")[metric].why

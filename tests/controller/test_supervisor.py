@@ -150,9 +150,10 @@ def test_a_store_that_cannot_be_read_is_an_error_interval_not_a_crash(store, mon
     assert "could not read block" in decision.reasons[1]["note"] and ctl.state.errors == 1
 
 
-def test_a_drift_gate_reads_the_shadow_reference_of_the_judged_contract(store):
+@pytest.mark.parametrize("metric", ["survival_ece_drift", "windowed_ece_drift"])
+def test_a_drift_gate_reads_the_shadow_reference_of_the_judged_contract(store, metric):
     policy = parse_rollout_policy(
-        {"gates": [{"metric": "survival_ece_drift", "threshold": 0.05, "direction": "at_most", "phases": ["canary"]}]}
+        {"gates": [{"metric": metric, "threshold": 0.05, "direction": "at_most", "phases": ["canary"]}]}
     )
     ingest_synthetic(store, 200, T0 + 1, phase="shadow", batch=16)
     ctl = controller(store, policy, now=T0 + 40)
@@ -161,7 +162,7 @@ def test_a_drift_gate_reads_the_shadow_reference_of_the_judged_contract(store):
     ingest_synthetic(store, 200, T0 + 41, phase="canary", first_step=1000, batch=16)
     ctl.clock = lambda: T0 + 60
     (verdict,) = ctl.tick().reasons[1:]
-    assert verdict["gate"] == "survival_ece_drift" and verdict["value"] is not None and verdict["samples"] > 0
+    assert verdict["gate"] == metric and verdict["value"] is not None and verdict["samples"] > 0
     assert verdict["outcome"] == "pass"  # the same calibrated drafter in both phases
 
 

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sparkgate.collectors.schema import MODES
 from sparkgate.collectors.store import Store
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import from_wire
@@ -36,7 +37,7 @@ def _scan(store, window, slice_, phase=None, contract=None) -> WindowStats:
 
 
 def _assert_same(a: WindowStats, b: WindowStats) -> None:
-    for kind in ("survival", "conditional"):
+    for kind in ("survival", "conditional", "windowed"):
         for name in a.survival.__dataclass_fields__:
             x, y = getattr(getattr(a, kind), name), getattr(getattr(b, kind), name)
             assert x.shape == y.shape and np.allclose(x, y), (kind, name)
@@ -79,12 +80,35 @@ def test_survival_alone_and_per_replica_read_what_the_full_read_does(store, sinc
     until = None if length is None else (since if since is not None else T0) + length
     window = Window(since, until)
     contract = None if phase is None else SameContract(None)
-    _assert_same_kind(window_stats.survival(store, window, Slice(), phase, contract),
-                      window_stats.read(store, window, Slice(), phase, contract).survival)  # fmt: skip
+    full = window_stats.read(store, window, Slice(), phase, contract)
+    _assert_same_kind(window_stats.survival(store, window, Slice(), phase, contract), full.survival)
+    windowed = window_stats.survival(store, window, Slice(), phase, contract, window_stats.WINDOWED_SURVIVAL)
+    _assert_same_kind(windowed, full.windowed)
     by_replica = window_stats.survival_by_replica(store, window, Slice(), ["a", "b", "absent"])
     for replica, stats in by_replica.items():
         _assert_same_kind(stats, window_stats.read(store, window, Slice(replica_id=replica)).survival)
     assert by_replica["absent"].fine_count.sum() == 0
+
+
+def test_windowed_labels_are_every_depth_within_each_rows_scheduler_window(store):
+    # Every depth up to the scheduler's window (shadow: its suggestion) of a shadow, compact or cap-accept
+    # row counts, and nothing else: none of them is censored, so the selection is the prediction's alone.
+    expected = store.query(
+        "SELECT d.depth, count(*) AS n FROM requests r, range(1, 6) d(depth) WHERE r.mode IN "
+        "('shadow', 'compact', 'cap_accept') AND d.depth <= CASE WHEN r.mode = 'shadow' THEN r.window_suggested "
+        'ELSE r."window" END GROUP BY ALL ORDER BY ALL'
+    ).to_pylist()
+    windowed = window_stats.read(store, Window(), Slice()).windowed
+    counts = windowed.fine_count.sum(axis=(0, 2, 3))
+    assert {r["depth"]: r["n"] for r in expected} == {d: int(n) for d, n in enumerate(counts) if n}
+    assert windowed.fine_count[MODES.index("static")].sum() == 0
+    modes = store.query("SELECT DISTINCT mode::VARCHAR AS m FROM requests WHERE mode <> 'static'").column("m")
+    assert {"shadow", "compact"} <= set(modes.to_pylist())  # the fixture exercises the windowed modes
+    assert windowed.grouped_count.sum() == counts.sum()
+    # Compact rows that accepted their whole window were censored beyond it (recovery settled most since):
+    # none of those depths counts.
+    beyond = "SELECT count(*) AS n FROM depth_labels WHERE status IN ('censored', 'recovered')"
+    assert store.query(beyond).column("n")[0].as_py() > 0
 
 
 def test_a_phase_and_contract_read_the_steps_recorded_in_them(store):
