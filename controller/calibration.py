@@ -247,38 +247,29 @@ class Calibration:
     samples: int
 
     @classmethod
-    def of(
-        cls, kind: KindStats, resamples: int, level: float, seed: int = 0, modes: tuple[str, ...] = FULL_BLOCK_MODES
-    ) -> Calibration:
-        """``kind``'s calibration over ``modes``, which must be the modes its grouped histograms hold (the
-        full-block modes; ``WINDOWED_MODES`` for the windowed kind)."""
+    def of(cls, kind: KindStats, resamples: int, level: float, seed: int = 0) -> Calibration:
         stats = kind.calibration_stats()
-        samples = stats.samples(modes)
+        samples = stats.samples()
         return cls(
-            stats.ece(modes),
-            null_ece(stats, modes),
-            bootstrap_ece(kind, resamples, level, seed),
-            min(samples.values(), default=0),
+            stats.ece(), null_ece(stats), bootstrap_ece(kind, resamples, level, seed), min(samples.values(), default=0)
         )
 
     def debiased(self) -> dict[int, float]:
         return {d: self.ece[d] - self.null[d] for d in self.ece if d in self.null and d in self.bounds}
 
 
-def drift_ece(
-    window: Calibration, reference: Calibration, looks: int, level: float, what: str = "debiased ECE now minus shadow's"
-) -> Measurement:
-    """The gate input of ``survival_ece_drift`` (and ``windowed_ece_drift``, over the windowed labels): the
-    worst depth's debiased ECE now minus the reference's (what shadow measured, under the same contract),
-    bounded by both standard errors with the fail side spent over depths and looks as ``debiased_ece`` does.
-    The window and the reference are disjoint label sets, so their errors add in quadrature."""
+def drift_ece(window: Calibration, reference: Calibration, looks: int, level: float) -> Measurement:
+    """The gate input of ``survival_ece_drift``: the worst depth's debiased ECE now minus the reference's
+    (what shadow measured, under the same contract), bounded by both standard errors with the fail side
+    spent over depths and looks as ``debiased_ece`` does. The window and the reference are disjoint label
+    sets, so their errors add in quadrature."""
     now, then = window.debiased(), reference.debiased()
     depths = [d for d in now if d in then]
     if not depths:
         return Measurement(None, min(window.samples, reference.samples), why="no shadow reference at these depths")
     gap = {d: now[d] - then[d] for d in depths}
     se = {d: math.hypot(window.bounds[d][2], reference.bounds[d][2]) for d in depths}
-    return _bounded(gap, se, min(window.samples, reference.samples), looks, level, what)
+    return bounded(gap, se, min(window.samples, reference.samples), looks, level, "debiased ECE now minus shadow's")
 
 
 # Past a stage's first looks, a calibrated fleet fails a gate at most α in each period this long.
@@ -312,7 +303,7 @@ def debiased_ece(calibration: Calibration, looks: int, level: float) -> Measurem
     if not debiased:
         return Measurement(None, calibration.samples)
     se = {d: calibration.bounds[d][2] for d in debiased}
-    return _bounded(debiased, se, calibration.samples, looks, level, "ECE minus its noise floor")
+    return bounded(debiased, se, calibration.samples, looks, level, "ECE minus its noise floor")
 
 
 def worst_replica_debiased_ece(replicas: dict[str, Calibration], looks: int, level: float) -> Measurement:
@@ -328,10 +319,10 @@ def worst_replica_debiased_ece(replicas: dict[str, Calibration], looks: int, lev
     samples = min((c.samples for c in replicas.values() if c.samples), default=0)
     if not value:
         return Measurement(None, samples, why="no replica has labels in the window")
-    return _bounded(value, se, samples, looks, level, "ECE minus its noise floor", "(replica, depth) cells")
+    return bounded(value, se, samples, looks, level, "ECE minus its noise floor", "(replica, depth) cells")
 
 
-def _bounded(
+def bounded(
     value: dict, se: dict, samples: int, looks: int, level: float, what: str, cells: str = "depths"
 ) -> Measurement:
     """The worst cell's ``value`` (a depth, or a replica's depth) with bounds ± z × ``se``: the fail side

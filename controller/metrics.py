@@ -28,7 +28,7 @@ from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.schema import MODES
 from sparkgate.collectors.store import Store
 from sparkgate.policies.rollout import ESTIMATED_SUFFIX
-from sparkgate.policies.vocabulary import FULL_BLOCK_MODES, WINDOWED_MODES, CheckKind, Phase
+from sparkgate.policies.vocabulary import FULL_BLOCK_MODES, CheckKind, Phase
 
 from . import queries, window_stats
 from .calibration import (
@@ -40,6 +40,7 @@ from .calibration import (
     null_ece,
     worst_replica_debiased_ece,
 )
+from .calibration_drift import curve_drift, worst_replica_curve_drift
 from .compact_calibration import compact_ece
 from .measurement import Measurement
 from .queries import Slice, Window
@@ -78,10 +79,12 @@ class Evaluation:
     shadow_reference: Calibration | None = None
     # Each replica's survival calibration in the window (None: not asked for).
     replicas: dict[str, Calibration] | None = None
-    # The windowed labels' calibration recorded in shadow under the judged contract (None: not asked for),
-    # and (resamples, level, seed) the window's own is bootstrapped with, as the reference was.
-    windowed_reference: Calibration | None = None
-    resampling: tuple[int, float, int] = (BOOTSTRAP_RESAMPLES, INTERVAL_LEVEL, 0)
+    # The windowed labels recorded in shadow under the judged contract (None: not asked for), each
+    # replica's windowed labels in the window (None: not asked for), and the (resamples, seed) their
+    # drift is bootstrapped with.
+    windowed_reference: KindStats | None = None
+    windowed_replicas: dict[str, KindStats] | None = None
+    resampling: tuple[int, int] = (BOOTSTRAP_RESAMPLES, 0)
 
     # -- gate inputs ---------------------------------------------------------
     def measurements(self, phase: str, looks: int = 1) -> dict[str, Measurement]:
@@ -99,7 +102,8 @@ class Evaluation:
             "survival_ece_upper": Measurement(max(upper.values(), default=None), least),
             "survival_ece_debiased": debiased_ece(now, looks, INTERVAL_LEVEL),
             "survival_ece_drift": self._drift(now, looks),
-            "windowed_ece_drift": self._windowed_drift(looks),
+            "windowed_ece_drift": self._windowed_drift(looks, replicas=False),
+            "windowed_ece_drift_replica": self._windowed_drift(looks, replicas=True),
             "survival_ece_debiased_replica": (
                 worst_replica_debiased_ece(self.replicas, looks, INTERVAL_LEVEL)
                 if self.replicas is not None
@@ -124,12 +128,15 @@ class Evaluation:
             return Measurement(None, 0, why="no shadow reference under this contract")
         return drift_ece(now, self.shadow_reference, looks, INTERVAL_LEVEL)
 
-    def _windowed_drift(self, looks: int) -> Measurement:
-        reference = self.windowed_reference
-        if reference is None or not reference.samples:
-            return Measurement(None, 0, why="no windowed shadow reference under this contract")
-        now = Calibration.of(self.windowed, *self.resampling, modes=WINDOWED_MODES)
-        return drift_ece(now, reference, looks, INTERVAL_LEVEL, "windowed debiased ECE now minus shadow's")
+    def _windowed_drift(self, looks: int, replicas: bool) -> Measurement:
+        reference, resamples, seed = self.windowed_reference, *self.resampling
+        if reference is None:
+            return Measurement(None, 0, why="windowed shadow reference not read")
+        if not replicas:
+            return curve_drift(self.windowed, reference, resamples, looks, INTERVAL_LEVEL, seed)
+        if self.windowed_replicas is None:
+            return Measurement(None, 0, why="per-replica windowed labels not read")
+        return worst_replica_curve_drift(self.windowed_replicas, reference, resamples, looks, INTERVAL_LEVEL, seed)
 
     def _estimated(self) -> np.ndarray:
         return self.estimated if self.estimated is not None else np.zeros((1, 1, 3))
@@ -312,6 +319,7 @@ def evaluate(
     shadow_reference: bool = False,
     per_replica: bool = False,
     windowed_reference: bool = False,
+    windowed_replicas: bool = False,
     use_sums: bool = True,
     baseline: bool = True,
 ) -> Evaluation:
@@ -359,8 +367,9 @@ def evaluate(
         stats.estimated if compact_counts["estimated"] else None,
         _shadow_reference(store, slice_, contract, resamples, seed) if shadow_reference else None,
         _replicas(store, window, slice_, resamples, seed) if per_replica else None,
-        _windowed_reference(store, slice_, contract, resamples, seed) if windowed_reference else None,
-        (resamples, INTERVAL_LEVEL, seed),
+        _windowed_reference(store, slice_, contract) if windowed_reference or windowed_replicas else None,
+        _windowed_replicas(store, window, slice_) if windowed_replicas else None,
+        (resamples, seed),
     )
 
 
@@ -380,10 +389,13 @@ def _shadow_reference(
     return Calibration.of(survival, resamples, INTERVAL_LEVEL, seed)
 
 
-def _windowed_reference(
-    store: Store, slice_: Slice, contract: queries.SameContract | None, resamples: int, seed: int
-) -> Calibration:
-    """The calibration of the windowed labels recorded in shadow (its rows within the suggested window)."""
+def _windowed_replicas(store: Store, window: Window, slice_: Slice) -> dict[str, KindStats]:
+    """Each replica's windowed labels over the window (the replicas that have steps in it)."""
+    replicas = [r for r in queries.slice_values(store, "replica", window) if slice_.replica_id in (None, r)]
+    return window_stats.survival_by_replica(store, window, slice_, replicas, window_stats.WINDOWED_SURVIVAL)
+
+
+def _windowed_reference(store: Store, slice_: Slice, contract: queries.SameContract | None) -> KindStats:
+    """The windowed labels recorded in shadow under ``contract`` (its rows within their suggested windows)."""
     span = window_stats.phase_span(store, (Phase.SHADOW,), contract)
-    windowed = window_stats.survival(store, span, slice_, Phase.SHADOW, contract, window_stats.WINDOWED_SURVIVAL)
-    return Calibration.of(windowed, resamples, INTERVAL_LEVEL, seed, WINDOWED_MODES)
+    return window_stats.survival(store, span, slice_, Phase.SHADOW, contract, window_stats.WINDOWED_SURVIVAL)

@@ -280,6 +280,7 @@ class Controller:
                 shadow_reference=self._asks(state, "survival_ece_drift"),
                 per_replica=self._asks(state, "survival_ece_debiased_replica"),
                 windowed_reference=self._asks(state, "windowed_ece_drift"),
+                windowed_replicas=self._asks(state, "windowed_ece_drift_replica"),
                 baseline=self._judged(state)[0] == Phase.BASELINE,  # its gate counts baseline's steps
             )
             verdicts = self.judge(state, evaluation, now)

@@ -114,26 +114,31 @@ def survival(
     (the shadow references)."""
     cells = _survival_cells(store, window, slice_, phase, contract, by_replica=False, kind=kind)
     if cells is None:
-        stats = read(store, window, slice_, phase, contract)
-        return stats.windowed if kind == WINDOWED_SURVIVAL else stats.survival
+        return _of_kind(read(store, window, slice_, phase, contract), kind)
     fine, grouped, edges = cells
     return _survival_of(store, window, slice_, phase, contract, fine, grouped, edges, kind)
 
 
-def survival_by_replica(store: Store, window: Window, slice_: Slice, replicas: list[str]) -> dict[str, KindStats]:
-    """Per replica of ``replicas``, ``read(store, window, replace(slice_, replica_id=r)).survival`` (up to
-    empty trailing depths), from one read of the survival sums grouped by replica instead of R reads of every
+def survival_by_replica(
+    store: Store, window: Window, slice_: Slice, replicas: list[str], kind: int = SURVIVAL
+) -> dict[str, KindStats]:
+    """Per replica of ``replicas``, ``survival(store, window, replace(slice_, replica_id=r), kind=kind)`` (up
+    to empty trailing depths), from one read of the sums grouped by replica instead of R reads of every
     table."""
-    cells = _survival_cells(store, window, slice_, None, None, by_replica=True)
+    cells = _survival_cells(store, window, slice_, None, None, by_replica=True, kind=kind)
     if cells is None:
-        return {r: read(store, window, replace(slice_, replica_id=r)).survival for r in replicas}
+        return {r: _of_kind(read(store, window, replace(slice_, replica_id=r)), kind) for r in replicas}
     fine, grouped, edges = cells
     out = {}
     for replica in replicas:
         f = {k: v[fine["replica_id"] == replica] for k, v in fine.items()}
         g = {k: v[grouped["replica_id"] == replica] for k, v in grouped.items()}
-        out[replica] = _survival_of(store, window, replace(slice_, replica_id=replica), None, None, f, g, edges)
+        out[replica] = _survival_of(store, window, replace(slice_, replica_id=replica), None, None, f, g, edges, kind)
     return out
+
+
+def _of_kind(stats: WindowStats, kind: int) -> KindStats:
+    return stats.windowed if kind == WINDOWED_SURVIVAL else stats.survival
 
 
 def _survival_cells(store, window, slice_, phase, contract, by_replica: bool, kind: int = SURVIVAL):

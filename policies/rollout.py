@@ -41,9 +41,12 @@ METRICS = {
     "survival_ece_upper": "bootstrap upper bound of survival_ece",
     "survival_ece_drift": "worst per-depth debiased survival ECE now minus shadow's under the same contract, "
     "judged by bounds that pay for repeated looks",
-    "windowed_ece_drift": "survival_ece_drift over the windowed labels (depths within each row's scheduler "
-    "window: compact and cap-accept rows now, shadow's suggested windows then), which compact traffic supplies "
-    "without full verification",
+    "windowed_ece_drift": "worst per-depth change of the reliability curve of the windowed labels (depths within "
+    "each row's scheduler window: compact and cap-accept rows now, shadow's suggested windows then), bin by bin "
+    "less its noise, judged by bounds that pay for repeated looks; compact traffic supplies these labels without "
+    "full verification",
+    "windowed_ece_drift_replica": "windowed_ece_drift of the worst replica against the fleet's shadow reference, "
+    "bounds paying for every (replica, depth) cell and repeated looks",
     "survival_ece_debiased": "worst per-depth survival ECE minus what a calibrated predictor shows at the same "
     "bin counts (its noise floor; zero in expectation when calibrated), judged by bounds that pay for "
     "repeated looks",
@@ -207,6 +210,18 @@ DEFAULT_GATES = (
         min_samples=2000,
         failure_limit=1,
         phases=["canary", "compact", "adaptive"],
+    ),
+    *(
+        Gate(
+            metric=metric,
+            threshold=0.03,
+            direction="at_most",
+            min_samples=samples,
+            failure_limit=1,
+            guard=True,
+            phases=["compact", "adaptive"],
+        )
+        for metric, samples in (("windowed_ece_drift", 2000), ("windowed_ece_drift_replica", 500))
     ),
     Gate(metric="survival_ece_debiased_replica", threshold=0.09, direction="at_most", min_samples=500, failure_limit=1),
     Gate(metric="upper_bound_utilization", threshold=0.85, direction="at_least", min_samples=500, guard=True),

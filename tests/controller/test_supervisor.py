@@ -150,7 +150,7 @@ def test_a_store_that_cannot_be_read_is_an_error_interval_not_a_crash(store, mon
     assert "could not read block" in decision.reasons[1]["note"] and ctl.state.errors == 1
 
 
-@pytest.mark.parametrize("metric", ["survival_ece_drift", "windowed_ece_drift"])
+@pytest.mark.parametrize("metric", ["survival_ece_drift", "windowed_ece_drift", "windowed_ece_drift_replica"])
 def test_a_drift_gate_reads_the_shadow_reference_of_the_judged_contract(store, metric):
     policy = parse_rollout_policy(
         {"gates": [{"metric": metric, "threshold": 0.05, "direction": "at_most", "phases": ["canary"]}]}
