@@ -189,6 +189,13 @@ def grouped_ece(count: np.ndarray, sum_p: np.ndarray, sum_y: np.ndarray) -> np.n
         return np.where(n > 0, gap / np.maximum(n, 1), np.nan)
 
 
+def resample_weights(k: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """[resamples, k]: each resample draws k of k request groups with replacement; a weight counts a group's
+    draws."""
+    draws = rng.integers(0, k, size=(resamples, k)) + np.arange(resamples)[:, None] * k
+    return np.bincount(draws.ravel(), minlength=resamples * k).reshape(resamples, k).astype(np.float64)
+
+
 def bootstrap_ece(
     stats: KindStats, resamples: int = 200, level: float = 0.95, seed: int = 0
 ) -> dict[int, tuple[float, float, float]]:
@@ -208,9 +215,7 @@ def bootstrap_ece(
         a[occupied].reshape(k, -1).astype(np.float64)
         for a in (stats.grouped_count, stats.grouped_sum_p, stats.grouped_sum_y)
     ]
-    # Each resample draws k of the k occupied groups with replacement; weights count the draws.
-    draws = np.random.default_rng(seed).integers(0, k, size=(resamples, k)) + np.arange(resamples)[:, None] * k
-    weights = np.bincount(draws.ravel(), minlength=resamples * k).reshape(resamples, k).astype(np.float64)
+    weights = resample_weights(k, resamples, np.random.default_rng(seed))
     shape = (resamples, stats.depths + 1, N_BINS)
     present = np.flatnonzero(stats.grouped_count.sum(axis=(0, 2))[1:]) + 1
     ece = grouped_ece(*((weights @ a).reshape(shape) for a in flat))[:, present]

@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from .calibration import KindStats, bounded
+from .calibration import KindStats, bounded, resample_weights
 from .measurement import Measurement
 
 
@@ -55,9 +55,7 @@ def _grouped(stats: KindStats) -> tuple[np.ndarray, ...]:
 
 def _resampled(groups: tuple[np.ndarray, ...], resamples: int, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     """``resamples`` draws of the groups with replacement, summed: each [resamples, depths + 1, N_BINS]."""
-    k = len(groups[0])
-    draws = rng.integers(0, k, size=(resamples, k)) + np.arange(resamples)[:, None] * k
-    weights = np.bincount(draws.ravel(), minlength=resamples * k).reshape(resamples, k).astype(np.float64)
+    weights = resample_weights(len(groups[0]), resamples, rng)
     return tuple(np.einsum("rk,kdb->rdb", weights, a) for a in groups)
 
 
