@@ -61,7 +61,7 @@ class Evaluation:
     aggregate: Aggregate
     survival: KindStats
     conditional: KindStats
-    windowed: KindStats  # survival over the windowed labels (docs/design.md §2)
+    windowed: KindStats | None  # survival over the windowed labels (docs/design.md §2); None: not read
     # Per status of the compact view (censored, recovered, estimated): labels per depth.
     compact_counts: dict[str, dict[int, int]]
     intervals: dict[str, dict[int, tuple[float, float, float]]]  # per kind and depth: (low, high, se)
@@ -130,8 +130,8 @@ class Evaluation:
 
     def _windowed_drift(self, looks: int, replicas: bool) -> Measurement:
         reference, resamples, seed = self.windowed_reference, *self.resampling
-        if reference is None:
-            return Measurement(None, 0, why="windowed shadow reference not read")
+        if reference is None or self.windowed is None:
+            return Measurement(None, 0, why="windowed labels not read")
         if not replicas:
             return curve_drift(self.windowed, reference, resamples, looks, INTERVAL_LEVEL, seed)
         if self.windowed_replicas is None:
@@ -328,7 +328,8 @@ def evaluate(
     the acceptance reference are that contract's only (a reference measured under another is no control).
     ``baseline`` False leaves the baseline's step buckets out (None): only the report and the baseline
     phase's own gate read them, and their cost grows with how long baseline ran."""
-    stats = window_stats.read(store, window, slice_, use_sums=use_sums)
+    windowed = windowed_reference or windowed_replicas
+    stats = window_stats.read(store, window, slice_, use_sums=use_sums, windowed=windowed)
     survival, conditional, compact_counts = stats.survival, stats.conditional, stats.compact_counts()
     aggregate = Aggregate(survival.calibration_stats(), conditional.calibration_stats(), **stats.hists)
     intervals = {
@@ -367,7 +368,7 @@ def evaluate(
         stats.estimated if compact_counts["estimated"] else None,
         _shadow_reference(store, slice_, contract, resamples, seed) if shadow_reference else None,
         _replicas(store, window, slice_, resamples, seed) if per_replica else None,
-        _windowed_reference(store, slice_, contract) if windowed_reference or windowed_replicas else None,
+        _windowed_reference(store, slice_, contract) if windowed else None,
         _windowed_replicas(store, window, slice_) if windowed_replicas else None,
         (resamples, seed),
     )

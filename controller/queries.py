@@ -145,23 +145,31 @@ class LabelColumns:
 
 
 def label_columns(
-    store: Store, window: Window, slice_: Slice, phase: str | None = None, contract: SameContract | None = None
+    store: Store,
+    window: Window,
+    slice_: Slice,
+    phase: str | None = None,
+    contract: SameContract | None = None,
+    windowed: bool = False,
 ) -> LabelColumns:
     """The window's depth labels; ``phase`` (and ``contract``) keep those of steps recorded in that phase
-    (under that contract): e.g. the shadow reference calibration is compared with."""
+    (under that contract): e.g. the shadow reference calibration is compared with. ``in_window`` is read
+    only with ``windowed`` (a join to the request rows), else False."""
     where, params = _in_phase(*_where("depth_labels", window, slice_, "l"), "l", phase, contract)
-    # The request rows of the same steps, bounded as the labels are (a label's ts is its step's).
-    bounds, bound_params = time_bounds("r", window.since, window.until, "ts")
-    windows = label_sums.window_sql(f"requests r WHERE {' AND '.join(['TRUE', *bounds])}")
-    windowed = ", ".join(f"'{m}'" for m in WINDOWED_MODES)
+    in_window, join, join_params = "false", "", list[object]()
+    if windowed:
+        # The request rows of the same steps, bounded as the labels are (a label's ts is its step's).
+        bounds, join_params = time_bounds("r", window.since, window.until, "ts")
+        windows = label_sums.window_sql(f"requests r WHERE {' AND '.join(['TRUE', *bounds])}")
+        modes = ", ".join(f"'{m}'" for m in WINDOWED_MODES)
+        in_window = f"coalesce(l.mode::VARCHAR IN ({modes}) AND l.depth <= w.w, false)"
+        join = (f" LEFT JOIN {windows} w ON w.replica_id = l.replica_id AND w.step_id = l.step_id"
+                " AND w.request_id = l.request_id")  # fmt: skip
     table = store.query(
         "SELECT enum_code(l.mode)::TINYINT AS mode, l.depth, enum_code(l.status)::TINYINT AS status,"
         f" l.survival, l.confidence, (hash(l.request_id) % {REQUEST_GROUPS})::SMALLINT AS grp,"
-        " coalesce(l.label, false)::TINYINT AS y,"
-        f" coalesce(l.mode::VARCHAR IN ({windowed}) AND l.depth <= w.w, false) AS in_window"
-        f" FROM depth_labels l LEFT JOIN {windows} w ON w.replica_id = l.replica_id AND w.step_id = l.step_id"
-        f" AND w.request_id = l.request_id WHERE {where}",
-        [*bound_params, *params],
+        f" coalesce(l.label, false)::TINYINT AS y, {in_window} AS in_window FROM depth_labels l{join} WHERE {where}",
+        [*join_params, *params],
     )
     columns = ("mode", "depth", "status", "survival", "confidence", "grp", "y", "in_window")
     return LabelColumns(*(table.column(c).to_numpy(zero_copy_only=False) for c in columns))

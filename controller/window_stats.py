@@ -44,7 +44,7 @@ class WindowStats:
 
     survival: KindStats
     conditional: KindStats
-    windowed: KindStats
+    windowed: KindStats | None  # None: not read (``read``'s ``windowed``)
     statuses: np.ndarray
     estimated: np.ndarray
     hists: dict[str, np.ndarray]
@@ -53,7 +53,7 @@ class WindowStats:
         return WindowStats(
             self.survival + other.survival,
             self.conditional + other.conditional,
-            self.windowed + other.windowed,
+            None if self.windowed is None or other.windowed is None else self.windowed + other.windowed,
             self.statuses + other.statuses,
             self.estimated + other.estimated,
             {k: self.hists[k] + other.hists[k] for k in HISTOGRAMS},
@@ -77,23 +77,26 @@ def read(
     phase: str | None = None,
     contract: SameContract | None = None,
     use_sums: bool = True,
+    windowed: bool = False,
 ) -> WindowStats:
     """The window's statistics; ``phase`` (with ``contract``) keeps the steps recorded in that phase.
-    ``use_sums`` False reads the rows alone (what the sums are checked and benchmarked against)."""
+    ``use_sums`` False reads the rows alone (what the sums are checked and benchmarked against). The
+    windowed labels are read only with ``windowed``: they cost a third more sums and a join of the edges'
+    labels to their request rows, for the windowed gates alone."""
     buckets = _buckets(window) if use_sums and _summed(slice_) else None
     if buckets is None:
-        return _from_rows(store, window, slice_, phase, contract, None)
+        return _from_rows(store, window, slice_, phase, contract, None, windowed=windowed)
     low, high = buckets
     try:
-        cells = _sums(store, low, high, slice_.replica_id, phase, contract)
+        cells = _sums(store, low, high, slice_.replica_id, phase, contract, windowed)
     except duckdb.CatalogException:
-        return _from_rows(store, window, slice_, phase, contract, None)
+        return _from_rows(store, window, slice_, phase, contract, None, windowed=windowed)
     edges = _edges(window, low, high)
-    columns = [queries.label_columns(store, w, slice_, phase, contract) for w in edges]
+    columns = [queries.label_columns(store, w, slice_, phase, contract, windowed) for w in edges]
     depths = max([cells.depths, *(c.depths for c in columns), 1])
-    out = cells.stats(depths)
+    out = cells.stats(depths, windowed)
     for w, c in zip(edges, columns):
-        out = out + _from_rows(store, w, slice_, phase, contract, depths, c)
+        out = out + _from_rows(store, w, slice_, phase, contract, depths, c, windowed)
     return out
 
 
@@ -114,7 +117,7 @@ def survival(
     (the shadow references)."""
     cells = _survival_cells(store, window, slice_, phase, contract, by_replica=False, kind=kind)
     if cells is None:
-        return _of_kind(read(store, window, slice_, phase, contract), kind)
+        return _of_kind(read(store, window, slice_, phase, contract, windowed=kind == WINDOWED_SURVIVAL), kind)
     fine, grouped, edges = cells
     return _survival_of(store, window, slice_, phase, contract, fine, grouped, edges, kind)
 
@@ -127,7 +130,10 @@ def survival_by_replica(
     table."""
     cells = _survival_cells(store, window, slice_, None, None, by_replica=True, kind=kind)
     if cells is None:
-        return {r: _of_kind(read(store, window, replace(slice_, replica_id=r)), kind) for r in replicas}
+        windowed = kind == WINDOWED_SURVIVAL
+        return {
+            r: _of_kind(read(store, window, replace(slice_, replica_id=r), windowed=windowed), kind) for r in replicas
+        }
     fine, grouped, edges = cells
     out = {}
     for replica in replicas:
@@ -138,7 +144,10 @@ def survival_by_replica(
 
 
 def _of_kind(stats: WindowStats, kind: int) -> KindStats:
-    return stats.windowed if kind == WINDOWED_SURVIVAL else stats.survival
+    if kind != WINDOWED_SURVIVAL:
+        return stats.survival
+    assert stats.windowed is not None, "read with windowed"
+    return stats.windowed
 
 
 def _survival_cells(store, window, slice_, phase, contract, by_replica: bool, kind: int = SURVIVAL):
@@ -160,12 +169,15 @@ def _survival_cells(store, window, slice_, phase, contract, by_replica: bool, ki
 
 def _survival_of(store, window, slice_, phase, contract, fine, grouped, edges, kind: int = SURVIVAL) -> KindStats:
     """Survival statistics (of ``kind``) from summed cells plus the edges' rows."""
-    columns = [queries.label_columns(store, w, slice_, phase, contract) for w in edges]
+    windowed = kind == WINDOWED_SURVIVAL
+    columns = [queries.label_columns(store, w, slice_, phase, contract, windowed) for w in edges]
     depths = max([int(fine["depth"].max(initial=0)), int(grouped["depth"].max(initial=0)),
                   *(c.depths for c in columns), 1])  # fmt: skip
     stats = _kind_stats(fine, grouped, depths + 1)
     for c in columns:
-        stats = stats + _kinds(c, depths)[kind]
+        found = _kinds(c, depths, windowed)[kind]
+        assert found is not None, "the kind was computed"
+        stats = stats + found
     return stats
 
 
@@ -197,22 +209,24 @@ def _clamp(bucket: int) -> int:
     return max(-_FAR, min(_FAR, bucket))
 
 
-def _from_rows(store, window, slice_, phase, contract, depths, cols=None) -> WindowStats:
+def _from_rows(store, window, slice_, phase, contract, depths, cols=None, windowed: bool = False) -> WindowStats:
     """The statistics of the window's rows themselves (``depths`` None: as many as they have)."""
     if cols is None:
-        cols = queries.label_columns(store, window, slice_, phase, contract)
+        cols = queries.label_columns(store, window, slice_, phase, contract, windowed)
     depths = depths or max(cols.depths, 1)
-    survival, conditional, windowed, statuses = _kinds(cols, depths)
+    survival, conditional, in_window, statuses = _kinds(cols, depths, windowed)
     hists = queries.request_histograms(store, window, slice_, depths + 1, phase, contract)
     estimated = queries.estimated_bins(store, window, slice_, depths, phase, contract)
-    return WindowStats(survival, conditional, windowed, statuses, estimated, hists)
+    return WindowStats(survival, conditional, in_window, statuses, estimated, hists)
 
 
-def _kinds(cols: queries.LabelColumns, depths: int) -> tuple[KindStats, KindStats, KindStats, np.ndarray]:
+def _kinds(
+    cols: queries.LabelColumns, depths: int, windowed: bool
+) -> tuple[KindStats, KindStats, KindStats | None, np.ndarray]:
     """(survival over observed and recovered labels, conditional over observed labels at risk, survival over
-    windowed labels, labels per status and depth), indexed by the sums' kind codes; a chunk of rows at a
-    time: the temporaries of a chunk are reused from the heap, where those of the whole window would be
-    fresh pages every time."""
+    windowed labels (None without ``windowed``), labels per status and depth), indexed by the sums' kind
+    codes; a chunk of rows at a time: the temporaries of a chunk are reused from the heap, where those of
+    the whole window would be fresh pages every time."""
     kinds: list[KindStats] = []
     statuses = np.zeros((len(STATUSES), depths + 1), np.int64)
     for start in range(0, max(len(cols), 1), CHUNK_ROWS):
@@ -225,12 +239,14 @@ def _kinds(cols: queries.LabelColumns, depths: int) -> tuple[KindStats, KindStat
         found = [
             KindStats.from_rows(*rows, chunk.survival, y, chunk.group, depths, observed),
             KindStats.from_rows(*rows, chunk.confidence, y, chunk.group, depths, at_risk),
-            KindStats.from_rows(*rows, chunk.survival, y, chunk.group, depths, observed & chunk.in_window, WINDOWED),
         ]
+        if windowed:
+            in_window = observed & chunk.in_window
+            found.append(KindStats.from_rows(*rows, chunk.survival, y, chunk.group, depths, in_window, WINDOWED))
         kinds = found if not kinds else [a + b for a, b in zip(kinds, found)]
         np.add.at(statuses, (chunk.status.astype(np.int64), chunk.depth.astype(np.int64)), 1)
-    survival, conditional, windowed = kinds  # the loop runs at least once
-    return survival, conditional, windowed, statuses
+    # The loop runs at least once.
+    return kinds[0], kinds[1], kinds[2] if windowed else None, statuses
 
 
 @dataclass
@@ -247,10 +263,10 @@ class _Cells:
         found = [int(t["depth"].max(initial=0)) for t in (self.fine, self.grouped, self.status)]
         return max([*found, int(self.requests["x"].max(initial=0)), int(self.requests["y"].max(initial=0))])
 
-    def stats(self, depths: int) -> WindowStats:
+    def stats(self, depths: int, windowed: bool) -> WindowStats:
         width = depths + 1
         kinds = []
-        for kind in (0, 1, 2):
+        for kind in (0, 1, 2) if windowed else (0, 1):
             f = {k: v[self.fine["kind"] == kind] for k, v in self.fine.items()}
             g = {k: v[self.grouped["kind"] == kind] for k, v in self.grouped.items()}
             kinds.append(_kind_stats(f, g, width))
@@ -268,7 +284,7 @@ class _Cells:
             keep = r["hist"] == h
             hist[r["mode"][keep], r["x"][keep], r["y"][keep]] = r["n"][keep]
             hists[name] = hist
-        return WindowStats(kinds[0], kinds[1], kinds[2], statuses, estimated, hists)
+        return WindowStats(kinds[0], kinds[1], kinds[2] if windowed else None, statuses, estimated, hists)
 
 
 def _kind_stats(f: dict[str, np.ndarray], g: dict[str, np.ndarray], width: int) -> KindStats:
@@ -302,9 +318,12 @@ def _sums(
     replica_id: str | None,
     phase: str | None,
     contract: SameContract | None,
+    windowed: bool,
 ) -> _Cells:
     where, params = _sums_where(low, high, replica_id, phase, contract)
-    return _Cells(**{name: _summed_cells(store, name, where, params) for name in _QUERIES})
+    kinds = "" if windowed else f" AND kind < {WINDOWED_SURVIVAL}"  # the label sums' kinds; the others have none
+    wheres = {name: where + (kinds if name in ("fine", "grouped") else "") for name in _QUERIES}
+    return _Cells(**{name: _summed_cells(store, name, wheres[name], params) for name in _QUERIES})
 
 
 def _summed_cells(store: Store, name: str, where: str, params: list, by: str = "") -> dict[str, np.ndarray]:
