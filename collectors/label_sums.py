@@ -109,17 +109,21 @@ def window_sql(requests: str) -> str:
         CASE WHEN mode::VARCHAR = 'shadow' THEN window_suggested ELSE "window" END AS w FROM {requests})"""
 
 
+def windowed_sql(windows: str) -> tuple[str, str]:
+    """(whether label ``l`` is windowed, the LEFT JOIN of ``windows``, a ``window_sql`` relation, that it reads):
+    the one definition the sums and the evaluation's reads of rows share."""
+    modes = ", ".join(f"'{m}'" for m in WINDOWED_MODES)
+    join = (f" LEFT JOIN {windows} w ON w.replica_id = l.replica_id::VARCHAR AND w.step_id = l.step_id "
+            "AND w.request_id = l.request_id::VARCHAR")  # fmt: skip
+    return f"coalesce(l.mode::VARCHAR IN ({modes}) AND l.depth <= w.w, false)", join
+
+
 def _labels_sql(labels: str, steps: str, sign: int, where: str, windows: str | None = None) -> list[str]:
     """Statements adding ``sign`` × the sums of ``labels`` (joined to ``steps`` for phase and contract, and
     to ``windows``, a ``window_sql`` relation, for the windowed kind; None: no label is windowed, as for
     labels recovery settled, which lie beyond their window): the rows' keys are computed once into a
     temporary table the three INSERTs read."""
-    windowed = ", ".join(f"'{m}'" for m in WINDOWED_MODES)
-    in_window, join = "false", ""
-    if windows is not None:
-        in_window = f"coalesce(l.mode::VARCHAR IN ({windowed}) AND l.depth <= w.w, false)"
-        join = (f" LEFT JOIN {windows} w ON w.replica_id = l.replica_id::VARCHAR AND w.step_id = l.step_id "
-                "AND w.request_id = l.request_id::VARCHAR")  # fmt: skip
+    in_window, join = ("false", "") if windows is None else windowed_sql(windows)
     rows = f"""CREATE OR REPLACE TEMP TABLE sum_rows AS
         SELECT floor(l.ts / {SUM_BUCKET_S})::BIGINT AS bucket, l.replica_id::VARCHAR AS replica_id, s.phase,
                s.contract, {_code("l.mode", MODES)} AS mode, l.depth, {_code("l.status", STATUSES)} AS status,

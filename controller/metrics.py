@@ -376,9 +376,8 @@ def evaluate(
 
 def _replicas(store: Store, window: Window, slice_: Slice, resamples: int, seed: int) -> dict[str, Calibration]:
     """Each replica's survival calibration over the window (the replicas that have steps in it)."""
-    replicas = [r for r in queries.slice_values(store, "replica", window) if slice_.replica_id in (None, r)]
-    survival = window_stats.survival_by_replica(store, window, slice_, replicas)
-    return {replica: Calibration.of(survival[replica], resamples, INTERVAL_LEVEL, seed) for replica in replicas}
+    survival = window_stats.survival_by_replica(store, window, slice_, _judged_replicas(store, window, slice_))
+    return {replica: Calibration.of(stats, resamples, INTERVAL_LEVEL, seed) for replica, stats in survival.items()}
 
 
 def _shadow_reference(
@@ -392,8 +391,13 @@ def _shadow_reference(
 
 def _windowed_replicas(store: Store, window: Window, slice_: Slice) -> dict[str, KindStats]:
     """Each replica's windowed labels over the window (the replicas that have steps in it)."""
-    replicas = [r for r in queries.slice_values(store, "replica", window) if slice_.replica_id in (None, r)]
+    replicas = _judged_replicas(store, window, slice_)
     return window_stats.survival_by_replica(store, window, slice_, replicas, window_stats.WINDOWED_SURVIVAL)
+
+
+def _judged_replicas(store: Store, window: Window, slice_: Slice) -> list[str]:
+    """The replicas that have steps in the window, within the slice."""
+    return [r for r in queries.slice_values(store, "replica", window) if slice_.replica_id in (None, r)]
 
 
 def _windowed_reference(store: Store, slice_: Slice, contract: queries.SameContract | None) -> KindStats:

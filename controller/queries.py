@@ -25,7 +25,7 @@ from sparkgate.collectors import label_sums
 from sparkgate.collectors.schema import TIER_UNREPORTED
 from sparkgate.collectors.store import Store
 from sparkgate.policies.binning import N_BINS
-from sparkgate.policies.vocabulary import FULL_BLOCK_MODES, WINDOWED_MODES
+from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
 from .calibration import REQUEST_GROUPS
 
@@ -160,11 +160,9 @@ def label_columns(
     if windowed:
         # The request rows of the same steps, bounded as the labels are (a label's ts is its step's).
         bounds, join_params = time_bounds("r", window.since, window.until, "ts")
-        windows = label_sums.window_sql(f"requests r WHERE {' AND '.join(['TRUE', *bounds])}")
-        modes = ", ".join(f"'{m}'" for m in WINDOWED_MODES)
-        in_window = f"coalesce(l.mode::VARCHAR IN ({modes}) AND l.depth <= w.w, false)"
-        join = (f" LEFT JOIN {windows} w ON w.replica_id = l.replica_id AND w.step_id = l.step_id"
-                " AND w.request_id = l.request_id")  # fmt: skip
+        in_window, join = label_sums.windowed_sql(
+            label_sums.window_sql(f"requests r WHERE {' AND '.join(['TRUE', *bounds])}")
+        )
     table = store.query(
         "SELECT enum_code(l.mode)::TINYINT AS mode, l.depth, enum_code(l.status)::TINYINT AS status,"
         f" l.survival, l.confidence, (hash(l.request_id) % {REQUEST_GROUPS})::SMALLINT AS grp,"
