@@ -263,6 +263,20 @@ class Calibration:
         return {d: self.ece[d] - self.null[d] for d in self.ece if d in self.null and d in self.bounds}
 
 
+def drift_ece(window: Calibration, reference: Calibration, looks: int, level: float) -> Measurement:
+    """The gate input of ``survival_ece_drift``: the worst depth's debiased ECE now minus the reference's
+    (what shadow measured, under the same contract), bounded by both standard errors with the fail side
+    spent over depths and looks as ``debiased_ece`` does. The window and the reference are disjoint label
+    sets, so their errors add in quadrature."""
+    now, then = window.debiased(), reference.debiased()
+    depths = [d for d in now if d in then]
+    if not depths:
+        return Measurement(None, min(window.samples, reference.samples), why="no shadow reference at these depths")
+    gap = {d: now[d] - then[d] for d in depths}
+    se = {d: math.hypot(window.bounds[d][2], reference.bounds[d][2]) for d in depths}
+    return bounded(gap, se, min(window.samples, reference.samples), looks, level, "debiased ECE now minus shadow's")
+
+
 # Past a stage's first looks, a calibrated fleet fails a gate at most α in each period this long.
 ALARM_PERIOD_S = 86400.0
 

@@ -1,14 +1,13 @@
-"""Whether the reliability curve moved since shadow: the gate inputs of ``survival_ece_drift`` (the
-full-block labels) and ``windowed_ece_drift`` (the windowed labels), docs/design.md §2.
+"""Whether the reliability curve moved: the drift of the windowed labels' calibration from shadow's
+(docs/design.md §2, ``windowed_ece_drift``).
 
-Subtracting two debiased ECEs does not answer it. Each is a sum of |gap| per bin less the noise a
+``survival_ece_drift`` subtracts two debiased ECEs. Each is a sum of |gap| per bin less the noise a
 calibrated predictor would show, and that correction is exact only where the true gap is zero: where the
 drafter is miscalibrated (the shipped one's worst depth by about 0.045) the debiased ECE reads its gap
 lower the fewer labels it has, so two sets of very different sizes disagree with no drift at all. The
 windowed reference (shadow's rows within their suggested windows) holds a few thousand labels at the
-deepest depths against a window of many more, and on a healthy simulated fleet that difference read
-about +0.013, near the 0.03 threshold; the full-block window (a few percent of compact's rows are fully
-verified) is the smaller set against all of shadow's, so there it read low and hid part of a drift.
+deepest depths against a window of many more, and on a healthy simulated fleet read about +0.013: near
+enough the 0.03 threshold to hold stages inconclusive until the progress deadline.
 
 So this statistic compares the curves bin by bin instead of their magnitudes. Per depth, with r_b the
 window's mean (y − p) in equal-width bin b of S_k and s_b the reference's,
@@ -67,7 +66,7 @@ def _cells(
     why there is nothing to compare."""
     now, then = _grouped(window), _grouped(reference)
     if not len(now[0]) or not len(then[0]):
-        return "no labels in the window or in shadow"
+        return "no windowed labels in the window or in shadow"
     depths = min(now[0].shape[1], then[0].shape[1])
     now, then = tuple(a[:, :depths] for a in now), tuple(a[:, :depths] for a in then)
     value = _drift(tuple(a.sum(axis=0) for a in now), tuple(a.sum(axis=0) for a in then))
@@ -75,20 +74,19 @@ def _cells(
     spread = _drift(_resampled(now, resamples, rng), _resampled(then, resamples, rng))
     found = [d for d in range(1, depths) if not np.isnan(value[d])]
     if not found:
-        return "no bin holds labels both now and in shadow"
+        return "no bin holds windowed labels both now and in shadow"
     counts = [now[0].sum(axis=(0, 2)), then[0].sum(axis=(0, 2))]
     samples = int(min(min(c[d] for d in found) for c in counts))
     return {d: float(value[d]) for d in found}, {d: float(np.nanstd(spread[:, d])) for d in found}, samples
 
 
-WHAT = "calibration residuals now minus shadow's, per bin"
+WHAT = "windowed calibration residuals now minus shadow's, per bin"
 
 
 def curve_drift(
     window: KindStats, reference: KindStats, resamples: int, looks: int, level: float, seed: int = 0
 ) -> Measurement:
-    """The gate input of ``survival_ece_drift`` and ``windowed_ece_drift``: the worst depth's D (module
-    docstring) of one kind of labels now against shadow's, bounded by its
+    """The gate input of ``windowed_ece_drift``: the worst depth's D (module docstring), bounded by its
     bootstrap standard error with the fail side spent over depths and looks as ``debiased_ece`` does.
     Samples: the fewest labels of any depth on either side."""
     cells = _cells(window, reference, resamples, seed)

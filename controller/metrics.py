@@ -36,6 +36,7 @@ from .calibration import (
     KindStats,
     bootstrap_ece,
     debiased_ece,
+    drift_ece,
     null_ece,
     worst_replica_debiased_ece,
 )
@@ -74,8 +75,8 @@ class Evaluation:
     labels: int = 0  # depth labels in the window, every status
     # Per depth and bin: estimated compact labels' count, sum of S_k and of P(y = 1); None when there are none.
     estimated: np.ndarray | None = None
-    # The survival labels recorded in shadow under the judged contract (None: not asked for).
-    shadow_reference: KindStats | None = None
+    # The survival calibration recorded in shadow under the judged contract (None: not asked for).
+    shadow_reference: Calibration | None = None
     # Each replica's survival calibration in the window (None: not asked for).
     replicas: dict[str, Calibration] | None = None
     # The windowed labels recorded in shadow under the judged contract (None: not asked for), each
@@ -100,7 +101,7 @@ class Evaluation:
             "survival_ece": Measurement(max(ece.values(), default=None), least),
             "survival_ece_upper": Measurement(max(upper.values(), default=None), least),
             "survival_ece_debiased": debiased_ece(now, looks, INTERVAL_LEVEL),
-            "survival_ece_drift": self._drift(looks),
+            "survival_ece_drift": self._drift(now, looks),
             "windowed_ece_drift": self._windowed_drift(looks, replicas=False),
             "windowed_ece_drift_replica": self._windowed_drift(looks, replicas=True),
             "survival_ece_debiased_replica": (
@@ -122,11 +123,10 @@ class Evaluation:
             ),
         }
 
-    def _drift(self, looks: int) -> Measurement:
-        if self.shadow_reference is None:
-            return Measurement(None, 0, why="shadow reference not read")
-        resamples, seed = self.resampling
-        return curve_drift(self.survival, self.shadow_reference, resamples, looks, INTERVAL_LEVEL, seed)
+    def _drift(self, now: Calibration, looks: int) -> Measurement:
+        if self.shadow_reference is None or not self.shadow_reference.samples:
+            return Measurement(None, 0, why="no shadow reference under this contract")
+        return drift_ece(now, self.shadow_reference, looks, INTERVAL_LEVEL)
 
     def _windowed_drift(self, looks: int, replicas: bool) -> Measurement:
         reference, resamples, seed = self.windowed_reference, *self.resampling
@@ -366,7 +366,7 @@ def evaluate(
         reference,
         stats.labels,
         stats.estimated if compact_counts["estimated"] else None,
-        _shadow_reference(store, slice_, contract) if shadow_reference else None,
+        _shadow_reference(store, slice_, contract, resamples, seed) if shadow_reference else None,
         _replicas(store, window, slice_, resamples, seed) if per_replica else None,
         _windowed_reference(store, slice_, contract) if windowed else None,
         _windowed_replicas(store, window, slice_) if windowed_replicas else None,
@@ -380,10 +380,13 @@ def _replicas(store: Store, window: Window, slice_: Slice, resamples: int, seed:
     return {replica: Calibration.of(stats, resamples, INTERVAL_LEVEL, seed) for replica, stats in survival.items()}
 
 
-def _shadow_reference(store: Store, slice_: Slice, contract: queries.SameContract | None) -> KindStats:
-    """Every full-block label recorded in shadow (under ``contract``): what drift is measured from."""
+def _shadow_reference(
+    store: Store, slice_: Slice, contract: queries.SameContract | None, resamples: int, seed: int
+) -> Calibration:
+    """The calibration of every label recorded in shadow (under ``contract``): what drift is measured from."""
     span = window_stats.phase_span(store, (Phase.SHADOW,), contract)  # not the whole history, as baseline's
-    return window_stats.survival(store, span, slice_, Phase.SHADOW, contract)
+    survival = window_stats.survival(store, span, slice_, Phase.SHADOW, contract)
+    return Calibration.of(survival, resamples, INTERVAL_LEVEL, seed)
 
 
 def _windowed_replicas(store: Store, window: Window, slice_: Slice) -> dict[str, KindStats]:

@@ -39,8 +39,8 @@ assert tuple(LADDER) == LADDER_PHASES and tuple(SERVING_PHASES) == SERVING_PHASE
 METRICS = {
     "survival_ece": "worst per-depth survival ECE on uncensored traffic",
     "survival_ece_upper": "bootstrap upper bound of survival_ece",
-    "survival_ece_drift": "worst per-depth change of the reliability curve of the full-block survival labels from "
-    "shadow's under the same contract, bin by bin less its noise, judged by bounds that pay for repeated looks",
+    "survival_ece_drift": "worst per-depth debiased survival ECE now minus shadow's under the same contract, "
+    "judged by bounds that pay for repeated looks",
     "windowed_ece_drift": "worst per-depth change of the reliability curve of the windowed labels (depths within "
     "each row's scheduler window: compact and cap-accept rows now, shadow's suggested windows then), bin by bin "
     "less its noise, judged by bounds that pay for repeated looks; compact traffic supplies these labels without "

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkgate.collectors.schema import MODES
-from sparkgate.controller.calibration import WINDOWED, Calibration, KindStats
+from sparkgate.controller.calibration import WINDOWED, Calibration, KindStats, drift_ece
 from sparkgate.controller.calibration_drift import curve_drift, worst_replica_curve_drift
 from sparkgate.controller.gates import judge
 from sparkgate.policies.binning import REQUEST_GROUPS
@@ -30,25 +29,16 @@ def _overconfident(p):
     return p**1.6  # the same miscalibration now and then: the shipped drafter is not perfectly calibrated
 
 
-def _ece_difference(window: KindStats, reference: KindStats) -> float:
-    """The worst depth's debiased ECE now minus the reference's: the statistic the curves replaced."""
-    now, then = (Calibration.of(k, 40, 0.95).debiased() for k in (window, reference))
-    return max(now[d] - then[d] for d in now)
-
-
-@pytest.mark.parametrize(("larger", "sign"), [("window", 1), ("reference", -1)])
-def test_an_unchanged_miscalibrated_curve_reads_no_drift_at_very_different_sizes(larger, sign):
+def test_an_unchanged_miscalibrated_curve_reads_no_drift_at_very_different_sizes():
     rng = np.random.default_rng(0)
     curve, ece = [], []
     for seed in range(12):
-        big, small = _kind(rng, 20000, _overconfident), _kind(rng, 2500, _overconfident)
-        window, reference = (big, small) if larger == "window" else (small, big)
+        window, reference = _kind(rng, 20000, _overconfident), _kind(rng, 2500, _overconfident)
         curve.append(curve_drift(window, reference, 40, 1, 0.95, seed).value)
-        ece.append(_ece_difference(window, reference))
+        ece.append(drift_ece(Calibration.of(window, 40, 0.95), Calibration.of(reference, 40, 0.95), 1, 0.95).value)
     assert abs(np.mean(curve)) < 0.006
-    # Two debiased ECEs read the larger set's gap higher: a drift where nothing moved (the windowed
-    # reference is the smaller set), or a drift hidden (the full-block window is).
-    assert sign * (np.mean(ece) - np.mean(curve)) > 0.005
+    # Subtracting two debiased ECEs reads the larger set's gap higher: a drift where nothing moved.
+    assert np.mean(ece) > np.mean(curve) + 0.01
 
 
 def test_a_shifted_curve_fails_and_an_unchanged_one_passes():
