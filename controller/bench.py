@@ -2,11 +2,14 @@
 
 - evaluation: a fresh DuckDB file holds ``--labels`` synthetic depth labels
   (γ = 7, 32 requests per step, a step every ``--step-s`` seconds, replicas
-  taking turns; the first tenth recorded in baseline, the rest in canary). One
-  evaluation is what a controller tick computes over its window (the newest
-  five evaluation intervals of the default policy): every metric (all depths,
-  both kinds, bootstrap intervals with 200 resamples, equal-mass ECE, AUROC,
-  step latency) and a verdict for every gate of the default policy; as the
+  taking turns; the first tenth recorded in baseline, the next in shadow, the
+  rest in compact). One evaluation is what a controller tick in compact
+  computes over its window (the newest five evaluation intervals of the
+  default policy): every metric (all depths, both kinds, bootstrap intervals
+  with 200 resamples, equal-mass ECE, AUROC, step latency), the reads its
+  gates ask for (shadow's full-block and windowed references, each replica's
+  labels and windowed labels) and a verdict for every gate of the default
+  policy in compact; as the
   controller's tick past baseline, it leaves out baseline's step buckets, which
   only the report reads. It reads the ingest-time sums; the baseline, run in the same
   process in paired, alternating rounds, reads the same window's rows. The
@@ -45,12 +48,15 @@ from sparkgate.policies.rollout import load_rollout_policy
 
 from .fleet import merge_aggregates
 from .gates import judge_all
-from .metrics import evaluate
+from .metrics import evaluate, optional_reads
 from .queries import Window
 
 GAMMA, BATCH, BATCH_STEPS, REPLICAS = 7, 32, 2000, 4
 EVAL_TARGET_MS, REPORT_TARGET_MS, MERGE_TARGET_MS = 100, 1000, 50
 WINDOW_INTERVALS = 5
+# The stage whose tick is timed: compact's gates ask for every optional read (shadow's references, each
+# replica's labels), so its tick is the dearest of the ladder's.
+JUDGED = "compact"
 
 
 def build_store(store: Store, labels: int, step_s: float = 0.01) -> int:
@@ -72,7 +78,7 @@ def build_store(store: Store, labels: int, step_s: float = 0.01) -> int:
         )
         ts = 1.75e9 + (first + np.arange(n)) * step_s
         wire = wire.set_column(wire.schema.get_field_index("ts"), "ts", pa.array(ts))
-        phase = "baseline" if first < baseline_steps else "canary"
+        phase = "baseline" if first < baseline_steps else "shadow" if first < 2 * baseline_steps else "compact"
         return from_wire(wire.set_column(wire.schema.get_field_index("phase"), "phase", pa.array([phase] * n)))
 
     return sum(r.labels for r in store.ingest_stream((batch(first), "bench") for first in range(0, steps, BATCH_STEPS)))
@@ -89,12 +95,13 @@ def time_evaluation(store: Store, repeats: int) -> dict[str, list[tuple[float, f
     """Per round, (wall ms, CPU ms) of a tick's evaluation from the sums and from the rows (alternating which
     goes first), and of a full-history report."""
     policy = load_rollout_policy()
+    gates = policy.gates_for(JUDGED)
     newest = store.query("SELECT max(ts) AS t FROM steps").to_pylist()[0]["t"]
     window = Window(newest - WINDOW_INTERVALS * policy.evaluation_interval_s, newest + 1e-3)
 
     def tick(use_sums: bool, seed: int) -> None:
-        evaluation = evaluate(store, window, seed=seed, use_sums=use_sums, baseline=False)
-        assert len(judge_all(policy.gates, evaluation.measurements("canary"))) == len(policy.gates)
+        evaluation = evaluate(store, window, seed=seed, use_sums=use_sums, baseline=False, **optional_reads(gates))
+        assert len(judge_all(gates, evaluation.measurements(JUDGED))) == len(gates)
 
     runs: dict[str, list[tuple[float, float]]] = {"sums": [], "rows": [], "report": []}
     tick(True, 0)  # first touch of the file's pages, in neither arm
@@ -102,7 +109,7 @@ def time_evaluation(store: Store, repeats: int) -> dict[str, list[tuple[float, f
         order = ("sums", "rows") if seed % 2 == 0 else ("rows", "sums")
         for arm in order:
             runs[arm].append(_timed(functools.partial(tick, arm == "sums", seed)))
-        runs["report"].append(_timed(lambda: evaluate(store, Window(), seed=seed).report("canary")))  # noqa: B023
+        runs["report"].append(_timed(lambda: evaluate(store, Window(), seed=seed).report(JUDGED)))  # noqa: B023
     return runs
 
 

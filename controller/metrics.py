@@ -19,7 +19,9 @@ baseline phase are reported beside them, never gated.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +29,7 @@ import pyarrow as pa
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.schema import MODES
 from sparkgate.collectors.store import Store
-from sparkgate.policies.rollout import ESTIMATED_SUFFIX
+from sparkgate.policies.rollout import ESTIMATED_SUFFIX, Gate
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES, CheckKind, Phase
 
 from . import queries, window_stats
@@ -44,7 +46,7 @@ from .calibration_drift import curve_drift, worst_replica_curve_drift
 from .compact_calibration import compact_ece
 from .measurement import Measurement
 from .queries import Slice, Window
-from .window_stats import COMPACT_COUNTS
+from .window_stats import COMPACT_COUNTS, SURVIVAL, WINDOWED_SURVIVAL
 
 BOOTSTRAP_RESAMPLES = 200
 # The measurement of a gate with use_estimated (``Gate.measured_as``).
@@ -309,6 +311,27 @@ def step_report(buckets: pa.Table, misses: dict[str, int]) -> dict:
     }
 
 
+class OptionalReads(TypedDict):
+    """The reads ``evaluate`` makes only when asked: each costs more reads of the labels (shadow's, each
+    replica's, the windowed kind), made only for a stage whose gates measure what it feeds."""
+
+    shadow_reference: bool  # survival_ece_drift
+    per_replica: bool  # survival_ece_debiased_replica
+    windowed_reference: bool  # windowed_ece_drift (and its per-replica variant's reference)
+    windowed_replicas: bool  # windowed_ece_drift_replica
+
+
+def optional_reads(gates: Iterable[Gate]) -> OptionalReads:
+    """``evaluate``'s keyword arguments for the optional reads that ``gates`` measure."""
+    metrics = {g.metric for g in gates}
+    return OptionalReads(
+        shadow_reference="survival_ece_drift" in metrics,
+        per_replica="survival_ece_debiased_replica" in metrics,
+        windowed_reference="windowed_ece_drift" in metrics,
+        windowed_replicas="windowed_ece_drift_replica" in metrics,
+    )
+
+
 def evaluate(
     store: Store,
     window: Window = Window(),
@@ -327,8 +350,11 @@ def evaluate(
     baseline phase (same replica and load slice), whatever the window; with ``contract``, the baseline and
     the acceptance reference are that contract's only (a reference measured under another is no control).
     ``baseline`` False leaves the baseline's step buckets out (None): only the report and the baseline
-    phase's own gate read them, and their cost grows with how long baseline ran."""
+    phase's own gate read them, and their cost grows with how long baseline ran. ``use_sums`` False reads
+    every figure, the optional reads' too, from the rows (what the sums are checked and benchmarked
+    against)."""
     windowed = windowed_reference or windowed_replicas
+    replicas = _replicas(store, window, slice_, per_replica, windowed_replicas, use_sums)
     stats = window_stats.read(store, window, slice_, use_sums=use_sums, windowed=windowed)
     survival, conditional, compact_counts = stats.survival, stats.conditional, stats.compact_counts()
     aggregate = Aggregate(survival.calibration_stats(), conditional.calibration_stats(), **stats.hists)
@@ -366,33 +392,35 @@ def evaluate(
         reference,
         stats.labels,
         stats.estimated if compact_counts["estimated"] else None,
-        _shadow_reference(store, slice_, contract, resamples, seed) if shadow_reference else None,
-        _replicas(store, window, slice_, resamples, seed) if per_replica else None,
-        _windowed_reference(store, slice_, contract) if windowed else None,
-        _windowed_replicas(store, window, slice_) if windowed_replicas else None,
+        _shadow_reference(store, slice_, contract, resamples, seed, use_sums) if shadow_reference else None,
+        None
+        if replicas.get(SURVIVAL) is None
+        else {r: Calibration.of(kind, resamples, INTERVAL_LEVEL, seed) for r, kind in replicas[SURVIVAL].items()},
+        _windowed_reference(store, slice_, contract, use_sums) if windowed else None,
+        replicas.get(WINDOWED_SURVIVAL),
         (resamples, seed),
     )
 
 
-def _replicas(store: Store, window: Window, slice_: Slice, resamples: int, seed: int) -> dict[str, Calibration]:
-    """Each replica's survival calibration over the window (the replicas that have steps in it)."""
-    survival = window_stats.survival_by_replica(store, window, slice_, _judged_replicas(store, window, slice_))
-    return {replica: Calibration.of(stats, resamples, INTERVAL_LEVEL, seed) for replica, stats in survival.items()}
+def _replicas(
+    store: Store, window: Window, slice_: Slice, survival: bool, windowed: bool, use_sums: bool
+) -> dict[int, dict[str, KindStats]]:
+    """Each replica's survival labels (``survival``) and windowed labels (``windowed``) over the window, per
+    kind code, for the replicas that have steps in it: one read for both kinds."""
+    kinds = tuple(k for k, asked in ((SURVIVAL, survival), (WINDOWED_SURVIVAL, windowed)) if asked)
+    if not kinds:
+        return {}
+    replicas = _judged_replicas(store, window, slice_)
+    return window_stats.survival_by_replica(store, window, slice_, replicas, kinds, use_sums)
 
 
 def _shadow_reference(
-    store: Store, slice_: Slice, contract: queries.SameContract | None, resamples: int, seed: int
+    store: Store, slice_: Slice, contract: queries.SameContract | None, resamples: int, seed: int, use_sums: bool
 ) -> Calibration:
     """The calibration of every label recorded in shadow (under ``contract``): what drift is measured from."""
     span = window_stats.phase_span(store, (Phase.SHADOW,), contract)  # not the whole history, as baseline's
-    survival = window_stats.survival(store, span, slice_, Phase.SHADOW, contract)
+    survival = window_stats.survival(store, span, slice_, Phase.SHADOW, contract, use_sums=use_sums)
     return Calibration.of(survival, resamples, INTERVAL_LEVEL, seed)
-
-
-def _windowed_replicas(store: Store, window: Window, slice_: Slice) -> dict[str, KindStats]:
-    """Each replica's windowed labels over the window (the replicas that have steps in it)."""
-    replicas = _judged_replicas(store, window, slice_)
-    return window_stats.survival_by_replica(store, window, slice_, replicas, window_stats.WINDOWED_SURVIVAL)
 
 
 def _judged_replicas(store: Store, window: Window, slice_: Slice) -> list[str]:
@@ -400,7 +428,9 @@ def _judged_replicas(store: Store, window: Window, slice_: Slice) -> list[str]:
     return [r for r in queries.slice_values(store, "replica", window) if slice_.replica_id in (None, r)]
 
 
-def _windowed_reference(store: Store, slice_: Slice, contract: queries.SameContract | None) -> KindStats:
+def _windowed_reference(
+    store: Store, slice_: Slice, contract: queries.SameContract | None, use_sums: bool
+) -> KindStats:
     """The windowed labels recorded in shadow under ``contract`` (its rows within their suggested windows)."""
     span = window_stats.phase_span(store, (Phase.SHADOW,), contract)
-    return window_stats.survival(store, span, slice_, Phase.SHADOW, contract, window_stats.WINDOWED_SURVIVAL)
+    return window_stats.survival(store, span, slice_, Phase.SHADOW, contract, WINDOWED_SURVIVAL, use_sums)

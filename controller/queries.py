@@ -15,6 +15,7 @@ gives the collectors' integer codes.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -121,7 +122,8 @@ def _where(table: str, window: Window, slice_: Slice, alias: str, ts: str = "ts"
 @dataclass(frozen=True)
 class LabelColumns:
     """Depth labels as numpy columns: mode and status codes, depth, S_k, c_k, request group, ``y`` (the
-    label, 0 where unknown) and whether the label is windowed (``label_sums.window_sql``)."""
+    label, 0 where unknown), whether the label is windowed (``label_sums.window_sql``) and its replica's
+    index in the list ``label_columns`` was given (−1: not asked, or not listed)."""
 
     mode: np.ndarray
     depth: np.ndarray
@@ -131,6 +133,7 @@ class LabelColumns:
     group: np.ndarray
     y: np.ndarray
     in_window: np.ndarray
+    replica: np.ndarray
 
     @property
     def depths(self) -> int:
@@ -143,6 +146,10 @@ class LabelColumns:
         """Rows ``start:stop`` (views, no copy)."""
         return LabelColumns(*(getattr(self, f)[start:stop] for f in self.__dataclass_fields__))
 
+    def select(self, mask: np.ndarray) -> LabelColumns:
+        """The rows where ``mask`` holds (copies)."""
+        return LabelColumns(*(getattr(self, f)[mask] for f in self.__dataclass_fields__))
+
 
 def label_columns(
     store: Store,
@@ -151,11 +158,16 @@ def label_columns(
     phase: str | None = None,
     contract: SameContract | None = None,
     windowed: bool = False,
+    replicas: Sequence[str] = (),
 ) -> LabelColumns:
     """The window's depth labels; ``phase`` (and ``contract``) keep those of steps recorded in that phase
     (under that contract): e.g. the shadow reference calibration is compared with. ``in_window`` is read
-    only with ``windowed`` (a join to the request rows), else False."""
+    only with ``windowed`` (a join to the request rows), else False; ``replica`` only with ``replicas``
+    (the rows of every replica, each with its index there), else −1."""
     where, params = _in_phase(*_where("depth_labels", window, slice_, "l"), "l", phase, contract)
+    replica, replica_params = "-1", list[object]()
+    if replicas:
+        replica, replica_params = "list_position(?::VARCHAR[], l.replica_id) - 1", [list(replicas)]
     in_window, join, join_params = "false", "", list[object]()
     if windowed:
         # The request rows of the same steps, bounded as the labels are (a label's ts is its step's).
@@ -166,10 +178,11 @@ def label_columns(
     table = store.query(
         "SELECT enum_code(l.mode)::TINYINT AS mode, l.depth, enum_code(l.status)::TINYINT AS status,"
         f" l.survival, l.confidence, (hash(l.request_id) % {REQUEST_GROUPS})::SMALLINT AS grp,"
-        f" coalesce(l.label, false)::TINYINT AS y, {in_window} AS in_window FROM depth_labels l{join} WHERE {where}",
-        [*join_params, *params],
+        f" coalesce(l.label, false)::TINYINT AS y, {in_window} AS in_window, ({replica})::SMALLINT AS replica"
+        f" FROM depth_labels l{join} WHERE {where}",
+        [*replica_params, *join_params, *params],
     )
-    columns = ("mode", "depth", "status", "survival", "confidence", "grp", "y", "in_window")
+    columns = ("mode", "depth", "status", "survival", "confidence", "grp", "y", "in_window", "replica")
     return LabelColumns(*(table.column(c).to_numpy(zero_copy_only=False) for c in columns))
 
 

@@ -41,7 +41,7 @@ from .comparison import Design, Epochs, Groups, comparisons, reference_window, w
 from .exporter import ControllerMetrics
 from .gates import Verdict, error_verdict, judge_all, judge_baseline
 from .measurement import Measurement
-from .metrics import Evaluation, evaluate
+from .metrics import Evaluation, evaluate, optional_reads
 from .queries import SameContract, Slice, Window
 from .rollout import Decision, RolloutState
 
@@ -231,11 +231,6 @@ class Controller:
         phase = self.policy.stages()[state.stage].phase
         return phase, self.policy.gates_for(phase)
 
-    def _asks(self, state: RolloutState, metric: str) -> bool:
-        """Whether a gate of the stage measures ``metric`` (drift from shadow and per-replica calibration
-        cost more reads of the labels, made only then)."""
-        return state.stage is not None and any(g.metric == metric for g in self._judged(state)[1])
-
     def _design(self, state: RolloutState, now: float) -> Design:
         """The comparisons' pairs: those of the stage's last ``comparison.window_s``, whole pairs only."""
         until, spec = self._until(now), self.policy.comparison
@@ -277,10 +272,7 @@ class Controller:
                 Slice(),
                 self.resamples,
                 contract=reading.reference(),
-                shadow_reference=self._asks(state, "survival_ece_drift"),
-                per_replica=self._asks(state, "survival_ece_debiased_replica"),
-                windowed_reference=self._asks(state, "windowed_ece_drift"),
-                windowed_replicas=self._asks(state, "windowed_ece_drift_replica"),
+                **optional_reads(self._judged(state)[1] if state.stage is not None else ()),
                 baseline=self._judged(state)[0] == Phase.BASELINE,  # its gate counts baseline's steps
             )
             verdicts = self.judge(state, evaluation, now)

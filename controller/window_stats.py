@@ -11,6 +11,7 @@ without the sums tables (a snapshot published before they existed).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, replace
 
@@ -111,36 +112,54 @@ def survival(
     phase: str | None = None,
     contract: SameContract | None = None,
     kind: int = SURVIVAL,
+    use_sums: bool = True,
 ) -> KindStats:
     """``read(...).survival`` (``kind`` ``WINDOWED_SURVIVAL``: ``.windowed``), up to empty trailing depths,
     from that kind's sums alone: two statements instead of four, for a reader that needs no other figure
     (the shadow references)."""
-    cells = _survival_cells(store, window, slice_, phase, contract, by_replica=False, kind=kind)
+    windowed = kind == WINDOWED_SURVIVAL
+    cells = _survival_cells(store, window, slice_, phase, contract, (kind,)) if use_sums else None
     if cells is None:
-        return _of_kind(read(store, window, slice_, phase, contract, windowed=kind == WINDOWED_SURVIVAL), kind)
+        return _of_kind(read(store, window, slice_, phase, contract, use_sums, windowed), kind)
     fine, grouped, edges = cells
-    return _survival_of(store, window, slice_, phase, contract, fine, grouped, edges, kind)
+    columns = [queries.label_columns(store, w, slice_, phase, contract, windowed) for w in edges]
+    return _survival_of(fine, grouped, columns, kind)
 
 
 def survival_by_replica(
-    store: Store, window: Window, slice_: Slice, replicas: list[str], kind: int = SURVIVAL
-) -> dict[str, KindStats]:
-    """Per replica of ``replicas``, ``survival(store, window, replace(slice_, replica_id=r), kind=kind)`` (up
-    to empty trailing depths), from one read of the sums grouped by replica instead of R reads of every
-    table."""
-    cells = _survival_cells(store, window, slice_, None, None, by_replica=True, kind=kind)
+    store: Store,
+    window: Window,
+    slice_: Slice,
+    replicas: list[str],
+    kinds: tuple[int, ...] = (SURVIVAL,),
+    use_sums: bool = True,
+) -> dict[int, dict[str, KindStats]]:
+    """Per kind of ``kinds`` and replica of ``replicas``, ``survival(store, window, replace(slice_,
+    replica_id=r), kind=k)`` (up to empty trailing depths), from one read of the sums grouped by replica
+    and one of the edges' rows, whatever the replicas and kinds, instead of a read of every table for each."""
+    windowed = WINDOWED_SURVIVAL in kinds
+    cells = _survival_cells(store, window, slice_, None, None, kinds, replicas) if use_sums else None
     if cells is None:
-        windowed = kind == WINDOWED_SURVIVAL
-        return {
-            r: _of_kind(read(store, window, replace(slice_, replica_id=r), windowed=windowed), kind) for r in replicas
-        }
+        stats = {r: read(store, window, replace(slice_, replica_id=r), use_sums=use_sums, windowed=windowed)
+                 for r in replicas}  # fmt: skip
+        return {k: {r: _of_kind(s, k) for r, s in stats.items()} for k in kinds}
     fine, grouped, edges = cells
-    out = {}
-    for replica in replicas:
-        f = {k: v[fine["replica_id"] == replica] for k, v in fine.items()}
-        g = {k: v[grouped["replica_id"] == replica] for k, v in grouped.items()}
-        out[replica] = _survival_of(store, window, replace(slice_, replica_id=replica), None, None, f, g, edges, kind)
+    columns = [queries.label_columns(store, w, slice_, windowed=windowed, replicas=replicas) for w in edges]
+    fine_of, grouped_of = (_split(c, "replica", len(replicas)) for c in (fine, grouped))
+    out: dict[int, dict[str, KindStats]] = {k: {} for k in kinds}
+    for i, replica in enumerate(replicas):
+        mine = [c.select(c.replica == i) for c in columns]
+        for k in kinds:
+            out[k][replica] = _survival_of(fine_of[i], grouped_of[i], mine, k)
     return out
+
+
+def _split(cells: dict[str, np.ndarray], key: str, n: int) -> list[dict[str, np.ndarray]]:
+    """``cells`` split by their integer column ``key``: the rows of 0, 1, … n − 1 in turn (one sort, not a
+    mask per value)."""
+    order = np.argsort(cells[key], kind="stable")
+    bounds = np.searchsorted(cells[key][order], np.arange(n + 1))
+    return [{k: v[order[lo:hi]] for k, v in cells.items()} for lo, hi in itertools.pairwise(bounds)]
 
 
 def _of_kind(stats: WindowStats, kind: int) -> KindStats:
@@ -150,27 +169,28 @@ def _of_kind(stats: WindowStats, kind: int) -> KindStats:
     return stats.windowed
 
 
-def _survival_cells(store, window, slice_, phase, contract, by_replica: bool, kind: int = SURVIVAL):
-    """(fine cells, grouped cells, edge windows) of the window's survival sums, per replica when
-    ``by_replica``; None where ``read`` would read rows."""
+def _survival_cells(store, window, slice_, phase, contract, kinds: tuple[int, ...], replicas: list[str] | None = None):
+    """(fine cells, grouped cells, edge windows) of the window's survival sums of ``kinds``, per replica of
+    ``replicas`` when given (column ``replica``: its index there, −1 for any other); None where ``read``
+    would read rows."""
     buckets = _buckets(window) if _summed(slice_) else None
     if buckets is None:
         return None
     where, params = _sums_where(*buckets, slice_.replica_id, phase, contract)
-    by = "replica_id, " if by_replica else ""
+    where += f" AND kind IN ({', '.join(str(int(k)) for k in kinds)})"
+    by = "" if replicas is None else "(list_position(?::VARCHAR[], replica_id) - 1)::INTEGER AS replica, "
+    params = params if replicas is None else [replicas, *params]
     try:
-        fine, grouped = (
-            _summed_cells(store, name, f"{where} AND kind = {int(kind)}", params, by) for name in ("fine", "grouped")
-        )
+        fine, grouped = (_summed_cells(store, name, where, params, by) for name in ("fine", "grouped"))
     except duckdb.CatalogException:
         return None
     return fine, grouped, _edges(window, *buckets)
 
 
-def _survival_of(store, window, slice_, phase, contract, fine, grouped, edges, kind: int = SURVIVAL) -> KindStats:
-    """Survival statistics (of ``kind``) from summed cells plus the edges' rows."""
+def _survival_of(fine, grouped, columns: list[queries.LabelColumns], kind: int) -> KindStats:
+    """Survival statistics of ``kind`` from summed cells (of any kinds) plus the edges' rows."""
     windowed = kind == WINDOWED_SURVIVAL
-    columns = [queries.label_columns(store, w, slice_, phase, contract, windowed) for w in edges]
+    fine, grouped = (_rows(c, c["kind"] == kind) for c in (fine, grouped))
     depths = max([int(fine["depth"].max(initial=0)), int(grouped["depth"].max(initial=0)),
                   *(c.depths for c in columns), 1])  # fmt: skip
     stats = _kind_stats(fine, grouped, depths + 1)
@@ -179,6 +199,11 @@ def _survival_of(store, window, slice_, phase, contract, fine, grouped, edges, k
         assert found is not None, "the kind was computed"
         stats = stats + found
     return stats
+
+
+def _rows(cells: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
+    """The cells where ``mask`` holds (the mask computed once, not per column)."""
+    return {k: v[mask] for k, v in cells.items()}
 
 
 def _summed(slice_: Slice) -> bool:
@@ -267,9 +292,8 @@ class _Cells:
         width = depths + 1
         kinds = []
         for kind in (0, 1, 2) if windowed else (0, 1):
-            f = {k: v[self.fine["kind"] == kind] for k, v in self.fine.items()}
-            g = {k: v[self.grouped["kind"] == kind] for k, v in self.grouped.items()}
-            kinds.append(_kind_stats(f, g, width))
+            kinds.append(_kind_stats(_rows(self.fine, self.fine["kind"] == kind),
+                                     _rows(self.grouped, self.grouped["kind"] == kind), width))  # fmt: skip
         s = self.status
         statuses = np.zeros((len(STATUSES), width), np.int64)
         np.add.at(statuses, (s["status"], s["depth"]), s["n"])

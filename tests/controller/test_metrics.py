@@ -133,3 +133,29 @@ def test_without_shadow_the_baseline_is_the_acceptance_reference_and_without_eit
     later = ingest_synthetic(store, 40, T0 + 100, phase="compact", first_step=40)
     measured = evaluate(store, Window(since=T0 + 100)).measurements("compact")["accepted_length_ratio"]
     assert measured.value == pytest.approx(_mean_full_accept(later) / _mean_full_accept(base))
+
+
+def test_a_stage_reads_what_its_gates_measure_and_nothing_more():
+    from sparkgate.controller.metrics import optional_reads
+    from sparkgate.policies.rollout import Gate, load_rollout_policy
+
+    policy = load_rollout_policy()
+    assert all(optional_reads(policy.gates_for("compact")).values())  # what bench controller's tick reads
+    assert not any(optional_reads(policy.gates_for("baseline")).values())
+    only = optional_reads([Gate(metric="windowed_ece_drift_replica", threshold=0.03, direction="at_most")])
+    assert only == {"shadow_reference": False, "per_replica": False, "windowed_reference": False,
+                    "windowed_replicas": True}  # fmt: skip
+
+
+def test_every_figure_from_the_rows_equals_the_figure_from_the_sums(store):
+    from sparkgate.controller.metrics import OptionalReads
+
+    for i, (phase, replica) in enumerate([("shadow", "r0"), ("shadow", "r1"), ("compact", "r0"), ("compact", "r1")]):
+        ingest_synthetic(store, 60, T0 + 100 * (i // 2), phase, replica, first_step=1000 * i)
+    reads = OptionalReads(shadow_reference=True, per_replica=True, windowed_reference=True, windowed_replicas=True)
+    sums, rows = (evaluate(store, Window(since=T0 + 95), resamples=20, use_sums=u, **reads) for u in (True, False))
+    a, b = sums.measurements("compact"), rows.measurements("compact")
+    for metric in ("survival_ece_drift", "survival_ece_debiased_replica", "windowed_ece_drift",
+                   "windowed_ece_drift_replica"):  # fmt: skip
+        assert a[metric].value is not None and a[metric].value == pytest.approx(b[metric].value, abs=1e-9), metric
+        assert a[metric].samples == b[metric].samples, metric

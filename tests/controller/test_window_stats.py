@@ -85,10 +85,16 @@ def test_survival_alone_and_per_replica_read_what_the_full_read_does(store, sinc
     _assert_same_kind(window_stats.survival(store, window, Slice(), phase, contract), full.survival)
     windowed = window_stats.survival(store, window, Slice(), phase, contract, window_stats.WINDOWED_SURVIVAL)
     _assert_same_kind(windowed, full.windowed)
-    by_replica = window_stats.survival_by_replica(store, window, Slice(), ["a", "b", "absent"])
-    for replica, stats in by_replica.items():
-        _assert_same_kind(stats, window_stats.read(store, window, Slice(replica_id=replica)).survival)
-    assert by_replica["absent"].fine_count.sum() == 0
+    kinds = (window_stats.SURVIVAL, window_stats.WINDOWED_SURVIVAL)
+    by_replica = window_stats.survival_by_replica(store, window, Slice(), ["a", "b", "absent"], kinds)
+    for replica in ("a", "b", "absent"):
+        alone = window_stats.read(store, window, Slice(replica_id=replica), windowed=True)
+        _assert_same_kind(by_replica[window_stats.SURVIVAL][replica], alone.survival)
+        _assert_same_kind(by_replica[window_stats.WINDOWED_SURVIVAL][replica], alone.windowed)
+    assert by_replica[window_stats.SURVIVAL]["absent"].fine_count.sum() == 0
+    # From the rows (no sums), the same figures.
+    rows = window_stats.survival_by_replica(store, window, Slice(), ["b"], kinds, use_sums=False)
+    _assert_same_kind(rows[window_stats.WINDOWED_SURVIVAL]["b"], by_replica[window_stats.WINDOWED_SURVIVAL]["b"])
 
 
 def test_windowed_labels_are_every_depth_within_each_rows_scheduler_window(store):
