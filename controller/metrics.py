@@ -19,9 +19,9 @@ baseline phase are reported beside them, never gated.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import TypedDict, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -46,12 +46,14 @@ from .calibration_drift import curve_drift, worst_replica_curve_drift
 from .compact_calibration import compact_ece
 from .measurement import Measurement
 from .queries import Slice, Window
+from .references import References, version
 from .window_stats import COMPACT_COUNTS, SURVIVAL, WINDOWED_SURVIVAL
 
 BOOTSTRAP_RESAMPLES = 200
 # The measurement of a gate with use_estimated (``Gate.measured_as``).
 ESTIMATED_KEY = "compact_survival_ece" + ESTIMATED_SUFFIX
 INTERVAL_LEVEL = 0.95
+T = TypeVar("T")
 
 
 @dataclass
@@ -345,6 +347,7 @@ def evaluate(
     windowed_replicas: bool = False,
     use_sums: bool = True,
     baseline: bool = True,
+    references: References | None = None,
 ) -> Evaluation:
     """Measure ``window`` and ``slice_`` of the store. The baseline is every step recorded in the
     baseline phase (same replica and load slice), whatever the window; with ``contract``, the baseline and
@@ -352,7 +355,7 @@ def evaluate(
     ``baseline`` False leaves the baseline's step buckets out (None): only the report and the baseline
     phase's own gate read them, and their cost grows with how long baseline ran. ``use_sums`` False reads
     every figure, the optional reads' too, from the rows (what the sums are checked and benchmarked
-    against)."""
+    against). ``references`` keeps shadow's references between calls (``controller.references``)."""
     windowed = windowed_reference or windowed_replicas
     replicas = _replicas(store, window, slice_, per_replica, windowed_replicas, use_sums)
     stats = window_stats.read(store, window, slice_, use_sums=use_sums, windowed=windowed)
@@ -392,11 +395,11 @@ def evaluate(
         reference,
         stats.labels,
         stats.estimated if compact_counts["estimated"] else None,
-        _shadow_reference(store, slice_, contract, resamples, seed, use_sums) if shadow_reference else None,
+        _shadow_reference(store, slice_, contract, resamples, seed, use_sums, references) if shadow_reference else None,
         None
         if replicas.get(SURVIVAL) is None
         else {r: Calibration.of(kind, resamples, INTERVAL_LEVEL, seed) for r, kind in replicas[SURVIVAL].items()},
-        _windowed_reference(store, slice_, contract, use_sums) if windowed else None,
+        _windowed_reference(store, slice_, contract, use_sums, references) if windowed else None,
         replicas.get(WINDOWED_SURVIVAL),
         (resamples, seed),
     )
@@ -415,12 +418,31 @@ def _replicas(
 
 
 def _shadow_reference(
-    store: Store, slice_: Slice, contract: queries.SameContract | None, resamples: int, seed: int, use_sums: bool
+    store: Store,
+    slice_: Slice,
+    contract: queries.SameContract | None,
+    resamples: int,
+    seed: int,
+    use_sums: bool,
+    references: References | None,
 ) -> Calibration:
     """The calibration of every label recorded in shadow (under ``contract``): what drift is measured from."""
     span = window_stats.phase_span(store, (Phase.SHADOW,), contract)  # not the whole history, as baseline's
-    survival = window_stats.survival(store, span, slice_, Phase.SHADOW, contract, use_sums=use_sums)
-    return Calibration.of(survival, resamples, INTERVAL_LEVEL, seed)
+
+    def read() -> Calibration:
+        survival = window_stats.survival(store, span, slice_, Phase.SHADOW, contract, use_sums=use_sums)
+        return Calibration.of(survival, resamples, INTERVAL_LEVEL, seed)
+
+    return _kept(references, ("survival", resamples, seed), store, span, slice_, contract, use_sums, read)
+
+
+def _kept(references, key, store, span, slice_, contract, use_sums: bool, read: Callable[[], T]) -> T:
+    """``read()``, or what ``references`` kept of it under ``key`` for this span, slice and contract while
+    shadow's sums there are unchanged."""
+    if references is None or not use_sums:
+        return read()
+    current = version(store, span, slice_, Phase.SHADOW, contract)
+    return references.get((*key, span, slice_, contract), current, read)
 
 
 def _judged_replicas(store: Store, window: Window, slice_: Slice) -> list[str]:
@@ -429,8 +451,12 @@ def _judged_replicas(store: Store, window: Window, slice_: Slice) -> list[str]:
 
 
 def _windowed_reference(
-    store: Store, slice_: Slice, contract: queries.SameContract | None, use_sums: bool
+    store: Store, slice_: Slice, contract: queries.SameContract | None, use_sums: bool, references: References | None
 ) -> KindStats:
     """The windowed labels recorded in shadow under ``contract`` (its rows within their suggested windows)."""
     span = window_stats.phase_span(store, (Phase.SHADOW,), contract)
-    return window_stats.survival(store, span, slice_, Phase.SHADOW, contract, WINDOWED_SURVIVAL, use_sums)
+
+    def read() -> KindStats:
+        return window_stats.survival(store, span, slice_, Phase.SHADOW, contract, WINDOWED_SURVIVAL, use_sums)
+
+    return _kept(references, ("windowed",), store, span, slice_, contract, use_sums, read)

@@ -43,6 +43,7 @@ from .gates import Verdict, error_verdict, judge_all, judge_baseline
 from .measurement import Measurement
 from .metrics import Evaluation, evaluate, optional_reads
 from .queries import SameContract, Slice, Window
+from .references import References
 from .rollout import Decision, RolloutState
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ class Controller:
         self.exporter = ControllerMetrics(metrics) if metrics is not None else None
         self.last_verdicts: list[Verdict] = []
         self._lock = threading.Lock()
+        self.references = References()  # shadow's references, read again only when their labels change
         self.state = self._resume()
         if self.exporter is not None:
             self.exporter.state(self.state)
@@ -273,6 +275,7 @@ class Controller:
                 self.resamples,
                 contract=reading.reference(),
                 **optional_reads(self._judged(state)[1] if state.stage is not None else ()),
+                references=self.references,
                 baseline=self._judged(state)[0] == Phase.BASELINE,  # its gate counts baseline's steps
             )
             verdicts = self.judge(state, evaluation, now)

@@ -84,7 +84,7 @@ def read(
     ``use_sums`` False reads the rows alone (what the sums are checked and benchmarked against). The
     windowed labels are read only with ``windowed``: they cost a third more sums and a join of the edges'
     labels to their request rows, for the windowed gates alone."""
-    buckets = _buckets(window) if use_sums and _summed(slice_) else None
+    buckets = _buckets(window) if use_sums and summed(slice_) else None
     if buckets is None:
         return _from_rows(store, window, slice_, phase, contract, None, windowed=windowed)
     low, high = buckets
@@ -173,10 +173,10 @@ def _survival_cells(store, window, slice_, phase, contract, kinds: tuple[int, ..
     """(fine cells, grouped cells, edge windows) of the window's survival sums of ``kinds``, per replica of
     ``replicas`` when given (column ``replica``: its index there, −1 for any other); None where ``read``
     would read rows."""
-    buckets = _buckets(window) if _summed(slice_) else None
+    buckets = _buckets(window) if summed(slice_) else None
     if buckets is None:
         return None
-    where, params = _sums_where(*buckets, slice_.replica_id, phase, contract)
+    where, params = sums_where(*buckets, slice_.replica_id, phase, contract)
     where += f" AND kind IN ({', '.join(str(int(k)) for k in kinds)})"
     by = "" if replicas is None else "(list_position(?::VARCHAR[], replica_id) - 1)::INTEGER AS replica, "
     params = params if replicas is None else [replicas, *params]
@@ -206,7 +206,7 @@ def _rows(cells: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarra
     return {k: v[mask] for k, v in cells.items()}
 
 
-def _summed(slice_: Slice) -> bool:
+def summed(slice_: Slice) -> bool:
     """Whether the sums are kept by what ``slice_`` selects (not by task, temperature or load bucket)."""
     return not slice_.per_request and slice_.load_bucket is None
 
@@ -344,7 +344,7 @@ def _sums(
     contract: SameContract | None,
     windowed: bool,
 ) -> _Cells:
-    where, params = _sums_where(low, high, replica_id, phase, contract)
+    where, params = sums_where(low, high, replica_id, phase, contract)
     kinds = "" if windowed else f" AND kind < {WINDOWED_SURVIVAL}"  # the label sums' kinds; the others have none
     wheres = {name: where + (kinds if name in ("fine", "grouped") else "") for name in _QUERIES}
     return _Cells(**{name: _summed_cells(store, name, wheres[name], params) for name in _QUERIES})
@@ -362,7 +362,7 @@ def _summed_cells(store: Store, name: str, where: str, params: list, by: str = "
     return {c: rows.column(c).to_numpy(zero_copy_only=False) for c in rows.column_names}
 
 
-def _sums_where(low, high, replica_id, phase, contract) -> tuple[str, list]:
+def sums_where(low, high, replica_id, phase, contract) -> tuple[str, list]:
     clauses, params = ["TRUE"], []
     for clause, value in (("bucket >= ?", low), ("bucket < ?", high), ("replica_id = ?", replica_id),
                           ("phase = ?", phase)):  # fmt: skip
@@ -400,7 +400,7 @@ def full_accept_totals(
     span = phase_span(store, phases, contract)
     low = None if span.since is None else _clamp(math.floor(span.since / SUM_BUCKET_S))
     high = None if span.until is None else _clamp(math.floor(span.until / SUM_BUCKET_S) + 1)
-    where, params = _sums_where(low, high, slice_.replica_id, None, contract)
+    where, params = sums_where(low, high, slice_.replica_id, None, contract)
     modes = ", ".join(str(MODES.index(m)) for m in FULL_BLOCK_MODES)
     marks = ", ".join("?" * len(phases))
     try:
