@@ -17,18 +17,16 @@ slice they are not kept by, is read fresh every time.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import duckdb
 
-from sparkgate.collectors.label_sums import SUM_BUCKET_S
 from sparkgate.collectors.store import Store
 
 from .queries import SameContract, Slice, Window
-from .window_stats import SURVIVAL, WINDOWED_SURVIVAL, summed, sums_where
+from .window_stats import SURVIVAL, WINDOWED_SURVIVAL, span_buckets, summed, sums_where
 
 T = TypeVar("T")
 
@@ -38,9 +36,7 @@ def version(store: Store, span: Window, slice_: Slice, phase: str, contract: Sam
     reference cannot be kept (no sums, or a slice they are not kept by)."""
     if not summed(slice_):
         return None
-    low = None if span.since is None else math.floor(span.since / SUM_BUCKET_S)
-    high = None if span.until is None else math.floor(span.until / SUM_BUCKET_S) + 1
-    where, params = sums_where(low, high, slice_.replica_id, phase, contract)
+    where, params = sums_where(*span_buckets(span), slice_.replica_id, phase, contract)
     try:
         row = store.query(
             "SELECT count(*) AS rows, coalesce(sum(n), 0)::BIGINT AS n, coalesce(sum(sum_y), 0)::BIGINT AS y "

@@ -390,6 +390,14 @@ def phase_span(store: Store, phases: tuple[str, ...], contract: SameContract | N
     return Window() if row["lo"] is None else Window(row["lo"], row["hi"] + 1e-3)
 
 
+def span_buckets(span: Window) -> tuple[int | None, int | None]:
+    """The sum buckets ``[low, high)`` that hold every step of ``span``, its part-covered ends included
+    (None for an open side)."""
+    low = None if span.since is None else _clamp(math.floor(span.since / SUM_BUCKET_S))
+    high = None if span.until is None else _clamp(math.floor(span.until / SUM_BUCKET_S) + 1)
+    return low, high
+
+
 def full_accept_totals(
     store: Store, slice_: Slice, phases: tuple[str, ...], contract: SameContract | None = None
 ) -> dict[str, tuple[int, int]]:
@@ -397,10 +405,7 @@ def full_accept_totals(
     (the acceptance reference), read over the phases' span; ``contract`` restricts to one contract's steps."""
     if slice_.per_request or slice_.load_bucket is not None:
         return queries.full_accept_totals(store, Window(), slice_, phases, contract)
-    span = phase_span(store, phases, contract)
-    low = None if span.since is None else _clamp(math.floor(span.since / SUM_BUCKET_S))
-    high = None if span.until is None else _clamp(math.floor(span.until / SUM_BUCKET_S) + 1)
-    where, params = sums_where(low, high, slice_.replica_id, None, contract)
+    where, params = sums_where(*span_buckets(phase_span(store, phases, contract)), slice_.replica_id, None, contract)
     modes = ", ".join(str(MODES.index(m)) for m in FULL_BLOCK_MODES)
     marks = ", ".join("?" * len(phases))
     try:
