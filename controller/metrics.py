@@ -357,8 +357,10 @@ def evaluate(
     every figure, the optional reads' too, from the rows (what the sums are checked and benchmarked
     against). ``references`` keeps shadow's references between calls (``controller.references``)."""
     windowed = windowed_reference or windowed_replicas
-    replicas = _replicas(store, window, slice_, per_replica, windowed_replicas, use_sums)
-    stats = window_stats.read(store, window, slice_, use_sums=use_sums, windowed=windowed)
+    # Each replica's labels come from the same statements as the fleet's (the sums grouped by replica too).
+    judged = _judged_replicas(store, window, slice_) if per_replica or windowed_replicas else None
+    stats = window_stats.read(store, window, slice_, use_sums=use_sums, windowed=windowed, replicas=judged)
+    replicas = stats.by_replica or {}
     survival, conditional, compact_counts = stats.survival, stats.conditional, stats.compact_counts()
     aggregate = Aggregate(survival.calibration_stats(), conditional.calibration_stats(), **stats.hists)
     intervals = {
@@ -396,25 +398,13 @@ def evaluate(
         stats.labels,
         stats.estimated if compact_counts["estimated"] else None,
         _shadow_reference(store, slice_, contract, resamples, seed, use_sums, references) if shadow_reference else None,
-        None
-        if replicas.get(SURVIVAL) is None
-        else {r: Calibration.of(kind, resamples, INTERVAL_LEVEL, seed) for r, kind in replicas[SURVIVAL].items()},
+        {r: Calibration.of(kind, resamples, INTERVAL_LEVEL, seed) for r, kind in replicas[SURVIVAL].items()}
+        if per_replica
+        else None,
         _windowed_reference(store, slice_, contract, use_sums, references) if windowed else None,
-        replicas.get(WINDOWED_SURVIVAL),
+        replicas.get(WINDOWED_SURVIVAL) if windowed_replicas else None,
         (resamples, seed),
     )
-
-
-def _replicas(
-    store: Store, window: Window, slice_: Slice, survival: bool, windowed: bool, use_sums: bool
-) -> dict[int, dict[str, KindStats]]:
-    """Each replica's survival labels (``survival``) and windowed labels (``windowed``) over the window, per
-    kind code, for the replicas that have steps in it: one read for both kinds."""
-    kinds = tuple(k for k, asked in ((SURVIVAL, survival), (WINDOWED_SURVIVAL, windowed)) if asked)
-    if not kinds:
-        return {}
-    replicas = _judged_replicas(store, window, slice_)
-    return window_stats.survival_by_replica(store, window, slice_, replicas, kinds, use_sums)
 
 
 def _shadow_reference(

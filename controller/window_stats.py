@@ -11,9 +11,12 @@ without the sums tables (a snapshot published before they existed).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
-from dataclasses import dataclass, replace
+import operator
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import duckdb
 import numpy as np
@@ -34,6 +37,8 @@ COMPACT_COUNTS = ("recovered", "estimated", "censored")
 HISTOGRAMS = ("accept_hist", "full_hist", "suggest_hist")
 CHUNK_ROWS = 1 << 20
 _FAR = 1 << 62
+# The kinds of label statistics: the sums' kind codes (``collectors.label_sums``).
+SURVIVAL, CONDITIONAL, WINDOWED_SURVIVAL = 0, 1, 2
 
 
 @dataclass
@@ -49,8 +54,12 @@ class WindowStats:
     statuses: np.ndarray
     estimated: np.ndarray
     hists: dict[str, np.ndarray]
+    # Per kind code (SURVIVAL, and WINDOWED_SURVIVAL when windowed) and replica of ``read``'s ``replicas``:
+    # that replica's share of the kind, at the window's width (None: not asked).
+    by_replica: dict[int, dict[str, KindStats]] | None = None
 
     def __add__(self, other: WindowStats) -> WindowStats:
+        mine, theirs = self.by_replica, other.by_replica
         return WindowStats(
             self.survival + other.survival,
             self.conditional + other.conditional,
@@ -58,6 +67,9 @@ class WindowStats:
             self.statuses + other.statuses,
             self.estimated + other.estimated,
             {k: self.hists[k] + other.hists[k] for k in HISTOGRAMS},
+            None
+            if mine is None or theirs is None
+            else {k: {r: s + theirs[k][r] for r, s in of.items()} for k, of in mine.items()},
         )
 
     @property
@@ -79,30 +91,30 @@ def read(
     contract: SameContract | None = None,
     use_sums: bool = True,
     windowed: bool = False,
+    replicas: Sequence[str] | None = None,
 ) -> WindowStats:
     """The window's statistics; ``phase`` (with ``contract``) keeps the steps recorded in that phase.
     ``use_sums`` False reads the rows alone (what the sums are checked and benchmarked against). The
     windowed labels are read only with ``windowed``: they cost a third more sums and a join of the edges'
-    labels to their request rows, for the windowed gates alone."""
+    labels to their request rows, for the windowed gates alone. With ``replicas``, ``by_replica`` holds
+    each one's survival (and windowed) labels, equal to ``read`` with the slice narrowed to it up to empty
+    trailing depths, from the same statements: the label sums grouped by replica as well, the fleet's
+    figures their total."""
     buckets = _buckets(window) if use_sums and summed(slice_) else None
     if buckets is None:
-        return _from_rows(store, window, slice_, phase, contract, None, windowed=windowed)
+        return _from_rows(store, window, slice_, phase, contract, None, windowed=windowed, replicas=replicas)
     low, high = buckets
     try:
-        cells = _sums(store, low, high, slice_.replica_id, phase, contract, windowed)
+        cells = _sums(store, low, high, slice_.replica_id, phase, contract, windowed, replicas)
     except duckdb.CatalogException:
-        return _from_rows(store, window, slice_, phase, contract, None, windowed=windowed)
+        return _from_rows(store, window, slice_, phase, contract, None, windowed=windowed, replicas=replicas)
     edges = _edges(window, low, high)
-    columns = [queries.label_columns(store, w, slice_, phase, contract, windowed) for w in edges]
+    columns = [queries.label_columns(store, w, slice_, phase, contract, windowed, replicas or ()) for w in edges]
     depths = max([cells.depths, *(c.depths for c in columns), 1])
-    out = cells.stats(depths, windowed)
+    out = cells.stats(depths, windowed, replicas)
     for w, c in zip(edges, columns):
-        out = out + _from_rows(store, w, slice_, phase, contract, depths, c, windowed)
+        out = out + _from_rows(store, w, slice_, phase, contract, depths, c, windowed, replicas)
     return out
-
-
-# The kinds of survival statistics ``survival`` reads: the sums' kind codes (``collectors.label_sums``).
-SURVIVAL, WINDOWED_SURVIVAL = 0, 2
 
 
 def survival(
@@ -118,48 +130,12 @@ def survival(
     from that kind's sums alone: two statements instead of four, for a reader that needs no other figure
     (the shadow references)."""
     windowed = kind == WINDOWED_SURVIVAL
-    cells = _survival_cells(store, window, slice_, phase, contract, (kind,)) if use_sums else None
+    cells = _survival_cells(store, window, slice_, phase, contract, kind) if use_sums else None
     if cells is None:
         return _of_kind(read(store, window, slice_, phase, contract, use_sums, windowed), kind)
     fine, grouped, edges = cells
     columns = [queries.label_columns(store, w, slice_, phase, contract, windowed) for w in edges]
     return _survival_of(fine, grouped, columns, kind)
-
-
-def survival_by_replica(
-    store: Store,
-    window: Window,
-    slice_: Slice,
-    replicas: list[str],
-    kinds: tuple[int, ...] = (SURVIVAL,),
-    use_sums: bool = True,
-) -> dict[int, dict[str, KindStats]]:
-    """Per kind of ``kinds`` and replica of ``replicas``, ``survival(store, window, replace(slice_,
-    replica_id=r), kind=k)`` (up to empty trailing depths), from one read of the sums grouped by replica
-    and one of the edges' rows, whatever the replicas and kinds, instead of a read of every table for each."""
-    windowed = WINDOWED_SURVIVAL in kinds
-    cells = _survival_cells(store, window, slice_, None, None, kinds, replicas) if use_sums else None
-    if cells is None:
-        stats = {r: read(store, window, replace(slice_, replica_id=r), use_sums=use_sums, windowed=windowed)
-                 for r in replicas}  # fmt: skip
-        return {k: {r: _of_kind(s, k) for r, s in stats.items()} for k in kinds}
-    fine, grouped, edges = cells
-    columns = [queries.label_columns(store, w, slice_, windowed=windowed, replicas=replicas) for w in edges]
-    fine_of, grouped_of = (_split(c, "replica", len(replicas)) for c in (fine, grouped))
-    out: dict[int, dict[str, KindStats]] = {k: {} for k in kinds}
-    for i, replica in enumerate(replicas):
-        mine = [c.select(c.replica == i) for c in columns]
-        for k in kinds:
-            out[k][replica] = _survival_of(fine_of[i], grouped_of[i], mine, k)
-    return out
-
-
-def _split(cells: dict[str, np.ndarray], key: str, n: int) -> list[dict[str, np.ndarray]]:
-    """``cells`` split by their integer column ``key``: the rows of 0, 1, … n − 1 in turn (one sort, not a
-    mask per value)."""
-    order = np.argsort(cells[key], kind="stable")
-    bounds = np.searchsorted(cells[key][order], np.arange(n + 1))
-    return [{k: v[order[lo:hi]] for k, v in cells.items()} for lo, hi in itertools.pairwise(bounds)]
 
 
 def _of_kind(stats: WindowStats, kind: int) -> KindStats:
@@ -169,28 +145,24 @@ def _of_kind(stats: WindowStats, kind: int) -> KindStats:
     return stats.windowed
 
 
-def _survival_cells(store, window, slice_, phase, contract, kinds: tuple[int, ...], replicas: list[str] | None = None):
-    """(fine cells, grouped cells, edge windows) of the window's survival sums of ``kinds``, per replica of
-    ``replicas`` when given (column ``replica``: its index there, −1 for any other); None where ``read``
-    would read rows."""
+def _survival_cells(store, window, slice_, phase, contract, kind: int):
+    """(fine cells, grouped cells, edge windows) of the window's survival sums of ``kind``; None where
+    ``read`` would read rows."""
     buckets = _buckets(window) if summed(slice_) else None
     if buckets is None:
         return None
     where, params = sums_where(*buckets, slice_.replica_id, phase, contract)
-    where += f" AND kind IN ({', '.join(str(int(k)) for k in kinds)})"
-    by = "" if replicas is None else "(list_position(?::VARCHAR[], replica_id) - 1)::INTEGER AS replica, "
-    params = params if replicas is None else [replicas, *params]
+    where += f" AND kind = {int(kind)}"
     try:
-        fine, grouped = (_summed_cells(store, name, where, params, by) for name in ("fine", "grouped"))
+        fine, grouped = (_summed_cells(store, name, where, params) for name in ("fine", "grouped"))
     except duckdb.CatalogException:
         return None
     return fine, grouped, _edges(window, *buckets)
 
 
 def _survival_of(fine, grouped, columns: list[queries.LabelColumns], kind: int) -> KindStats:
-    """Survival statistics of ``kind`` from summed cells (of any kinds) plus the edges' rows."""
+    """Survival statistics of ``kind`` from its summed cells plus the edges' rows."""
     windowed = kind == WINDOWED_SURVIVAL
-    fine, grouped = (_rows(c, c["kind"] == kind) for c in (fine, grouped))
     depths = max([int(fine["depth"].max(initial=0)), int(grouped["depth"].max(initial=0)),
                   *(c.depths for c in columns), 1])  # fmt: skip
     stats = _kind_stats(fine, grouped, depths + 1)
@@ -234,15 +206,32 @@ def _clamp(bucket: int) -> int:
     return max(-_FAR, min(_FAR, bucket))
 
 
-def _from_rows(store, window, slice_, phase, contract, depths, cols=None, windowed: bool = False) -> WindowStats:
+def _from_rows(
+    store, window, slice_, phase, contract, depths, cols=None, windowed: bool = False, replicas=None
+) -> WindowStats:
     """The statistics of the window's rows themselves (``depths`` None: as many as they have)."""
     if cols is None:
-        cols = queries.label_columns(store, window, slice_, phase, contract, windowed)
+        cols = queries.label_columns(store, window, slice_, phase, contract, windowed, replicas or ())
     depths = depths or max(cols.depths, 1)
     survival, conditional, in_window, statuses = _kinds(cols, depths, windowed)
     hists = queries.request_histograms(store, window, slice_, depths + 1, phase, contract)
     estimated = queries.estimated_bins(store, window, slice_, depths, phase, contract)
-    return WindowStats(survival, conditional, in_window, statuses, estimated, hists)
+    by_replica = None
+    if replicas is not None:
+        mine = {r: _kinds(cols.select(cols.replica == i), depths, windowed)[:3] for i, r in enumerate(replicas)}
+        by_replica = _by_replica(mine, windowed)
+    return WindowStats(survival, conditional, in_window, statuses, estimated, hists, by_replica)
+
+
+def _by_replica(kinds: Mapping[str, Sequence[KindStats | None]], windowed: bool) -> dict[int, dict[str, KindStats]]:
+    """Per replica's (survival, conditional, windowed) to ``WindowStats.by_replica``."""
+    out: dict[int, dict[str, KindStats]] = {SURVIVAL: {}, **({WINDOWED_SURVIVAL: {}} if windowed else {})}
+    for replica, found in kinds.items():
+        for code, of in out.items():
+            stats = found[code]
+            assert stats is not None, "the kind was computed"
+            of[replica] = stats
+    return out
 
 
 def _kinds(
@@ -288,12 +277,19 @@ class _Cells:
         found = [int(t["depth"].max(initial=0)) for t in (self.fine, self.grouped, self.status)]
         return max([*found, int(self.requests["x"].max(initial=0)), int(self.requests["y"].max(initial=0))])
 
-    def stats(self, depths: int, windowed: bool) -> WindowStats:
+    def stats(self, depths: int, windowed: bool, replicas: Sequence[str] | None = None) -> WindowStats:
+        """The statistics at ``depths``; with ``replicas`` the label cells carry column ``replica`` (``_sums``),
+        and the fleet's kinds are the total of every replica's, those not listed included."""
         width = depths + 1
-        kinds = []
-        for kind in (0, 1, 2) if windowed else (0, 1):
-            kinds.append(_kind_stats(_rows(self.fine, self.fine["kind"] == kind),
-                                     _rows(self.grouped, self.grouped["kind"] == kind), width))  # fmt: skip
+        codes = (SURVIVAL, CONDITIONAL, WINDOWED_SURVIVAL) if windowed else (SURVIVAL, CONDITIONAL)
+        by_replica = None
+        if replicas is None:
+            kinds = _label_kinds(self.fine, self.grouped, width, codes)
+        else:
+            n = len(replicas)
+            parts = [_label_kinds(f, g, width, codes) for f, g in zip(_split(self.fine, n), _split(self.grouped, n))]
+            kinds = [functools.reduce(operator.add, of) for of in zip(*parts)]
+            by_replica = _by_replica({r: (*parts[i], None)[:3] for i, r in enumerate(replicas)}, windowed)
         s = self.status
         statuses = np.zeros((len(STATUSES), width), np.int64)
         np.add.at(statuses, (s["status"], s["depth"]), s["n"])
@@ -308,7 +304,21 @@ class _Cells:
             keep = r["hist"] == h
             hist[r["mode"][keep], r["x"][keep], r["y"][keep]] = r["n"][keep]
             hists[name] = hist
-        return WindowStats(kinds[0], kinds[1], kinds[2] if windowed else None, statuses, estimated, hists)
+        return WindowStats(kinds[0], kinds[1], kinds[2] if windowed else None, statuses, estimated, hists, by_replica)
+
+
+def _label_kinds(fine, grouped, width: int, codes: tuple[int, ...]) -> list[KindStats]:
+    """The statistics of each kind of ``codes`` from summed fine and grouped cells."""
+    return [_kind_stats(_rows(fine, fine["kind"] == k), _rows(grouped, grouped["kind"] == k), width) for k in codes]
+
+
+def _split(cells: dict[str, np.ndarray], n: int) -> list[dict[str, np.ndarray]]:
+    """``cells`` split by their column ``replica``: the rows of 0, 1, … n − 1 in turn, then those of every
+    replica not listed (−1); one sort, not a mask per value."""
+    key = np.where(cells["replica"] < 0, n, cells["replica"])
+    order = np.argsort(key, kind="stable")
+    bounds = np.searchsorted(key[order], np.arange(n + 2))
+    return [{k: v[order[lo:hi]] for k, v in cells.items()} for lo, hi in itertools.pairwise(bounds)]
 
 
 def _kind_stats(f: dict[str, np.ndarray], g: dict[str, np.ndarray], width: int) -> KindStats:
@@ -343,11 +353,22 @@ def _sums(
     phase: str | None,
     contract: SameContract | None,
     windowed: bool,
+    replicas: Sequence[str] | None = None,
 ) -> _Cells:
+    """The window's cells of every table; with ``replicas``, the label sums' per replica as well (column
+    ``replica``: its index in ``replicas``, −1 for any other)."""
     where, params = sums_where(low, high, replica_id, phase, contract)
     kinds = "" if windowed else f" AND kind < {WINDOWED_SURVIVAL}"  # the label sums' kinds; the others have none
-    wheres = {name: where + (kinds if name in ("fine", "grouped") else "") for name in _QUERIES}
-    return _Cells(**{name: _summed_cells(store, name, wheres[name], params) for name in _QUERIES})
+    cells = {}
+    for name in _QUERIES:
+        if name not in ("fine", "grouped"):
+            cells[name] = _summed_cells(store, name, where, params)
+        elif replicas is None:
+            cells[name] = _summed_cells(store, name, where + kinds, params)
+        else:
+            by = "(coalesce(list_position(?::VARCHAR[], replica_id), 0) - 1)::INTEGER AS replica, "
+            cells[name] = _summed_cells(store, name, where + kinds, [list(replicas), *params], by)
+    return _Cells(**cells)
 
 
 def _summed_cells(store: Store, name: str, where: str, params: list, by: str = "") -> dict[str, np.ndarray]:

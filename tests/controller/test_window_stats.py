@@ -85,16 +85,27 @@ def test_survival_alone_and_per_replica_read_what_the_full_read_does(store, sinc
     _assert_same_kind(window_stats.survival(store, window, Slice(), phase, contract), full.survival)
     windowed = window_stats.survival(store, window, Slice(), phase, contract, window_stats.WINDOWED_SURVIVAL)
     _assert_same_kind(windowed, full.windowed)
-    kinds = (window_stats.SURVIVAL, window_stats.WINDOWED_SURVIVAL)
-    by_replica = window_stats.survival_by_replica(store, window, Slice(), ["a", "b", "absent"], kinds)
-    for replica in ("a", "b", "absent"):
-        alone = window_stats.read(store, window, Slice(replica_id=replica), windowed=True)
+    # Read per replica ("a" left unlisted, so its labels are the fleet's but no replica's), the fleet's
+    # figures are those of the plain read.
+    listed = ["b", "absent"]
+    with_replicas = window_stats.read(store, window, Slice(), phase, contract, windowed=True, replicas=listed)
+    _assert_same(with_replicas, full)
+    assert with_replicas.by_replica is not None and full.by_replica is None
+    by_replica = with_replicas.by_replica
+    assert set(by_replica) == {window_stats.SURVIVAL, window_stats.WINDOWED_SURVIVAL}
+    for replica in listed:
+        alone = window_stats.read(store, window, Slice(replica_id=replica), phase, contract, windowed=True)
         _assert_same_kind(by_replica[window_stats.SURVIVAL][replica], alone.survival)
         _assert_same_kind(by_replica[window_stats.WINDOWED_SURVIVAL][replica], alone.windowed)
     assert by_replica[window_stats.SURVIVAL]["absent"].fine_count.sum() == 0
-    # From the rows (no sums), the same figures.
-    rows = window_stats.survival_by_replica(store, window, Slice(), ["b"], kinds, use_sums=False)
-    _assert_same_kind(rows[window_stats.WINDOWED_SURVIVAL]["b"], by_replica[window_stats.WINDOWED_SURVIVAL]["b"])
+    # From the rows (no sums), the same figures; with no replica listed, none.
+    rows = window_stats.read(store, window, Slice(), phase, contract, False, True, ["a", "b"]).by_replica
+    assert rows is not None
+    for kind in by_replica:
+        _assert_same_kind(rows[kind]["b"], by_replica[kind]["b"])
+    none = window_stats.read(store, window, Slice(), phase, contract, windowed=False, replicas=[])
+    _assert_same(none, window_stats.read(store, window, Slice(), phase, contract))
+    assert none.by_replica == {window_stats.SURVIVAL: {}}
 
 
 def test_windowed_labels_are_every_depth_within_each_rows_scheduler_window(store):
