@@ -100,11 +100,23 @@ def ingest_synthetic(
     **columns,
 ) -> pa.Table:
     """``steps`` valid synthetic steps (10 ms apart from ``ts``) stored as recorded in ``phase``."""
+    wire = synthetic_steps(steps, ts, phase, replica, first_step, batch, **columns)
+    ingest_wire(store, wire)
+    return wire
+
+
+def synthetic_steps(
+    steps: int, ts: float, phase: str = "shadow", replica: str = "r0", first_step: int = 0, batch: int = 32, **columns
+) -> pa.Table:
+    """What ``ingest_synthetic`` stores, as a wire table (for tests that store many such runs in one batch)."""
     wire = synthetic_wire(steps, batch, 7, replica, first_step=first_step, seed=first_step, ts=ts)
-    wire = with_columns(wire, phase=phase, **columns)
+    return with_columns(wire, phase=phase, **columns)
+
+
+def ingest_wire(store: Store, wire: pa.Table) -> None:
+    """Store a wire table as one batch; every row valid."""
     result = store.ingest(from_wire(wire), "test")
     assert result.quarantined == 0
-    return wire
 
 
 def tiny_model(vocab: int = 32, seed: int = 0, init_std: float = 0.3, **kw) -> Transformer:

@@ -6,6 +6,7 @@ import json
 import math
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -25,7 +26,7 @@ from sparkgate.policies.intervals import sign_interval
 from sparkgate.policies.rollout import Comparison, Gate
 from sparkgate.policies.switchback import Switchback
 from sparkgate.policies.vocabulary import Arm
-from tests.conftest import T0, ingest_synthetic, request_record
+from tests.conftest import T0, ingest_synthetic, ingest_wire, request_record, synthetic_steps
 
 
 @pytest.mark.parametrize("level", [0.9, 0.95])
@@ -111,15 +112,15 @@ def test_a_comparison_window_starts_at_a_whole_pair_inside_it_or_at_the_stages_f
 def long_stage(store, pairs: int, slow_from: int, ahead: float = 1.0) -> None:
     """Two replicas' pairs of a stage: the treatment's steps ``ahead`` times the control's until pair
     ``slow_from``, twice that from there on."""
-    schedule, step = Switchback(7, 1.0, T0), 0
+    schedule, step, wires = Switchback(7, 1.0, T0), 0, []
     for replica in ("r0", "r1"):
         for epoch in range(2 * pairs):
             arm = schedule.arm(replica, epoch)
             factor = (ahead * (2.0 if epoch >= 2 * slow_from else 1.0)) if arm == "treatment" else 1.0
-            ingest_synthetic(store, 20, schedule.start(epoch) + 0.3, phase="adaptive", replica=replica,
-                             first_step=step, epoch=epoch, arm=str(arm), policy_revision=3,
-                             step_ms=10.0 * factor)  # fmt: skip
+            wires.append(synthetic_steps(20, schedule.start(epoch) + 0.3, "adaptive", replica, step, epoch=epoch,
+                                         arm=str(arm), policy_revision=3, step_ms=10.0 * factor))  # fmt: skip
             step += 1000
+    ingest_wire(store, pa.concat_tables(wires))  # one batch: a transaction per epoch is most of the test's time
 
 
 def test_a_regression_late_in_a_long_stage_fails_the_window_that_the_whole_stage_dilutes(store):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import duckdb
+import pyarrow as pa
 import pytest
 
 from sparkgate.collectors.store import Store
@@ -10,7 +11,7 @@ from sparkgate.controller import ledger
 from sparkgate.controller.actuators import arms
 from sparkgate.controller.supervisor import Controller
 from sparkgate.policies.rollout import parse_rollout_policy
-from tests.conftest import T0, ingest_synthetic
+from tests.conftest import T0, ingest_synthetic, ingest_wire, synthetic_steps
 
 POLICY = parse_rollout_policy(
     {
@@ -112,20 +113,23 @@ def test_a_fleet_split_by_server_compares_its_groups_and_a_slower_treatment_grou
     )
     ctl = controller(store, policy, groups=lambda payload: arms(urls, payload))
     ctl.act("promote", "ops")  # shadow: every server verifies in full, one arm only
-    step = 0
+    step, wires = 0, []
     for k in range(10):
         for replica, step_ms in (("a:1/dp0", 13.0), ("b:2/dp0", 13.0), ("c:3/dp0", 10.0)):
-            ingest_synthetic(store, 20, T0 + 1 + 2 * k, replica=replica, first_step=step, step_ms=step_ms)
+            wires.append(synthetic_steps(20, T0 + 1 + 2 * k, replica=replica, first_step=step, step_ms=step_ms))
             step += 100
+    ingest_wire(store, pa.concat_tables(wires))
     ctl.clock = lambda: T0 + 22
     (shadow,) = ctl.tick().reasons[1:]
     assert shadow["dry_run"] and shadow["samples"] == 0  # no treatment group: nothing to compare, nothing held
     ctl.clock = lambda: T0 + 30
     ctl.act("promote", "ops")  # compact, entered at T0 + 30
+    wires = []
     for k in range(10):
         for replica, step_ms in (("a:1/dp0", 13.0), ("b:2/dp0", 13.0), ("c:3/dp0", 10.0)):
-            ingest_synthetic(store, 20, T0 + 31 + 2 * k, replica=replica, first_step=step, step_ms=step_ms)
+            wires.append(synthetic_steps(20, T0 + 31 + 2 * k, replica=replica, first_step=step, step_ms=step_ms))
             step += 100
+    ingest_wire(store, pa.concat_tables(wires))
     ctl.clock = lambda: T0 + 52
     decision = ctl.tick()
     (verdict,) = decision.reasons[1:]
@@ -232,12 +236,13 @@ def test_a_treatment_group_that_slows_late_fails_its_drift_gate_while_its_ratio_
     ctl.act("promote", "ops")
     ctl.clock = lambda: T0 + 30
     ctl.act("promote", "ops")  # compact, entered at T0 + 30: slices of 2 s from T0 + 30.5
-    step = 0
+    step, wires = 0, []
     for k in range(20):  # the treatment servers (a, b) at 1.3x the control (c), 2.6x from T0 + 63 on
         slow = 2.0 if k >= 16 else 1.0
         for replica, step_ms in (("a:1/dp0", 13.0 * slow), ("b:2/dp0", 13.0 * slow), ("c:3/dp0", 10.0)):
-            ingest_synthetic(store, 20, T0 + 31 + 2 * k, replica=replica, first_step=step, step_ms=step_ms)
+            wires.append(synthetic_steps(20, T0 + 31 + 2 * k, replica=replica, first_step=step, step_ms=step_ms))
             step += 100
+    ingest_wire(store, pa.concat_tables(wires))  # one batch: a transaction per run is most of the test's time
     ctl.clock = lambda: T0 + 72
     decision = ctl.tick()
     verdicts = {v["gate"]: v for v in decision.reasons[1:]}
