@@ -40,7 +40,8 @@ A replica with too few pairs for its own interval leaves the good side open
 ``samples`` is the fleet's pairs. The estimate is the pooled one, the fleet's
 effect (the worst replica's center is biased away from one even when nothing
 differs); the bounds are a decision rule over R + 1 intervals, so when one
-replica alone is off they need not hold the pooled estimate.
+replica alone is off they need not hold the pooled estimate, and the method
+names the interval the bad-side bound is from.
 
 Fleets split by replica (the SGLang actuator gives each server one setting for the
 stage) are compared as groups instead (``Groups``): a pair is a slice of
@@ -240,20 +241,24 @@ def fleet(by_unit: dict[str, np.ndarray], bad_when_high: bool, level: float) -> 
     alpha, units = 1 - level, len(by_unit)
     pooled = measure(np.concatenate(list(by_unit.values())), 1 - alpha / 2)
     parts = {unit: measure(d, 1 - alpha / (2 * units)) for unit, d in by_unit.items()}
-    intervals = [pooled, *parts.values()]
+    named = {"pooled": pooled, **{f"replica {unit}": m for unit, m in parts.items()}}
     pick = max if bad_when_high else min
     # The bad side fails on any interval that has one (an interval too short on pairs cannot fail); the good
     # side passes only when every interval has one.
-    bad_bounds = [m.low if bad_when_high else m.high for m in intervals]
-    good_bounds = [m.high if bad_when_high else m.low for m in intervals]
-    closed = [b for b in bad_bounds if b is not None]
-    bad = pick(closed) if closed else None
+    bad_bounds = {name: m.low if bad_when_high else m.high for name, m in named.items()}
+    good_bounds = [m.high if bad_when_high else m.low for m in named.values()]
+    closed = {name: b for name, b in bad_bounds.items() if b is not None}
+    # Named in the method: with one replica alone off, the bad bound is its interval's and need not hold the
+    # pooled estimate shown beside it.
+    deciding = pick(closed, key=closed.__getitem__) if closed else None
+    bad = closed[deciding] if deciding else None
     good = None if None in good_bounds else pick(good_bounds)  # type: ignore[type-var]
     worst = pick(parts, key=lambda r: parts[r].value or 0.0)
     method = (
         f"pooled ({pooled.samples} pairs, at {1 - alpha / 2:.2%}) and per replica ({units}, each at "
         f"{1 - alpha / (2 * units):.2%}): signed-rank intervals of the paired log ratio's center over switchback "
-        f"epoch pairs; the worst of those bounds (worst replica {worst})"
+        f"epoch pairs; the worst of those bounds (worst replica {worst}"
+        + (f"; the bad-side bound {deciding}'s)" if deciding else ")")
     )
     low, high = (bad, good) if bad_when_high else (good, bad)
     return Measurement(pooled.value, pooled.samples, low, high, method)

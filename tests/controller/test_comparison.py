@@ -174,6 +174,9 @@ def test_a_regression_on_one_replica_of_three_fails_the_gate_a_pooled_center_wou
     gate = Gate(metric="p99_tpot_ratio", threshold=1.10, direction="at_most", min_samples=10)
     combined = fleet({**healthy, **slow}, bad_when_high=True, level=0.95)
     assert judge(gate, combined).outcome == "fail" and "worst replica r2" in combined.method
+    # The failing bound is r2's own, beyond the pooled estimate shown beside it: the method says whose it is.
+    assert combined.low == measure(slow["r2"], 1 - 0.05 / 6).low > combined.value
+    assert "the bad-side bound replica r2's" in combined.method
     everything = np.concatenate([*healthy.values(), *slow.values()])
     assert judge(gate, measure(everything, 0.95)).outcome != "fail"  # what one center over all pairs says
     assert judge(gate, fleet(healthy, bad_when_high=True, level=0.95)).outcome == "pass"
@@ -190,7 +193,7 @@ def test_a_fleet_wide_regression_no_single_replica_can_show_fails_on_the_pooled_
     assert judge(gate, combined).outcome == "fail"
     assert combined.value == pytest.approx(0.905, rel=0.03) and combined.samples == 21
     assert combined.low is None  # a replica's 7 pairs are too few for its own interval: the gate cannot pass
-    assert "pooled (21 pairs" in combined.method
+    assert "pooled (21 pairs" in combined.method and "the bad-side bound pooled's" in combined.method
 
 
 def test_on_aa_fleets_the_pooled_and_per_replica_intervals_together_fail_no_more_than_one_side_of_the_level():
