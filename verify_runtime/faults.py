@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
@@ -51,6 +52,14 @@ class Fault(StrEnum):
 # slower, about 15% slower steps on this CPU, where verification is most of a step).
 SLOW_VERIFY_EXTRA = 0.25
 LOAD_SHIFT_PROMPT_LEN = 384
+
+
+@dataclass(frozen=True)
+class FaultSize:
+    """How large the faults that have a size are when they fire."""
+
+    drift_temperature: float = 3.0  # the drift fault's sampling temperature for new requests
+    slow_verify_extra: float = SLOW_VERIFY_EXTRA  # extra verify time in treatment epochs, a fraction
 
 
 # A table measured on an accelerator: verifying a whole block costs about what one row does,
@@ -82,7 +91,7 @@ def fire(
     fault: Fault,
     node: Replica,
     arrivals: Arrivals | None,
-    drift_temperature: float,
+    size: FaultSize,
     out_dir: Path | None,
     shifted: Iterator[Request] | None = None,
 ) -> str:
@@ -92,11 +101,11 @@ def fire(
         raise ValueError(f"the {fault} fault needs an arrival process (--rate)")
     if fault is Fault.DRIFT:
         assert arrivals is not None
-        arrivals.temperature = drift_temperature
-        return f"drift: new requests sample at temperature {drift_temperature}"
+        arrivals.temperature = size.drift_temperature
+        return f"drift: new requests sample at temperature {size.drift_temperature}"
     if fault is Fault.SLOW_VERIFY:
-        slow_verify(node.engine)
-        return f"slow-verify: treatment verification {SLOW_VERIFY_EXTRA:.0%} slower"
+        slow_verify(node.engine, size.slow_verify_extra)
+        return f"slow-verify: treatment verification {size.slow_verify_extra:.0%} slower"
     if fault is Fault.LOAD_SHIFT:
         assert arrivals is not None and shifted is not None
         arrivals.source = shifted

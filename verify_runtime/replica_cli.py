@@ -40,7 +40,7 @@ from sparkgate.policies.window import CostAwareScheduler, FixedWindow, WindowPol
 from .arrivals import Arrivals, swing
 from .consistency import GreedyReplay
 from .engine import Engine, EngineConfig, Request
-from .faults import LOAD_SHIFT_PROMPT_LEN, Fault, fire
+from .faults import LOAD_SHIFT_PROMPT_LEN, SLOW_VERIFY_EXTRA, Fault, FaultSize, fire
 from .replica import ControllerClient, Replica, workload_requests
 from .spool import Spool
 from .tiers import measured_grid
@@ -193,7 +193,14 @@ def warm_engine(
     show_default=True,
     help="Fault to fire on SIGUSR1 (drift needs --rate).",
 )
-@click.option("--drift-temperature", default=3.0, show_default=True)
+@click.option("--drift-temperature", default=3.0, show_default=True, help="The drift fault's sampling temperature.")
+@click.option(
+    "--slow-verify-extra",
+    default=SLOW_VERIFY_EXTRA,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="The slow-verify fault's extra verify time in treatment epochs, a fraction of the call's.",
+)
 @click.option(
     "--out-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -237,6 +244,7 @@ def replica(
     offset: float,
     fault: str,
     drift_temperature: float,
+    slow_verify_extra: float,
     out_dir: Path | None,
     metrics_port: int | None,
     spool_dir: Path | None,
@@ -246,7 +254,7 @@ def replica(
     """Serve the mixed workload with the runtime, following the controller's policy; counters as JSON at exit."""
     import torch
 
-    armed = Fault(fault)
+    armed, size = Fault(fault), FaultSize(drift_temperature, slow_verify_extra)
     if armed in (Fault.DRIFT, Fault.LOAD_SHIFT) and rate is None:
         raise click.UsageError(f"--fault {armed} changes the requests that arrive: it needs --rate")
     load = swing(rate, amplitude, period_s, offset) if rate is not None else None
@@ -321,7 +329,7 @@ def replica(
                 if flags.fault and armed is not Fault.NONE:
                     shifted = workload_requests(f"{replica_id}-long", count, max_new_tokens, temperature, seed + 1,
                                                 cancel_fraction, LOAD_SHIFT_PROMPT_LEN)  # fmt: skip
-                    log.info("fault fired: %s", fire(armed, node, arrivals, drift_temperature, out_dir, shifted))
+                    log.info("fault fired: %s", fire(armed, node, arrivals, size, out_dir, shifted))
                     armed = Fault.NONE
                 before = node.stats["steps"]
                 if arrivals is None or arrivals.pending() or engine.active or engine.queue:

@@ -27,7 +27,7 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import click
@@ -51,11 +51,20 @@ FAULTY = "replica-c"
 FAULT_TEXT = {
     "drift": "{r} now samples new requests at temperature {t} (it was greedy)",
     "cost-table": "{r} now runs with a cost table and graph tiers from an accelerator (forced)",
-    "slow-verify": "{r} now verifies 25% slower in treatment epochs (control epochs untouched)",
+    "slow-verify": "{r} now verifies {x:.0%} slower in treatment epochs (control epochs untouched)",
     "load-shift": "every replica now gets 384-token prompts, not 96 (each step costs more: the table is stale)",
 }
 # Faults every replica takes at once (a fleet-wide change, not one bad replica).
 FLEET_FAULTS = ("load-shift",)
+
+
+@dataclass(frozen=True)
+class FaultSize:
+    """How large the faults that have a size are: passed to each replica as its flags of these names,
+    with the replica's own defaults (``verify_runtime.faults.FaultSize``; a test keeps them equal)."""
+
+    drift_temperature: float = 3.0
+    slow_verify_extra: float = 0.25
 
 
 def takes_fault(replica_id: str, fault: str) -> bool:
@@ -182,9 +191,7 @@ class Watch:
         return int(float(match.group(1))) if match else 0
 
 
-def _scenario(
-    fleet: Fleet, watch: Watch, plan: Plan, fault: str, drift_temperature: float
-) -> tuple[float | None, str, bool]:
+def _scenario(fleet: Fleet, watch: Watch, plan: Plan, fault: str, size: FaultSize) -> tuple[float | None, str, bool]:
     """Drive the run to its end; returns (when the fault fired, outcome text, whether it went as designed)."""
     fault_at = None
     top = len(watch.policy.stages()) - 1
@@ -225,7 +232,7 @@ def _scenario(
                     fault_at = time.time()
                     watch.say(
                         f"{fault_at - watch.t0:6.1f}s  FAULT    "
-                        + FAULT_TEXT[fault].format(r=FAULTY, t=drift_temperature)
+                        + FAULT_TEXT[fault].format(r=FAULTY, t=size.drift_temperature, x=size.slow_verify_extra)
                     )
             if (
                 fault_at is not None
@@ -238,7 +245,7 @@ def _scenario(
             return fault_at, outcome, ok
 
 
-def run_demo(out: Path, fault: str, quick: bool, policy_path: Path | None, drift_temperature: float) -> dict:
+def run_demo(out: Path, fault: str, quick: bool, policy_path: Path | None, size: FaultSize = FaultSize()) -> dict:
     """One demo run; returns the JSON summary (``ok`` says whether it went as the scenario says)."""
     started = time.time()
     prepare_out(out)
@@ -272,7 +279,7 @@ def run_demo(out: Path, fault: str, quick: bool, policy_path: Path | None, drift
                 out_dir=out,
                 spool_dir=out / "spool" / replica_id,  # a run's spool is its own, never a former run's
                 fault=fault if takes_fault(replica_id, fault) else None,
-                drift_temperature=drift_temperature,
+                **asdict(size),
             )
         fleet.wait(
             lambda: all(answers(f"http://127.0.0.1:{p}/metrics") for p in metrics_ports.values()),
@@ -284,7 +291,7 @@ def run_demo(out: Path, fault: str, quick: bool, policy_path: Path | None, drift
         watch = Watch(url, policy, started, plan.deadline_s)
         try:
             click.echo(f"watch it live: sparkgate dashboard --db {db} --policy {policy_file}", err=True)
-            fault_at, outcome, ok = _scenario(fleet, watch, plan, fault, drift_temperature)
+            fault_at, outcome, ok = _scenario(fleet, watch, plan, fault, size)
         except KeyboardInterrupt:
             watch.say("interrupted: stopping the fleet")
         finally:
@@ -319,7 +326,8 @@ def run_demo(out: Path, fault: str, quick: bool, policy_path: Path | None, drift
     default="drift",
     show_default=True,
     help="drift: a replica's sampling temperature changes; cost-table: a replica schedules with a "
-    "cost table from other hardware; slow-verify: a replica's treatment verification gets 25% slower; "
+    "cost table from other hardware; slow-verify: a replica's treatment verification gets slower "
+    "(--slow-verify-extra); "
     "load-shift: every replica's steps get costlier, adaptive must refit and hold; "
     "none: the rollout ends at the top of the ladder (adaptive).",
 )
@@ -339,8 +347,20 @@ def run_demo(out: Path, fault: str, quick: bool, policy_path: Path | None, drift
     default=None,
     help="Rollout policy YAML [default: the demo's own demo_rollout.yaml].",
 )
-@click.option("--drift-temperature", default=3.0, show_default=True, help="Temperature of the drift fault.")
-def demo(fault, quick, as_json, out, policy_path, drift_temperature):
+@click.option(
+    "--drift-temperature",
+    default=FaultSize.drift_temperature,
+    show_default=True,
+    help="Temperature of the drift fault.",
+)
+@click.option(
+    "--slow-verify-extra",
+    default=FaultSize.slow_verify_extra,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="How much slower the slow-verify fault makes treatment verification (0.25: 25%).",
+)
+def demo(fault, quick, as_json, out, policy_path, drift_temperature, slow_verify_extra):
     """Run a local fleet through the whole rollout, inject a fault, and show the automatic fallback."""
 
     def interrupt(*_):
@@ -348,7 +368,7 @@ def demo(fault, quick, as_json, out, policy_path, drift_temperature):
 
     signal.signal(signal.SIGTERM, interrupt)  # a terminated demo still stops its fleet
     try:
-        summary = run_demo(out.resolve(), fault, quick, policy_path, drift_temperature)
+        summary = run_demo(out.resolve(), fault, quick, policy_path, FaultSize(drift_temperature, slow_verify_extra))
     except FleetError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:

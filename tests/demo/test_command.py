@@ -1,6 +1,8 @@
-"""The demo's policy and its output directory."""
+"""The demo's policy, its output directory and the fault sizes it passes to replicas."""
 
 from __future__ import annotations
+
+from dataclasses import asdict
 
 import pytest
 
@@ -36,3 +38,17 @@ def test_prepare_out_refuses_a_directory_it_did_not_make(tmp_path):
     (out / "old.duckdb").write_text("from the last run")
     prepare_out(out)
     assert not (out / "old.duckdb").exists()
+
+
+def test_the_demo_passes_each_fault_size_as_the_replica_flag_of_its_name_with_the_replica_default():
+    from click.testing import CliRunner
+
+    from sparkgate.demo.command import FaultSize
+    from sparkgate.verify_runtime import faults
+    from sparkgate.verify_runtime.replica_cli import replica
+
+    assert asdict(FaultSize()) == asdict(faults.FaultSize())
+    flags = {p.name: p.default for p in replica.params}
+    assert {name: flags[name] for name in asdict(FaultSize())} == asdict(FaultSize())
+    refused = CliRunner().invoke(replica, ["--controller", "http://127.0.0.1:1", "--slow-verify-extra", "0"])
+    assert refused.exit_code != 0 and "--slow-verify-extra" in refused.output

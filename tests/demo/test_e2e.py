@@ -119,7 +119,8 @@ def test_a_cost_table_from_other_hardware_falls_back_on_tier_misses(tmp_path):
 
 def test_a_slower_treatment_verification_falls_back_on_the_comparison_guard(tmp_path):
     out = tmp_path / "demo"
-    summary = _demo(out, "--fault", "slow-verify")
+    # 60% slower, not the demo's default 25%: caught with a wider margin over the noise of a shared CI machine.
+    summary = _demo(out, "--fault", "slow-verify", "--slow-verify-extra", "0.6")
 
     assert summary["ok"] and summary["phases"] == PHASES
     assert "p99_step_ratio" in summary["fallback_reason"]  # neither calibration nor tiers moved

@@ -7,19 +7,19 @@ import pytest
 from sparkgate.policies.cost_model import FingerprintMismatch, load_cost_table
 from sparkgate.policies.cost_profile import hardware_fingerprint
 from sparkgate.verify_runtime.arrivals import Arrivals
-from sparkgate.verify_runtime.faults import FOREIGN_COST_TABLE, Fault, fire
+from sparkgate.verify_runtime.faults import FOREIGN_COST_TABLE, Fault, FaultSize, fire
 from tests.conftest import Clock
 
 
 def test_drift_makes_new_arrivals_sample_at_the_drift_temperature():
     arrivals = Arrivals(iter(()), lambda t: 1.0, Clock(0.0))
-    assert "temperature 3.0" in fire(Fault.DRIFT, None, arrivals, 3.0, None)
+    assert "temperature 3.0" in fire(Fault.DRIFT, None, arrivals, FaultSize(drift_temperature=3.0), None)
     assert arrivals.temperature == 3.0
 
 
 def test_drift_without_an_arrival_process_is_refused():
     with pytest.raises(ValueError, match="needs an arrival process"):
-        fire(Fault.DRIFT, None, None, 3.0, None)
+        fire(Fault.DRIFT, None, None, FaultSize(), None)
 
 
 def test_the_foreign_table_is_refused_here_unless_forced(tmp_path):
@@ -49,7 +49,8 @@ def test_slow_verify_slows_treatment_epochs_only(monkeypatch):
 
     monkeypatch.setattr(faults.time, "perf_counter", perf_counter)
     engine = SimpleNamespace(runner=SimpleNamespace(verify=verify), config=SimpleNamespace(arm="control"))
-    faults.slow_verify(engine, extra=0.5)
+    fired = fire(Fault.SLOW_VERIFY, SimpleNamespace(engine=engine), None, FaultSize(slow_verify_extra=0.5), None)
+    assert fired == "slow-verify: treatment verification 50% slower"
     spent = {}
     for arm in ("control", "treatment"):
         engine.config.arm, start = arm, clock.now
