@@ -19,7 +19,8 @@ aggregation over that bucket's stored rows gives (counts exactly, float sums up 
 the batches the rows arrived in. Rows are appended per batch (a recovered label adds −1 to its censored
 cell and +1 to its recovered one) and ``compact`` merges a bucket's rows once the bucket has closed, so a
 reader sums a few rows per cell. ``rebuild`` recomputes buckets from the stored rows (retention, and the
-migration that created the tables).
+migration that created the tables). ``phase_spans.writes`` counts, per (phase, contract), the transactions
+that changed its sums (a batch, a recovery's move, a rebuild; not ``compact``, which changes no sum).
 """
 
 from __future__ import annotations
@@ -61,18 +62,29 @@ SUM_TABLES = tuple(TABLES)
 SPANS_SQL = """CREATE TABLE phase_spans (phase VARCHAR NOT NULL, contract VARCHAR, first_ts DOUBLE NOT NULL,
     last_ts DOUBLE NOT NULL);
 INSERT INTO phase_spans SELECT phase, contract, min(ts), max(ts) FROM steps GROUP BY ALL;"""
+# ``writes`` counts the transactions that changed a (phase, contract)'s sums: the version a kept reference
+# checks in one row, where summing the sums rows of the phase's span grew with the span.
+WRITES_SQL = "ALTER TABLE phase_spans ADD COLUMN writes BIGINT NOT NULL DEFAULT 0;"
+_SAME_SPAN = "p.phase = n.phase AND p.contract IS NOT DISTINCT FROM n.contract"
 
 
 def add_spans(con: duckdb.DuckDBPyConnection, steps: str) -> None:
-    """Widen each (phase, contract) span to the batch's steps (``steps``, a registered relation)."""
+    """Widen each (phase, contract) span to the batch's steps (``steps``, a registered relation), and count
+    the batch as a write of its sums."""
     con.execute(f"CREATE OR REPLACE TEMP TABLE span_new AS SELECT phase, contract, min(ts) AS lo, max(ts) AS hi "
                 f"FROM {steps} GROUP BY ALL")  # fmt: skip
-    same = "p.phase = n.phase AND p.contract IS NOT DISTINCT FROM n.contract"
-    con.execute(f"UPDATE phase_spans p SET first_ts = least(p.first_ts, n.lo), last_ts = greatest(p.last_ts, n.hi) "
-                f"FROM span_new n WHERE {same}")  # fmt: skip
-    con.execute(f"INSERT INTO phase_spans SELECT n.phase, n.contract, n.lo, n.hi FROM span_new n "
-                f"WHERE NOT EXISTS (SELECT 1 FROM phase_spans p WHERE {same})")  # fmt: skip
+    con.execute("UPDATE phase_spans p SET first_ts = least(p.first_ts, n.lo), last_ts = greatest(p.last_ts, n.hi), "
+                f"writes = p.writes + 1 FROM span_new n WHERE {_SAME_SPAN}")  # fmt: skip
+    con.execute(f"INSERT INTO phase_spans SELECT n.phase, n.contract, n.lo, n.hi, 1 FROM span_new n "
+                f"WHERE NOT EXISTS (SELECT 1 FROM phase_spans p WHERE {_SAME_SPAN})")  # fmt: skip
     con.execute("DROP TABLE span_new")
+
+
+def _count_writes(con: duckdb.DuckDBPyConnection, pairs: str | None) -> None:
+    """Count a write of the sums of each (phase, contract) of ``pairs`` (a relation with those columns;
+    None: every one)."""
+    where = "TRUE" if pairs is None else f"EXISTS (SELECT 1 FROM {pairs} n WHERE {_SAME_SPAN})"
+    con.execute(f"UPDATE phase_spans p SET writes = p.writes + 1 WHERE {where}")
 
 
 def create_sql() -> str:
@@ -193,6 +205,11 @@ def move_settled(con: duckdb.DuckDBPyConnection, settled: str, since: float) -> 
     steps = f"(SELECT replica_id, step_id, phase, contract FROM steps WHERE ts >= {float(since)!r})"
     for sql in _labels_sql(as_censored, steps, -1, "TRUE") + _labels_sql(settled, steps, 1, "TRUE"):
         con.execute(sql)
+    _count_writes(
+        con,
+        f"(SELECT s.phase, s.contract FROM {settled} l JOIN {steps} s "
+        "ON l.replica_id = s.replica_id AND l.step_id = s.step_id)",
+    )
 
 
 def compact(con: duckdb.DuckDBPyConnection, since_bucket: int, before_bucket: int) -> None:
@@ -216,6 +233,7 @@ def rebuild(con: duckdb.DuckDBPyConnection, since_bucket: int, before_bucket: in
         con.execute(f"DELETE FROM {table} WHERE bucket >= ? AND bucket < ?", [since_bucket, before_bucket])
     for sql in _stored_sql(f">= {int(since_bucket)}", f"< {int(before_bucket)}"):
         con.execute(sql)
+    _count_writes(con, None)
 
 
 def forget_before(con: duckdb.DuckDBPyConnection, cutoff_ts: float) -> None:

@@ -176,6 +176,11 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         "incremental evaluation: the sums gain the windowed labels (survival within the scheduler's window)",
         "".join(f"\nDELETE FROM {table};" for table in label_sums.SUM_TABLES) + label_sums.rebuild_sql(),
     ),
+    (
+        13,
+        "each phase and contract counts the writes of its sums: the version kept references check",
+        label_sums.WRITES_SQL,
+    ),
 )
 
 

@@ -431,7 +431,7 @@ def _kept(references, key, store, span, slice_, contract, use_sums: bool, read: 
     shadow's sums there are unchanged."""
     if references is None or not use_sums:
         return read()
-    current = version(store, span, slice_, Phase.SHADOW, contract)
+    current = version(store, slice_, Phase.SHADOW, contract)
     return references.get((*key, span, slice_, contract), current, read)
 
 

@@ -7,12 +7,13 @@ third of a compact tick at 10 M labels (docs/benchmarks.md). A ``References`` ho
 the version of the sums it was read from, and reads it again only when that version moved.
 
 Invariant: a reference served from here equals the one a fresh read would give. The version is the count
-of the request-group sums rows of every survival kind over the span's buckets under the same phase,
-contract and replica, with the sum of their labels and of their outcomes: every label a reference counts
-is in one of those rows (the span's part-covered edge buckets included, whose labels the read takes from
-the rows), so any label stored, recovered (censored labels become counted ones) or dropped by retention
-changes it, and so does a change of the span, which is part of the key. A store without the sums, or a
-slice they are not kept by, is read fresh every time.
+of writes of the sums of the reference's phase and contract (``phase_spans.writes``, kept by ingest in the
+same transaction as the sums, ``collectors.label_sums``): any label stored under them, recovered
+(censored labels become counted ones) or dropped by retention changes it, and so does a change of the
+span, which is part of the key. It is read from one row per contract, so checking it costs the same
+whatever the span's length; it ignores the slice's replica, so a write under another replica only costs
+a fresh read. A store without the sums or the count, or a slice the sums are not kept by, is read fresh
+every time.
 """
 
 from __future__ import annotations
@@ -25,27 +26,27 @@ import duckdb
 
 from sparkgate.collectors.store import Store
 
-from .queries import SameContract, Slice, Window
-from .window_stats import SURVIVAL, WINDOWED_SURVIVAL, span_buckets, summed, sums_where
+from .queries import SameContract, Slice
+from .window_stats import summed
 
 T = TypeVar("T")
 
 
-def version(store: Store, span: Window, slice_: Slice, phase: str, contract: SameContract | None) -> tuple | None:
-    """The version of the survival sums a reference over ``span`` reads (module docstring); None where a
+def version(store: Store, slice_: Slice, phase: str, contract: SameContract | None) -> tuple | None:
+    """The version of the sums a reference of ``phase`` reads (module docstring); None where a
     reference cannot be kept (no sums, or a slice they are not kept by)."""
     if not summed(slice_):
         return None
-    where, params = sums_where(*span_buckets(span), slice_.replica_id, phase, contract)
+    clause, params = contract.sql("p") if contract is not None else ("", [])
     try:
         row = store.query(
-            "SELECT count(*) AS rows, coalesce(sum(n), 0)::BIGINT AS n, coalesce(sum(sum_y), 0)::BIGINT AS y "
-            f"FROM label_group_sums WHERE {where} AND kind IN ({SURVIVAL}, {WINDOWED_SURVIVAL})",
-            params,
+            f"SELECT count(*) AS contracts, coalesce(sum(writes), 0)::BIGINT AS writes FROM phase_spans p "
+            f"WHERE phase = ?{clause}",
+            [phase, *params],
         ).to_pylist()[0]
-    except duckdb.CatalogException:
+    except (duckdb.CatalogException, duckdb.BinderException):
         return None
-    return row["rows"], row["n"], row["y"]
+    return row["contracts"], row["writes"]
 
 
 @dataclass

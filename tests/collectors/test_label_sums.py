@@ -36,6 +36,16 @@ def _recomputed(store: Store) -> dict[str, list]:
             store._con.execute("ROLLBACK")
 
 
+def _by_phase(cells: dict[str, list]) -> dict[str, list]:
+    """``_cells`` split by phase: what a reference of that phase reads."""
+    return {p: [(t, r) for t, rows in cells.items() for r in rows if r["phase"] == p] for p in ("shadow", "canary")}
+
+
+def _writes(store: Store) -> dict[str, int]:
+    rows = store.query("SELECT phase, sum(writes)::BIGINT AS w FROM phase_spans GROUP BY ALL").to_pylist()
+    return {r["phase"]: r["w"] for r in rows}
+
+
 def _wire(steps: int, first: int, seed: int, replica: str, phase: str, ts: float) -> pa.Table:
     wire = synthetic_wire(steps, 6, 5, replica, first_step=first, seed=seed, ts=ts, continuing=True)
     return wire.set_column(wire.schema.get_field_index("phase"), "phase", pa.array([phase] * steps))
@@ -55,7 +65,12 @@ def test_sums_equal_a_recount_of_the_stored_rows_however_the_rows_arrived(cuts, 
         for i, steps in enumerate(cuts):
             for replica in ("a", "b"):
                 wire = _wire(steps, first, seed + i, replica, ("shadow", "canary")[i % 2], 1e9 + first * spacing)
+                cells, writes = _by_phase(_cells(store)), _writes(store)
                 assert store.ingest(from_wire(wire), "test").quarantined == 0
+                # A phase whose sums moved (the batch's own, or an earlier one's through recovery) counts a
+                # write: the version a kept reference checks (controller.references).
+                moved = [p for p, c in _by_phase(_cells(store)).items() if c != cells[p]]
+                assert all(_writes(store)[p] > writes.get(p, 0) for p in moved) and moved
             first += steps
         assert _cells(store) == _recomputed(store)
         spans = "SELECT phase, contract, {} FROM {} GROUP BY ALL ORDER BY ALL"
@@ -84,7 +99,9 @@ def test_retention_keeps_the_sums_equal_to_the_rows_it_keeps():
     with Store(":memory:") as store:
         for i in range(6):
             store.ingest(from_wire(_wire(20, i * 20, i, "a", "shadow", 1e9 + i * 20 * 0.7)), "test")
+        writes = _writes(store)
         store.delete_before(1e9 + 28.1)  # cuts through a batch and a bucket
+        assert _writes(store)["shadow"] > writes["shadow"]
         assert store.query("SELECT min(ts) AS t FROM depth_labels").to_pylist()[0]["t"] >= 1e9 + 28.1
         assert _cells(store) == _recomputed(store)
         assert store.query("SELECT min(bucket) AS b FROM label_fine_sums").to_pylist()[0]["b"] == (1e9 + 28.1) // 10

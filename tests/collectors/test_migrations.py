@@ -113,8 +113,27 @@ def test_migration_12_gives_a_store_kept_before_it_the_windowed_sums_of_its_rows
         # The store as version 11 left it: sums without the windowed kind.
         for table in ("label_fine_sums", "label_group_sums"):
             store.execute(f"DELETE FROM {table} WHERE kind = 2")
-        store.execute("DELETE FROM schema_migrations WHERE version = 12")
+        store.execute("ALTER TABLE phase_spans DROP COLUMN writes")  # migration 13's
+        store.execute("DELETE FROM schema_migrations WHERE version >= 12")
     assert all(rows[0]["n"] > 0 for rows in kept.values())
     with Store(path) as store:
-        assert store.version == 12
+        assert store.version >= 12
         assert {t: store.query(kind2.format(t)).to_pylist() for t in kept} == kept
+
+
+def test_migration_13_counts_writes_from_zero_in_a_store_kept_before_it(tmp_path):
+    from sparkgate.collectors.synth import synthetic_wire
+    from sparkgate.collectors.wire import from_wire
+
+    path = tmp_path / "events.duckdb"
+    writes = "SELECT phase, writes FROM phase_spans ORDER BY ALL"
+    with Store(path) as store:
+        store.ingest(from_wire(synthetic_wire(20, 8, 5, "r0", seed=3)), "test")
+        assert [r["writes"] for r in store.query(writes).to_pylist()] == [1]
+        # The store as version 12 left it: spans without a count of writes.
+        store.execute("ALTER TABLE phase_spans DROP COLUMN writes")
+        store.execute("DELETE FROM schema_migrations WHERE version = 13")
+    with Store(path) as store:
+        assert store.version >= 13 and [r["writes"] for r in store.query(writes).to_pylist()] == [0]
+        store.ingest(from_wire(synthetic_wire(20, 8, 5, "r0", first_step=20, seed=4, ts=2e9)), "test")
+        assert [r["writes"] for r in store.query(writes).to_pylist()] == [1]
