@@ -20,7 +20,8 @@ the batches the rows arrived in. Rows are appended per batch (a recovered label 
 cell and +1 to its recovered one) and ``compact`` merges a bucket's rows once the bucket has closed, so a
 reader sums a few rows per cell. ``rebuild`` recomputes buckets from the stored rows (retention, and the
 migration that created the tables). ``phase_spans.writes`` counts, per (phase, contract), the transactions
-that changed its sums (a batch, a recovery's move, a rebuild; not ``compact``, which changes no sum).
+that changed its sums (a batch, a recovery's move, a rebuild; not ``compact``, which changes no sum), and
+``bucket_writes`` counts them per bucket.
 """
 
 from __future__ import annotations
@@ -66,6 +67,12 @@ INSERT INTO phase_spans SELECT phase, contract, min(ts), max(ts) FROM steps GROU
 # checks in one row, where summing the sums rows of the phase's span grew with the span.
 WRITES_SQL = "ALTER TABLE phase_spans ADD COLUMN writes BIGINT NOT NULL DEFAULT 0;"
 _SAME_SPAN = "p.phase = n.phase AND p.contract IS NOT DISTINCT FROM n.contract"
+# ``bucket_writes`` counts, per bucket, the transactions that changed its sums (not ``compact``): the version
+# of a bucket that a controller keeping its window's closed buckets checks (``controller.window_cache``).
+# Every bucket with sums has a row (every label and request row is in a status or request sum).
+BUCKETS_SQL = """CREATE TABLE bucket_writes (bucket BIGINT PRIMARY KEY, writes BIGINT NOT NULL);
+INSERT INTO bucket_writes SELECT bucket, 1 FROM (SELECT bucket FROM request_sums UNION SELECT bucket FROM
+    label_status_sums);"""
 
 
 def add_spans(con: duckdb.DuckDBPyConnection, steps: str) -> None:
@@ -85,6 +92,15 @@ def _count_writes(con: duckdb.DuckDBPyConnection, pairs: str | None) -> None:
     None: every one)."""
     where = "TRUE" if pairs is None else f"EXISTS (SELECT 1 FROM {pairs} n WHERE {_SAME_SPAN})"
     con.execute(f"UPDATE phase_spans p SET writes = p.writes + 1 WHERE {where}")
+
+
+def _count_bucket_writes(con: duckdb.DuckDBPyConnection, buckets: list[int]) -> None:
+    """Count a write of each bucket of ``buckets``."""
+    con.execute(
+        "INSERT INTO bucket_writes SELECT unnest(?::BIGINT[]), 1 "
+        "ON CONFLICT (bucket) DO UPDATE SET writes = bucket_writes.writes + 1",
+        [buckets],
+    )
 
 
 def create_sql() -> str:
@@ -234,6 +250,13 @@ def rebuild(con: duckdb.DuckDBPyConnection, since_bucket: int, before_bucket: in
     for sql in _stored_sql(f">= {int(since_bucket)}", f"< {int(before_bucket)}"):
         con.execute(sql)
     _count_writes(con, None)
+    bounds = [since_bucket, before_bucket]
+    con.execute("UPDATE bucket_writes SET writes = writes + 1 WHERE bucket >= ? AND bucket < ?", bounds)
+    con.execute(
+        "INSERT INTO bucket_writes SELECT bucket, 1 FROM (SELECT bucket FROM request_sums UNION SELECT bucket "
+        "FROM label_status_sums) WHERE bucket >= ? AND bucket < ? ON CONFLICT DO NOTHING",
+        bounds,
+    )
 
 
 def forget_before(con: duckdb.DuckDBPyConnection, cutoff_ts: float) -> None:
@@ -242,6 +265,7 @@ def forget_before(con: duckdb.DuckDBPyConnection, cutoff_ts: float) -> None:
     cut = math.floor(cutoff_ts / SUM_BUCKET_S)
     for table in TABLES:
         con.execute(f"DELETE FROM {table} WHERE bucket < ?", [cut])
+    con.execute("UPDATE bucket_writes SET writes = writes + 1 WHERE bucket < ?", [cut])
     rebuild(con, cut, cut + 1)
 
 
@@ -291,6 +315,8 @@ class Keeper:
             finally:
                 con.unregister("sum_settled")
             touched.append(settled.column("ts"))
+        buckets = np.unique(np.floor(np.concatenate([ts.to_numpy() for ts in touched]) / SUM_BUCKET_S))
+        _count_bucket_writes(con, buckets.astype(np.int64).tolist())
         for ts in touched:
             for b in np.unique(np.floor(ts.to_numpy() / SUM_BUCKET_S)).astype(np.int64).tolist():
                 self._writes[b] = self._writes.get(b, 0) + 1

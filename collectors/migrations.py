@@ -181,6 +181,11 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         "each phase and contract counts the writes of its sums: the version kept references check",
         label_sums.WRITES_SQL,
     ),
+    (
+        14,
+        "each sum bucket counts the writes of its sums: the version a kept window's closed buckets check",
+        label_sums.BUCKETS_SQL,
+    ),
 )
 
 

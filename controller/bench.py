@@ -10,7 +10,10 @@
   gates ask for (shadow's full-block and windowed references, each replica's
   labels and windowed labels) and a verdict for every gate of the default
   policy in compact, shadow's references kept from the tick before as a
-  controller keeps them (``controller.references``); as the
+  controller keeps them (``controller.references``), and the window's whole
+  buckets slid from a tick one evaluation interval earlier
+  (``controller.window_cache``; ``eval_fresh_*``: the same tick read fresh, as
+  the first after a restart); as the
   controller's tick past baseline, it leaves out baseline's step buckets, which
   only the report reads. It reads the ingest-time sums; the baseline, run in the same
   process in paired, alternating rounds, reads the same window's rows. The
@@ -52,6 +55,7 @@ from .gates import judge_all
 from .metrics import evaluate, optional_reads
 from .queries import Window
 from .references import References
+from .window_cache import WindowCache
 
 GAMMA, BATCH, BATCH_STEPS, REPLICAS = 7, 32, 2000, 4
 EVAL_TARGET_MS, REPORT_TARGET_MS, MERGE_TARGET_MS = 100, 1000, 50
@@ -104,18 +108,29 @@ def time_evaluation(store: Store, repeats: int) -> dict[str, list[tuple[float, f
     # Shadow's references kept from the tick before, as a controller's next tick finds them; the seed is the
     # controller's (a fixed one), so each round's bootstraps are the same work.
     kept = References()
+    step = policy.evaluation_interval_s
+    before = Window(window.since - step, window.until - step)  # type: ignore[operator]
 
-    def tick(use_sums: bool) -> None:
+    def tick(arm: str, cache: WindowCache | None = None) -> None:
         reads = optional_reads(gates)
-        evaluation = evaluate(store, window, use_sums=use_sums, baseline=False, references=kept, **reads)
+        evaluation = evaluate(store, window, use_sums=arm != "rows", baseline=False, references=kept,
+                              window_cache=cache, **reads)  # fmt: skip
         assert len(judge_all(gates, evaluation.measurements(JUDGED))) == len(gates)
 
-    runs: dict[str, list[tuple[float, float]]] = {"sums": [], "rows": [], "report": []}
-    tick(True)  # first touch of the file's pages (and the references' read), in neither arm
+    def slid() -> tuple[float, float]:
+        # The tick after one an interval earlier, as a controller ticks: the window's kept buckets slide.
+        cache = WindowCache()
+        evaluate(store, before, baseline=False, references=kept, window_cache=cache, **optional_reads(gates))
+        timed = _timed(functools.partial(tick, "slid", cache))
+        assert cache.slid == 1, "the timed tick slid the kept window"
+        return timed
+
+    runs: dict[str, list[tuple[float, float]]] = {"sums": [], "fresh": [], "rows": [], "report": []}
+    tick("fresh")  # first touch of the file's pages (and the references' read), in no arm
     for seed in range(repeats):
-        order = ("sums", "rows") if seed % 2 == 0 else ("rows", "sums")
-        for arm in order:
-            runs[arm].append(_timed(functools.partial(tick, arm == "sums")))
+        order = ("sums", "fresh", "rows")
+        for arm in order if seed % 2 == 0 else order[::-1]:
+            runs[arm].append(slid() if arm == "sums" else _timed(functools.partial(tick, arm)))
         runs["report"].append(_timed(lambda: evaluate(store, Window(), seed=seed).report(JUDGED)))  # noqa: B023
     return runs
 
@@ -168,6 +183,8 @@ def run(labels: int, replicas: int, repeats: int, step_s: float = 0.01) -> dict:
         "eval_ms": _ms(runs["sums"], 0),
         "eval_cpu_ms": _ms(runs["sums"], 1),
         "eval_runs_ms": [round(w, 1) for w, _ in runs["sums"]],
+        "eval_fresh_ms": _ms(runs["fresh"], 0),
+        "eval_fresh_cpu_ms": _ms(runs["fresh"], 1),
         "eval_from_rows_ms": _ms(runs["rows"], 0),
         "eval_from_rows_cpu_ms": _ms(runs["rows"], 1),
         "eval_cpu_ratio": round(statistics.median(ratios), 3),

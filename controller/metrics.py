@@ -47,6 +47,8 @@ from .compact_calibration import compact_ece
 from .measurement import Measurement
 from .queries import Slice, Window
 from .references import References, version
+from .window_cache import WindowCache
+from .window_cache import read as window_cache_read
 from .window_stats import COMPACT_COUNTS, SURVIVAL, WINDOWED_SURVIVAL
 
 BOOTSTRAP_RESAMPLES = 200
@@ -348,6 +350,7 @@ def evaluate(
     use_sums: bool = True,
     baseline: bool = True,
     references: References | None = None,
+    window_cache: WindowCache | None = None,
 ) -> Evaluation:
     """Measure ``window`` and ``slice_`` of the store. The baseline is every step recorded in the
     baseline phase (same replica and load slice), whatever the window; with ``contract``, the baseline and
@@ -355,11 +358,15 @@ def evaluate(
     ``baseline`` False leaves the baseline's step buckets out (None): only the report and the baseline
     phase's own gate read them, and their cost grows with how long baseline ran. ``use_sums`` False reads
     every figure, the optional reads' too, from the rows (what the sums are checked and benchmarked
-    against). ``references`` keeps shadow's references between calls (``controller.references``)."""
+    against). ``references`` keeps shadow's references between calls (``controller.references``), and
+    ``window_cache`` the window's whole buckets (``controller.window_cache``)."""
     windowed = windowed_reference or windowed_replicas
     # Each replica's labels come from the same statements as the fleet's (the sums grouped by replica too).
     judged = _judged_replicas(store, window, slice_) if per_replica or windowed_replicas else None
-    stats = window_stats.read(store, window, slice_, use_sums=use_sums, windowed=windowed, replicas=judged)
+    if window_cache is not None and use_sums:
+        stats = window_cache_read(window_cache, store, window, slice_, windowed=windowed, replicas=judged)
+    else:
+        stats = window_stats.read(store, window, slice_, use_sums=use_sums, windowed=windowed, replicas=judged)
     replicas = stats.by_replica or {}
     survival, conditional, compact_counts = stats.survival, stats.conditional, stats.compact_counts()
     aggregate = Aggregate(survival.calibration_stats(), conditional.calibration_stats(), **stats.hists)

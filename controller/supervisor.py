@@ -45,6 +45,7 @@ from .metrics import Evaluation, evaluate, optional_reads
 from .queries import SameContract, Slice, Window
 from .references import References
 from .rollout import Decision, RolloutState
+from .window_cache import WindowCache
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ class Controller:
         self.last_verdicts: list[Verdict] = []
         self._lock = threading.Lock()
         self.references = References()  # shadow's references, read again only when their labels change
+        self.window_cache = WindowCache()  # the window's whole buckets, slid from tick to tick
         self.state = self._resume()
         if self.exporter is not None:
             self.exporter.state(self.state)
@@ -276,6 +278,7 @@ class Controller:
                 contract=reading.reference(),
                 **optional_reads(self._judged(state)[1] if state.stage is not None else ()),
                 references=self.references,
+                window_cache=self.window_cache,
                 baseline=self._judged(state)[0] == Phase.BASELINE,  # its gate counts baseline's steps
             )
             verdicts = self.judge(state, evaluation, now)

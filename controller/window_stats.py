@@ -15,7 +15,7 @@ import functools
 import itertools
 import math
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import duckdb
@@ -100,21 +100,47 @@ def read(
     each one's survival (and windowed) labels, equal to ``read`` with the slice narrowed to it up to empty
     trailing depths, from the same statements: the label sums grouped by replica as well, the fleet's
     figures their total."""
-    buckets = _buckets(window) if use_sums and summed(slice_) else None
+    buckets = closed_buckets(window) if use_sums and summed(slice_) else None
     if buckets is None:
         return _from_rows(store, window, slice_, phase, contract, None, windowed=windowed, replicas=replicas)
     low, high = buckets
     try:
-        cells = _sums(store, low, high, slice_.replica_id, phase, contract, windowed, replicas)
+        cells = sums(store, [(low, high, 1)], slice_.replica_id, phase, contract, windowed, replicas)
     except duckdb.CatalogException:
         return _from_rows(store, window, slice_, phase, contract, None, windowed=windowed, replicas=replicas)
-    edges = _edges(window, low, high)
-    columns = [queries.label_columns(store, w, slice_, phase, contract, windowed, replicas or ()) for w in edges]
-    depths = max([cells.depths, *(c.depths for c in columns), 1])
-    out = cells.stats(depths, windowed, replicas)
-    for w, c in zip(edges, columns):
-        out = out + _from_rows(store, w, slice_, phase, contract, depths, c, windowed, replicas)
-    return out
+    edges = Edges.of(store, window, slice_, phase, contract, windowed, replicas)
+    depths = max(cells.depths, edges.depths)
+    return edges.added(cells.stats(depths, windowed, replicas), depths)
+
+
+@dataclass
+class Edges:
+    """The rows of the parts of a window's first and last bucket that its whole buckets leave out."""
+
+    windows: list[Window]
+    columns: list[queries.LabelColumns]
+    read: Callable[[Window, int, queries.LabelColumns], WindowStats]
+
+    @classmethod
+    def of(cls, store, window, slice_, phase, contract, windowed: bool, replicas) -> Edges:
+        windows = _edges(window, *closed_buckets(window))  # type: ignore[misc]
+        columns = [queries.label_columns(store, w, slice_, phase, contract, windowed, replicas or ()) for w in windows]
+
+        def read(w: Window, depths: int, c: queries.LabelColumns) -> WindowStats:
+            return _from_rows(store, w, slice_, phase, contract, depths, c, windowed, replicas)
+
+        return cls(windows, columns, read)
+
+    @property
+    def depths(self) -> int:
+        """The deepest label or request histogram the edges hold (at least 1)."""
+        return max([*(c.depths for c in self.columns), 1])
+
+    def added(self, closed: WindowStats, depths: int) -> WindowStats:
+        """``closed`` (the whole buckets' statistics at ``depths``) plus the edges'."""
+        for w, c in zip(self.windows, self.columns):
+            closed = closed + self.read(w, depths, c)
+        return closed
 
 
 def survival(
@@ -148,13 +174,13 @@ def _of_kind(stats: WindowStats, kind: int) -> KindStats:
 def _survival_cells(store, window, slice_, phase, contract, kind: int):
     """(fine cells, grouped cells, edge windows) of the window's survival sums of ``kind``; None where
     ``read`` would read rows."""
-    buckets = _buckets(window) if summed(slice_) else None
+    buckets = closed_buckets(window) if summed(slice_) else None
     if buckets is None:
         return None
     where, params = sums_where(*buckets, slice_.replica_id, phase, contract)
     where += f" AND kind = {int(kind)}"
     try:
-        fine, grouped = (_summed_cells(store, name, where, params) for name in ("fine", "grouped"))
+        fine, grouped = (_summed_cells(store, name, where, params, "1") for name in ("fine", "grouped"))
     except duckdb.CatalogException:
         return None
     return fine, grouped, _edges(window, *buckets)
@@ -183,7 +209,7 @@ def summed(slice_: Slice) -> bool:
     return not slice_.per_request and slice_.load_bucket is None
 
 
-def _buckets(window: Window) -> tuple[int | None, int | None] | None:
+def closed_buckets(window: Window) -> tuple[int | None, int | None] | None:
     """The whole sum buckets ``[low, high)`` the window covers (None for an open side), or None when it
     covers none."""
     low = None if window.since is None else _clamp(math.ceil(window.since / SUM_BUCKET_S))
@@ -264,7 +290,7 @@ def _kinds(
 
 
 @dataclass
-class _Cells:
+class Cells:
     """The sums tables' rows for a bucket range, summed per cell (numpy columns by name)."""
 
     fine: dict[str, np.ndarray]
@@ -278,7 +304,7 @@ class _Cells:
         return max([*found, int(self.requests["x"].max(initial=0)), int(self.requests["y"].max(initial=0))])
 
     def stats(self, depths: int, windowed: bool, replicas: Sequence[str] | None = None) -> WindowStats:
-        """The statistics at ``depths``; with ``replicas`` the label cells carry column ``replica`` (``_sums``),
+        """The statistics at ``depths``; with ``replicas`` the label cells carry column ``replica`` (``sums``),
         and the fleet's kinds are the total of every replica's, those not listed included."""
         width = depths + 1
         codes = (SURVIVAL, CONDITIONAL, WINDOWED_SURVIVAL) if windowed else (SURVIVAL, CONDITIONAL)
@@ -337,47 +363,68 @@ def _kind_stats(f: dict[str, np.ndarray], g: dict[str, np.ndarray], width: int) 
     return KindStats(*arrays)
 
 
+# Per cells name: its table, key columns, and value columns besides ``n`` with their result types.
 _QUERIES = {
-    "fine": ("label_fine_sums", "kind, mode, depth, fine, y", "sum(sum_p) AS sum_p, sum(sum_p2) AS sum_p2"),
-    "grouped": ("label_group_sums", "kind, grp, depth, bin", "sum(sum_p) AS sum_p, sum(sum_y)::BIGINT AS sum_y"),
-    "status": ("label_status_sums", "mode, depth, status, bin", "sum(sum_s) AS sum_s, sum(sum_prob) AS sum_prob"),
-    "requests": ("request_sums", "mode, hist, x, y", ""),
+    "fine": ("label_fine_sums", "kind, mode, depth, fine, y", {"sum_p": "DOUBLE", "sum_p2": "DOUBLE"}),
+    "grouped": ("label_group_sums", "kind, grp, depth, bin", {"sum_p": "DOUBLE", "sum_y": "BIGINT"}),
+    "status": ("label_status_sums", "mode, depth, status, bin", {"sum_s": "DOUBLE", "sum_prob": "DOUBLE"}),
+    "requests": ("request_sums", "mode, hist, x, y", {}),
 }
 
 
-def _sums(
+def sums(
     store: Store,
-    low: int | None,
-    high: int | None,
+    parts: Sequence[tuple[int | None, int | None, int]],
     replica_id: str | None,
     phase: str | None,
     contract: SameContract | None,
     windowed: bool,
     replicas: Sequence[str] | None = None,
-) -> _Cells:
-    """The window's cells of every table; with ``replicas``, the label sums' per replica as well (column
-    ``replica``: its index in ``replicas``, −1 for any other)."""
-    where, params = sums_where(low, high, replica_id, phase, contract)
+) -> Cells:
+    """The cells of every table over the buckets of ``parts``, each ``(low, high, sign)``: buckets
+    ``[low, high)`` (None for an open side) weighted by ``sign`` (+1 or −1); with ``replicas``, the label
+    sums' per replica as well (column ``replica``: its index in ``replicas``, −1 for any other). Cells that
+    sum to no label are dropped only when every sign is +1: with −1 a cell's count may net to zero while
+    its sums do not."""
+    where, params = sums_where(None, None, replica_id, phase, contract)
+    ranges = []
+    for low, high, _ in parts:
+        clauses = [c for c, v in (("bucket >= ?", low), ("bucket < ?", high)) if v is not None]
+        ranges.append("(" + " AND ".join(clauses or ["TRUE"]) + ")")
+        params += [v for v in (low, high) if v is not None]
+    where += " AND (" + " OR ".join(ranges) + ")"
+    lows, highs = [p[0] for p in parts], [p[1] for p in parts]
+    if len(parts) > 1 and None not in lows and None not in highs:
+        # Bounds the scan can prune row groups by (it does not prune by a disjunction).
+        where += f" AND bucket >= {min(lows)} AND bucket < {max(highs)}"  # type: ignore[type-var]
+    signed = [(low, high) for low, high, sign in parts if sign < 0]
+    weight = "1"
+    if signed:
+        minus = " OR ".join(f"(bucket >= {int(lo)} AND bucket < {int(hi)})" for lo, hi in signed)  # type: ignore[arg-type]
+        weight = f"(CASE WHEN {minus} THEN -1 ELSE 1 END)"
     kinds = "" if windowed else f" AND kind < {WINDOWED_SURVIVAL}"  # the label sums' kinds; the others have none
     cells = {}
     for name in _QUERIES:
         if name not in ("fine", "grouped"):
-            cells[name] = _summed_cells(store, name, where, params)
+            cells[name] = _summed_cells(store, name, where, params, weight)
         elif replicas is None:
-            cells[name] = _summed_cells(store, name, where + kinds, params)
+            cells[name] = _summed_cells(store, name, where + kinds, params, weight)
         else:
             by = "(coalesce(list_position(?::VARCHAR[], replica_id), 0) - 1)::INTEGER AS replica, "
-            cells[name] = _summed_cells(store, name, where + kinds, [list(replicas), *params], by)
-    return _Cells(**cells)
+            cells[name] = _summed_cells(store, name, where + kinds, [list(replicas), *params], weight, by)
+    return Cells(**cells)
 
 
-def _summed_cells(store: Store, name: str, where: str, params: list, by: str = "") -> dict[str, np.ndarray]:
-    """One sums table's rows under ``where``, summed per cell (and per ``by``, key columns put first), as
-    numpy columns by name."""
+def _summed_cells(
+    store: Store, name: str, where: str, params: list, weight: str, by: str = ""
+) -> dict[str, np.ndarray]:
+    """One sums table's rows under ``where``, each times ``weight``, summed per cell (and per ``by``, key
+    columns put first), as numpy columns by name."""
     table, keys, values = _QUERIES[name]
+    sums = "".join(f", sum({v} * {weight})::{t} AS {v}" for v, t in values.items())
+    having = " HAVING sum(n) <> 0" if weight == "1" else ""
     rows = store.query(
-        f"SELECT {by}{keys}, sum(n)::BIGINT AS n{', ' + values if values else ''} FROM {table} WHERE {where} "
-        "GROUP BY ALL HAVING sum(n) <> 0",
+        f"SELECT {by}{keys}, sum(n * {weight})::BIGINT AS n{sums} FROM {table} WHERE {where} GROUP BY ALL{having}",
         params,
     )
     return {c: rows.column(c).to_numpy(zero_copy_only=False) for c in rows.column_names}

@@ -41,6 +41,20 @@ def _by_phase(cells: dict[str, list]) -> dict[str, list]:
     return {p: [(t, r) for t, rows in cells.items() for r in rows if r["phase"] == p] for p in ("shadow", "canary")}
 
 
+def _by_bucket(cells: dict[str, list]) -> dict[int, list]:
+    """``_cells`` split by bucket: what a kept window's bucket holds."""
+    out: dict[int, list] = {}
+    for t, rows in cells.items():
+        for r in rows:
+            out.setdefault(r["bucket"], []).append((t, r))
+    return out
+
+
+def _bucket_writes(store: Store) -> dict[int, int]:
+    rows = store.query("SELECT bucket, writes FROM bucket_writes").to_pylist()
+    return {r["bucket"]: r["writes"] for r in rows}
+
+
 def _writes(store: Store) -> dict[str, int]:
     rows = store.query("SELECT phase, sum(writes)::BIGINT AS w FROM phase_spans GROUP BY ALL").to_pylist()
     return {r["phase"]: r["w"] for r in rows}
@@ -65,12 +79,18 @@ def test_sums_equal_a_recount_of_the_stored_rows_however_the_rows_arrived(cuts, 
         for i, steps in enumerate(cuts):
             for replica in ("a", "b"):
                 wire = _wire(steps, first, seed + i, replica, ("shadow", "canary")[i % 2], 1e9 + first * spacing)
-                cells, writes = _by_phase(_cells(store)), _writes(store)
+                before = _cells(store)
+                cells, writes, buckets = _by_phase(before), _writes(store), _bucket_writes(store)
                 assert store.ingest(from_wire(wire), "test").quarantined == 0
                 # A phase whose sums moved (the batch's own, or an earlier one's through recovery) counts a
-                # write: the version a kept reference checks (controller.references).
-                moved = [p for p, c in _by_phase(_cells(store)).items() if c != cells[p]]
+                # write: the version a kept reference checks (controller.references); so does each bucket
+                # whose sums moved, the version a kept window checks (controller.window_cache).
+                after = _cells(store)
+                moved = [p for p, c in _by_phase(after).items() if c != cells[p]]
                 assert all(_writes(store)[p] > writes.get(p, 0) for p in moved) and moved
+                was, now = _by_bucket(before), _by_bucket(after)
+                moved_buckets = [b for b in {*was, *now} if was.get(b) != now.get(b)]
+                assert all(_bucket_writes(store)[b] > buckets.get(b, 0) for b in moved_buckets) and moved_buckets
             first += steps
         assert _cells(store) == _recomputed(store)
         spans = "SELECT phase, contract, {} FROM {} GROUP BY ALL ORDER BY ALL"
@@ -99,9 +119,12 @@ def test_retention_keeps_the_sums_equal_to_the_rows_it_keeps():
     with Store(":memory:") as store:
         for i in range(6):
             store.ingest(from_wire(_wire(20, i * 20, i, "a", "shadow", 1e9 + i * 20 * 0.7)), "test")
-        writes = _writes(store)
+        writes, buckets = _writes(store), _bucket_writes(store)
         store.delete_before(1e9 + 28.1)  # cuts through a batch and a bucket
         assert _writes(store)["shadow"] > writes["shadow"]
+        # The buckets it dropped and the one it recomputed count a write; those after it do not.
+        now = _bucket_writes(store)
+        assert all((now[b] > w) == (b <= (1e9 + 28.1) // 10) for b, w in buckets.items())
         assert store.query("SELECT min(ts) AS t FROM depth_labels").to_pylist()[0]["t"] >= 1e9 + 28.1
         assert _cells(store) == _recomputed(store)
         assert store.query("SELECT min(bucket) AS b FROM label_fine_sums").to_pylist()[0]["b"] == (1e9 + 28.1) // 10

@@ -114,6 +114,7 @@ def test_migration_12_gives_a_store_kept_before_it_the_windowed_sums_of_its_rows
         for table in ("label_fine_sums", "label_group_sums"):
             store.execute(f"DELETE FROM {table} WHERE kind = 2")
         store.execute("ALTER TABLE phase_spans DROP COLUMN writes")  # migration 13's
+        store.execute("DROP TABLE bucket_writes")  # migration 14's
         store.execute("DELETE FROM schema_migrations WHERE version >= 12")
     assert all(rows[0]["n"] > 0 for rows in kept.values())
     with Store(path) as store:
@@ -132,8 +133,29 @@ def test_migration_13_counts_writes_from_zero_in_a_store_kept_before_it(tmp_path
         assert [r["writes"] for r in store.query(writes).to_pylist()] == [1]
         # The store as version 12 left it: spans without a count of writes.
         store.execute("ALTER TABLE phase_spans DROP COLUMN writes")
-        store.execute("DELETE FROM schema_migrations WHERE version = 13")
+        store.execute("DROP TABLE bucket_writes")  # migration 14's
+        store.execute("DELETE FROM schema_migrations WHERE version >= 13")
     with Store(path) as store:
         assert store.version >= 13 and [r["writes"] for r in store.query(writes).to_pylist()] == [0]
         store.ingest(from_wire(synthetic_wire(20, 8, 5, "r0", first_step=20, seed=4, ts=2e9)), "test")
         assert [r["writes"] for r in store.query(writes).to_pylist()] == [1]
+
+
+def test_migration_14_counts_a_write_of_every_bucket_a_store_kept_before_it_holds(tmp_path):
+    from sparkgate.collectors.synth import synthetic_wire
+    from sparkgate.collectors.wire import from_wire
+
+    path = tmp_path / "events.duckdb"
+    writes = "SELECT bucket, writes FROM bucket_writes ORDER BY ALL"
+    with Store(path) as store:
+        store.ingest(from_wire(synthetic_wire(20, 8, 5, "r0", seed=3, ts=1e9 + 5)), "test")
+        store.ingest(from_wire(synthetic_wire(20, 8, 5, "r0", first_step=20, seed=4, ts=1e9 + 25)), "test")
+        assert [tuple(r.values()) for r in store.query(writes).to_pylist()] == [(1e8, 1), (1e8 + 2, 1)]
+        # The store as version 13 left it: sums without a count of writes per bucket.
+        store.execute("DROP TABLE bucket_writes")
+        store.execute("DELETE FROM schema_migrations WHERE version = 14")
+    with Store(path) as store:
+        assert store.version >= 14
+        assert [tuple(r.values()) for r in store.query(writes).to_pylist()] == [(1e8, 1), (1e8 + 2, 1)]
+        store.ingest(from_wire(synthetic_wire(5, 8, 5, "r0", first_step=40, seed=5, ts=1e9 + 26)), "test")
+        assert [tuple(r.values()) for r in store.query(writes).to_pylist()] == [(1e8, 1), (1e8 + 2, 2)]

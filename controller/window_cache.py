@@ -1,0 +1,154 @@
+"""A window's whole buckets kept between ticks, slid by what entered and left instead of read again.
+
+A controller's window is its newest few evaluation intervals, so from one tick to the next most of its
+whole sum buckets are the same; reading them again (the fine and grouped label sums, grouped by replica)
+was the largest part of a compact tick (docs/benchmarks.md). A ``WindowCache`` keeps, per read (slice,
+phase, contract, windowed, replicas), the statistics of the buckets ``[low, high)`` it last covered, at the
+width it was read at, with each bucket's version. The next read of ``[low', high')`` reads one statement
+per table over the buckets that entered (weight +1) and left (−1), and adds its cells to what it kept.
+
+Invariant: a read served from here equals ``window_stats.read`` (counts exactly, float sums up to
+rounding; a cell the slide empties has its float sums set to 0, as a fresh read, which drops it, gives).
+A bucket's version is its count of writes (``bucket_writes``, kept by ingest in the same transaction as
+the sums, ``collectors.label_sums``): a batch, a recovery's move or retention changes it, and if any kept
+bucket's version moved, or the width the window needs differs from the kept one, or the windows do not
+overlap, the read is a fresh one (and is kept). A store without the sums or the count is read fresh.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field, replace
+
+import duckdb
+import numpy as np
+
+from sparkgate.collectors.store import Store
+
+from . import window_stats
+from .calibration import KindStats
+from .queries import SameContract, Slice, Window
+from .window_stats import Edges, WindowStats
+
+
+@dataclass
+class _Kept:
+    low: int
+    high: int
+    depths: int  # the width the statistics are at
+    versions: dict[int, int]  # bucket: writes, buckets without sums left out
+    stats: WindowStats  # the whole buckets' statistics, edges not included
+
+
+@dataclass
+class WindowCache:
+    """The windows read so far, one per read key; one per controller."""
+
+    kept: dict[Hashable, _Kept] = field(default_factory=dict)
+    fresh: int = 0  # reads of every whole bucket
+    slid: int = 0  # reads of the buckets that entered and left
+
+
+def read(
+    cache: WindowCache,
+    store: Store,
+    window: Window,
+    slice_: Slice,
+    phase: str | None = None,
+    contract: SameContract | None = None,
+    windowed: bool = False,
+    replicas: Sequence[str] | None = None,
+) -> WindowStats:
+    """``window_stats.read(store, window, slice_, phase, contract, windowed=windowed, replicas=replicas)``,
+    its whole buckets slid from what ``cache`` kept where it can be (module docstring)."""
+    buckets = window_stats.closed_buckets(window) if window_stats.summed(slice_) else None
+    if buckets is None or buckets[0] is None or buckets[1] is None:
+        return window_stats.read(store, window, slice_, phase, contract, windowed=windowed, replicas=replicas)
+    low, high = int(buckets[0]), int(buckets[1])
+    key = (slice_, phase, contract, windowed, None if replicas is None else tuple(replicas))
+    held = cache.kept.get(key)
+    try:
+        versions = _versions(store, min(low, held.low) if held else low, max(high, held.high) if held else high)
+        edges = Edges.of(store, window, slice_, phase, contract, windowed, replicas)
+        slid = None if held is None else _slide(store, held, low, high, versions, edges, key)
+        if slid is None:
+            cache.fresh += 1
+            cells = window_stats.sums(store, [(low, high, 1)], slice_.replica_id, phase, contract, windowed, replicas)
+            depths = max(cells.depths, edges.depths)
+            stats = cells.stats(depths, windowed, replicas)
+        else:
+            cache.slid += 1
+            stats, depths = slid
+    except (duckdb.CatalogException, duckdb.BinderException):
+        return window_stats.read(store, window, slice_, phase, contract, windowed=windowed, replicas=replicas)
+    mine = {b: v for b, v in versions.items() if low <= b < high}
+    cache.kept[key] = _Kept(low, high, depths, mine, stats)
+    return edges.added(stats, depths)
+
+
+def _slide(
+    store: Store, held: _Kept, low: int, high: int, versions: dict[int, int], edges: Edges, key: tuple
+) -> tuple[WindowStats, int] | None:
+    """(the statistics of ``[low, high)`` from ``held`` and the buckets that entered and left, their width);
+    None where a fresh read is needed."""
+    if low >= held.high or held.low >= high:
+        return None
+    if any(versions.get(b, 0) != held.versions.get(b, 0) for b in range(held.low, held.high)):
+        return None
+    parts = [(lo, hi, sign) for lo, hi, sign in (
+        (low, min(high, held.low), 1), (max(low, held.high), high, 1),
+        (held.low, min(held.high, low), -1), (max(held.low, high), held.high, -1),
+    ) if lo < hi]  # fmt: skip
+    stats = held.stats
+    if parts:
+        slice_, phase, contract, windowed, replicas = key
+        delta = window_stats.sums(store, parts, slice_.replica_id, phase, contract, windowed, replicas)
+        if delta.depths > held.depths:
+            return None
+        stats = _settled(stats + delta.stats(held.depths, windowed, replicas))
+    if max(_depth_of(stats), edges.depths) != held.depths:
+        return None
+    return stats, held.depths
+
+
+def _versions(store: Store, low: int, high: int) -> dict[int, int]:
+    """Each bucket of ``[low, high)`` with sums: its count of writes."""
+    rows = store.query("SELECT bucket, writes FROM bucket_writes WHERE bucket >= ? AND bucket < ?", [low, high])
+    return dict(zip(rows.column("bucket").to_pylist(), rows.column("writes").to_pylist()))
+
+
+def _settled(stats: WindowStats) -> WindowStats:
+    """``stats`` with the float sums of empty cells set to 0 (a slide leaves rounding residue there)."""
+    by = stats.by_replica
+    estimated = stats.estimated.copy()
+    estimated[..., 1:][estimated[..., 0] == 0] = 0.0
+    return replace(
+        stats,
+        survival=_kind_settled(stats.survival),
+        conditional=_kind_settled(stats.conditional),
+        windowed=None if stats.windowed is None else _kind_settled(stats.windowed),
+        estimated=estimated,
+        by_replica=None if by is None else {k: {r: _kind_settled(s) for r, s in of.items()} for k, of in by.items()},
+    )
+
+
+def _kind_settled(k: KindStats) -> KindStats:
+    empty, grouped_empty = k.fine_count == 0, k.grouped_count == 0
+    return replace(
+        k,
+        fine_sum_p=np.where(empty, 0.0, k.fine_sum_p),
+        fine_sum_p2=np.where(empty, 0.0, k.fine_sum_p2),
+        grouped_sum_p=np.where(grouped_empty, 0.0, k.grouped_sum_p),
+    )
+
+
+def _depth_of(stats: WindowStats) -> int:
+    """The deepest depth any count of ``stats`` holds (what a fresh read of its cells would find; 0 for none)."""
+    along = [stats.statuses.any(axis=0), stats.estimated[..., 0].any(axis=1)]
+    for k in (stats.survival, stats.conditional, stats.windowed):
+        if k is not None:
+            along += [k.fine_count.any(axis=(0, 2, 3)), k.grouped_count.any(axis=(0, 2))]
+    for h in stats.hists.values():
+        along += [h.any(axis=(0, 2)), h.any(axis=(0, 1))]
+    found = np.flatnonzero(np.logical_or.reduce(along))
+    return int(found[-1]) if found.size else 0

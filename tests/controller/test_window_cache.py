@@ -1,0 +1,124 @@
+"""A window's kept whole buckets slide to what a fresh read gives, and are read fresh whenever one changed."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparkgate.collectors.store import Store
+from sparkgate.controller import window_cache, window_stats
+from sparkgate.controller.metrics import OptionalReads, evaluate
+from sparkgate.controller.queries import Slice, Window
+from tests.conftest import T0, ingest_synthetic
+
+REPLICAS = ("r0", "r1")
+
+
+def _leaves(x, path=""):
+    if dataclasses.is_dataclass(x):
+        for f in dataclasses.fields(x):
+            yield from _leaves(getattr(x, f.name), f"{path}.{f.name}")
+    elif isinstance(x, dict):
+        for k, v in x.items():
+            yield from _leaves(v, f"{path}[{k}]")
+    else:
+        yield path, x
+
+
+def _assert_same(got: window_stats.WindowStats, want: window_stats.WindowStats) -> None:
+    a, b = dict(_leaves(got)), dict(_leaves(want))
+    assert a.keys() == b.keys()
+    for k, x in a.items():
+        y = b[k]
+        if x is None or y is None:
+            assert x is y, k
+        elif x.dtype.kind in "iub":
+            np.testing.assert_array_equal(x, y, err_msg=k)
+        else:
+            np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-12, err_msg=k)
+
+
+def _fill(store: Store, buckets: range, first_step: int = 0) -> None:
+    """A batch of 12 steps in each 10 s bucket of ``buckets`` (counted from T0), replicas taking turns."""
+    for i in buckets:
+        ingest_synthetic(store, 12, T0 + 10 * i + 3, "compact", REPLICAS[i % 2], first_step=first_step + 100 * i)
+
+
+def _read(cache, store, window, slice_=Slice()):
+    got = window_cache.read(cache, store, window, slice_, windowed=True, replicas=REPLICAS)
+    want = window_stats.read(store, window, slice_, windowed=True, replicas=REPLICAS)
+    _assert_same(got, want)
+    return got
+
+
+def test_a_slid_window_is_a_fresh_read_and_any_write_to_a_kept_bucket_reads_fresh(store):
+    _fill(store, range(12))
+    cache = window_cache.WindowCache()
+    _read(cache, store, Window(T0 + 5, T0 + 65))
+    assert (cache.fresh, cache.slid) == (1, 0)
+    # New traffic, then the window one step on: the buckets that left and entered are read, the rest kept.
+    _fill(store, range(12, 16), first_step=10_000)
+    _read(cache, store, Window(T0 + 27, T0 + 151))
+    assert (cache.fresh, cache.slid) == (1, 1)
+    # A late batch into a kept bucket changes its version: read fresh.
+    ingest_synthetic(store, 5, T0 + 40.5, "compact", "r1", first_step=50_000)
+    _read(cache, store, Window(T0 + 29, T0 + 153))
+    assert (cache.fresh, cache.slid) == (2, 1)
+    # Retention rebuilds the bucket it cuts through and drops those before: read fresh.
+    store.delete_before(T0 + 44)
+    _read(cache, store, Window(T0 + 31, T0 + 155))
+    assert (cache.fresh, cache.slid) == (3, 1)
+    _read(cache, store, Window(T0 + 33, T0 + 157))
+    assert (cache.fresh, cache.slid) == (3, 2)
+
+
+def test_windows_that_do_not_overlap_or_slices_without_sums_are_read_fresh(store):
+    _fill(store, range(10))
+    cache = window_cache.WindowCache()
+    _read(cache, store, Window(T0, T0 + 30))
+    _read(cache, store, Window(T0 + 50, T0 + 90))
+    assert (cache.fresh, cache.slid) == (2, 0)
+    _read(cache, store, Window(T0 + 20, T0 + 60), Slice(task="code"))  # per request: from the rows
+    _read(cache, store, Window(since=T0 + 20))  # an open side: not kept
+    assert (cache.fresh, cache.slid) == (2, 0) and len(cache.kept) == 1
+
+
+def test_an_evaluation_with_the_cache_gives_the_figures_of_one_without(store):
+    _fill(store, range(10))
+    cache = window_cache.WindowCache()
+    reads = OptionalReads(shadow_reference=False, per_replica=True, windowed_reference=False, windowed_replicas=True)
+    for since in (T0, T0 + 12, T0 + 25):
+        window = Window(since, since + 60)
+        kept = evaluate(store, window, resamples=20, window_cache=cache, **reads)
+        fresh = evaluate(store, window, resamples=20, **reads)
+        got, want = kept.measurements("compact"), fresh.measurements("compact")
+        assert got.keys() == want.keys()
+        for name, m in got.items():  # equal up to the float sums' rounding
+            w = want[name]
+            assert (m.samples, m.error) == (w.samples, w.error), name
+            for a, b in ((m.value, w.value), (m.low, w.low), (m.high, w.high)):
+                assert a == b if a is None or b is None else a == pytest.approx(b, rel=1e-9, abs=1e-12), name
+    assert cache.slid == 2
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    with Store(Path(tmp_path_factory.mktemp("window-cache")) / "events.duckdb") as store:
+        _fill(store, range(20))
+        yield store
+
+
+@settings(max_examples=15, deadline=None)
+@given(moves=st.lists(st.tuples(st.floats(-40, 60), st.floats(5, 150)), min_size=1, max_size=4))
+def test_any_sequence_of_windows_reads_as_fresh_reads_do(shared, moves):
+    store = shared
+    cache, since = window_cache.WindowCache(), T0 + 30
+    for shift, length in moves:
+        since += shift
+        _read(cache, store, Window(since, since + length))
+    assert cache.fresh + cache.slid <= len(moves)
