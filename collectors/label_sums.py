@@ -70,9 +70,9 @@ _SAME_SPAN = "p.phase = n.phase AND p.contract IS NOT DISTINCT FROM n.contract"
 # ``bucket_writes`` counts, per bucket, the transactions that changed its sums (not ``compact``): the version
 # of a bucket that a controller keeping its window's closed buckets checks (``controller.window_cache``).
 # Every bucket with sums has a row (every label and request row is in a status or request sum).
-BUCKETS_SQL = """CREATE TABLE bucket_writes (bucket BIGINT PRIMARY KEY, writes BIGINT NOT NULL);
-INSERT INTO bucket_writes SELECT bucket, 1 FROM (SELECT bucket FROM request_sums UNION SELECT bucket FROM
-    label_status_sums);"""
+_SUM_BUCKETS = "(SELECT bucket FROM request_sums UNION SELECT bucket FROM label_status_sums)"
+BUCKETS_SQL = f"""CREATE TABLE bucket_writes (bucket BIGINT PRIMARY KEY, writes BIGINT NOT NULL);
+INSERT INTO bucket_writes SELECT bucket, 1 FROM {_SUM_BUCKETS};"""
 
 
 def add_spans(con: duckdb.DuckDBPyConnection, steps: str) -> None:
@@ -253,8 +253,8 @@ def rebuild(con: duckdb.DuckDBPyConnection, since_bucket: int, before_bucket: in
     bounds = [since_bucket, before_bucket]
     con.execute("UPDATE bucket_writes SET writes = writes + 1 WHERE bucket >= ? AND bucket < ?", bounds)
     con.execute(
-        "INSERT INTO bucket_writes SELECT bucket, 1 FROM (SELECT bucket FROM request_sums UNION SELECT bucket "
-        "FROM label_status_sums) WHERE bucket >= ? AND bucket < ? ON CONFLICT DO NOTHING",
+        f"INSERT INTO bucket_writes SELECT bucket, 1 FROM {_SUM_BUCKETS} WHERE bucket >= ? AND bucket < ? "
+        "ON CONFLICT DO NOTHING",
         bounds,
     )
 
@@ -315,10 +315,10 @@ class Keeper:
             finally:
                 con.unregister("sum_settled")
             touched.append(settled.column("ts"))
-        buckets = np.unique(np.floor(np.concatenate([ts.to_numpy() for ts in touched]) / SUM_BUCKET_S))
-        _count_bucket_writes(con, buckets.astype(np.int64).tolist())
-        for ts in touched:
-            for b in np.unique(np.floor(ts.to_numpy() / SUM_BUCKET_S)).astype(np.int64).tolist():
+        per = [np.unique(np.floor(ts.to_numpy() / SUM_BUCKET_S)).astype(np.int64).tolist() for ts in touched]
+        _count_bucket_writes(con, sorted(set().union(*per)))
+        for buckets in per:
+            for b in buckets:
                 self._writes[b] = self._writes.get(b, 0) + 1
         newest = math.floor(float(np.max(steps.column("ts").to_numpy())) / SUM_BUCKET_S)
         closed = sorted(b for b in self._writes if b < newest - 1)
