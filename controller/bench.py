@@ -5,15 +5,16 @@
   taking turns; the first tenth recorded in baseline, the next in shadow, the
   rest in compact). One evaluation is what a controller tick in compact
   computes over its window (the newest five evaluation intervals of the
-  default policy): every metric (all depths, both kinds, bootstrap intervals
+  default policy, open at the top as a live controller's is): every metric (all depths, both kinds, bootstrap intervals
   with 200 resamples, equal-mass ECE, AUROC, step latency), the reads its
   gates ask for (shadow's full-block and windowed references, each replica's
   labels and windowed labels) and a verdict for every gate of the default
   policy in compact, shadow's references kept from the tick before as a
-  controller keeps them (``controller.references``), and the window's whole
-  buckets slid from a tick one evaluation interval earlier
+  controller keeps them (``controller.references``), and the window's settled
+  whole buckets slid from a tick one evaluation interval earlier
   (``controller.window_cache``; ``eval_fresh_*``: the same tick read fresh, as
-  the first after a restart); as the
+  the first after a restart; ``eval_slid_cpu_ratio``: their paired CPU ratio;
+  ``--window-intervals`` widens the window, as a lookback does); as the
   controller's tick past baseline, it leaves out baseline's step buckets, which
   only the report reads. It reads the ingest-time sums; the baseline, run in the same
   process in paired, alternating rounds, reads the same window's rows. The
@@ -97,19 +98,22 @@ def _timed(fn) -> tuple[float, float]:
     return (time.perf_counter() - wall) * 1000, (time.process_time() - cpu) * 1000
 
 
-def time_evaluation(store: Store, repeats: int) -> dict[str, list[tuple[float, float]]]:
+def time_evaluation(
+    store: Store, repeats: int, intervals: int = WINDOW_INTERVALS
+) -> dict[str, list[tuple[float, float]]]:
     """Per round, (wall ms, CPU ms) of a tick's evaluation from the sums and from the rows (alternating which
     goes first), and of a full-history report."""
     policy = load_rollout_policy()
     gates = policy.gates_for(JUDGED)
     newest = store.query("SELECT max(ts) AS t FROM steps").to_pylist()[0]["t"]
-    window = Window(newest - WINDOW_INTERVALS * policy.evaluation_interval_s, newest + 1e-3)
+    # A live controller's window: the newest intervals, open at the top (``Supervisor.window``).
+    window = Window(newest - intervals * policy.evaluation_interval_s)
 
     # Shadow's references kept from the tick before, as a controller's next tick finds them; the seed is the
     # controller's (a fixed one), so each round's bootstraps are the same work.
     kept = References()
     step = policy.evaluation_interval_s
-    before = Window(window.since - step, window.until - step)  # type: ignore[operator]
+    before = Window(window.since - step, newest - step + 1e-3)  # type: ignore[operator]
 
     def tick(arm: str, cache: WindowCache | None = None) -> None:
         reads = optional_reads(gates)
@@ -118,7 +122,8 @@ def time_evaluation(store: Store, repeats: int) -> dict[str, list[tuple[float, f
         assert len(judge_all(gates, evaluation.measurements(JUDGED))) == len(gates)
 
     def slid() -> tuple[float, float]:
-        # The tick after one an interval earlier, as a controller ticks: the window's kept buckets slide.
+        # The tick after one an interval earlier (when the newest steps were an interval older), as a
+        # controller ticks: the window's settled buckets slide.
         cache = WindowCache()
         evaluate(store, before, baseline=False, references=kept, window_cache=cache, **optional_reads(gates))
         timed = _timed(functools.partial(tick, "slid", cache))
@@ -162,7 +167,7 @@ def _ms(runs: list[tuple[float, float]], i: int) -> float:
     return round(statistics.median(r[i] for r in runs), 1)
 
 
-def run(labels: int, replicas: int, repeats: int, step_s: float = 0.01) -> dict:
+def run(labels: int, replicas: int, repeats: int, step_s: float = 0.01, intervals: int = WINDOW_INTERVALS) -> dict:
     with tempfile.TemporaryDirectory(prefix="sparkgate-bench-") as tmp, Store(Path(tmp) / "bench.duckdb") as store:
         start = time.perf_counter()
         stored = build_store(store, labels, step_s)
@@ -170,21 +175,25 @@ def run(labels: int, replicas: int, repeats: int, step_s: float = 0.01) -> dict:
         history_s = store.query("SELECT max(ts) - min(ts) AS s FROM steps").to_pylist()[0]["s"]
         window_labels = store.query(
             "SELECT count(*) AS n FROM depth_labels WHERE ts >= (SELECT max(ts) FROM steps) - ?",
-            [WINDOW_INTERVALS * load_rollout_policy().evaluation_interval_s],
+            [intervals * load_rollout_policy().evaluation_interval_s],
         ).to_pylist()[0]["n"]
-        runs = time_evaluation(store, repeats)
+        runs = time_evaluation(store, repeats, intervals)
     merge_runs, fold_runs = time_merge(replica_aggregates(replicas), repeats)
     merge_ms = statistics.median(merge_runs)
     ratios = [s[1] / r[1] for s, r in zip(runs["sums"], runs["rows"])]  # CPU time: the cost itself
+    slid = [s[1] / f[1] for s, f in zip(runs["sums"], runs["fresh"])]
     return {
         "labels": stored,
         "history_s": round(history_s, 1),
+        "window_intervals": intervals,
         "window_labels": window_labels,
         "eval_ms": _ms(runs["sums"], 0),
         "eval_cpu_ms": _ms(runs["sums"], 1),
         "eval_runs_ms": [round(w, 1) for w, _ in runs["sums"]],
         "eval_fresh_ms": _ms(runs["fresh"], 0),
         "eval_fresh_cpu_ms": _ms(runs["fresh"], 1),
+        "eval_slid_cpu_ratio": round(statistics.median(slid), 3),
+        "eval_slid_cpu_ratio_range": [round(min(slid), 3), round(max(slid), 3)],
         "eval_from_rows_ms": _ms(runs["rows"], 0),
         "eval_from_rows_cpu_ms": _ms(runs["rows"], 1),
         "eval_cpu_ratio": round(statistics.median(ratios), 3),
@@ -210,12 +219,16 @@ def run(labels: int, replicas: int, repeats: int, step_s: float = 0.01) -> dict:
 @click.option("--repeats", default=5, show_default=True, help="Timed rounds (the median is reported).")
 @click.option("--step-s", default=0.01, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Seconds between steps: with --labels, how long the history is.")  # fmt: skip
+@click.option("--window-intervals", default=WINDOW_INTERVALS, show_default=True, type=click.IntRange(min=1),
+              help="Evaluation intervals in the tick's window (a lookback reaching back further).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def bench_controller(labels: int, replicas: int, repeats: int, step_s: float, as_json: bool) -> None:
+def bench_controller(
+    labels: int, replicas: int, repeats: int, step_s: float, window_intervals: int, as_json: bool
+) -> None:
     """A controller tick's evaluation over a long history (from the sums and from the rows), a full-history
     report, and a merge of per-replica aggregates."""
     click.echo(f"building a store of {labels:,} labels …", err=True)
-    result = run(labels, replicas, repeats, step_s)
+    result = run(labels, replicas, repeats, step_s, window_intervals)
     if as_json:
         click.echo(json.dumps(result))
     else:

@@ -7,6 +7,10 @@ phase, contract, windowed, replicas), the statistics of the buckets ``[low, high
 width it was read at, with each bucket's version. The next read of ``[low', high')`` reads one statement
 per table over the buckets that entered (weight +1) and left (−1), and adds its cells to what it kept.
 
+The newest ``SETTLING_BUCKETS`` buckets with sums are still being written (a live controller's window is
+open at the top: every batch lands there), so they are never kept: each read sums them afresh as the
+window's tail, beside what it kept and the edges' rows.
+
 Invariant: a read served from here equals ``window_stats.read`` (counts exactly, float sums up to
 rounding; a cell the slide empties has its float sums set to 0, as a fresh read, which drops it, gives).
 A bucket's version is its count of writes (``bucket_writes``, kept by ingest in the same transaction as
@@ -17,7 +21,8 @@ overlap, the read is a fresh one (and is kept). A store without the sums or the 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import functools
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 
 import duckdb
@@ -28,7 +33,11 @@ from sparkgate.collectors.store import Store
 from . import window_stats
 from .calibration import KindStats
 from .queries import SameContract, Slice, Window
-from .window_stats import Edges, WindowStats
+from .window_stats import Cells, Edges, WindowStats
+
+# Buckets within this many of the newest one with sums are the tail, read every time: a replica's batches
+# land within 30 s of their steps (a later one only costs a fresh read, by the versions).
+SETTLING_BUCKETS = 3
 
 
 @dataclass
@@ -60,37 +69,54 @@ def read(
     replicas: Sequence[str] | None = None,
 ) -> WindowStats:
     """``window_stats.read(store, window, slice_, phase, contract, windowed=windowed, replicas=replicas)``,
-    its whole buckets slid from what ``cache`` kept where it can be (module docstring)."""
+    its settled whole buckets slid from what ``cache`` kept where they can be (module docstring)."""
     buckets = window_stats.closed_buckets(window) if window_stats.summed(slice_) else None
-    if buckets is None or buckets[0] is None or buckets[1] is None:
+    if buckets is None or buckets[0] is None:
         return window_stats.read(store, window, slice_, phase, contract, windowed=windowed, replicas=replicas)
-    low, high = int(buckets[0]), int(buckets[1])
+    low, high = int(buckets[0]), buckets[1]
     key = (slice_, phase, contract, windowed, None if replicas is None else tuple(replicas))
     held = cache.kept.get(key)
+    sums = functools.partial(window_stats.sums, store, replica_id=slice_.replica_id, phase=phase,
+                             contract=contract, windowed=windowed, replicas=replicas)  # fmt: skip
     try:
-        versions = _versions(store, min(low, held.low) if held else low, max(high, held.high) if held else high)
+        versions = _versions(store, min(low, held.low) if held else low)
+        settled = max(versions, default=low) - SETTLING_BUCKETS + 1
+        settled = settled if high is None else min(settled, high)
+        if settled <= low:  # nothing settled to keep
+            return window_stats.read(store, window, slice_, phase, contract, windowed=windowed, replicas=replicas)
+        tail = sums([(settled, high, 1)]) if high is None or settled < high else None
         edges = Edges.of(store, window, slice_, phase, contract, windowed, replicas)
-        slid = None if held is None else _slide(store, held, low, high, versions, edges, key)
+        width = max(edges.depths, tail.depths if tail else 0)
+        slid = None if held is None else _slide(sums, held, low, settled, versions, width, windowed, replicas)
         if slid is None:
             cache.fresh += 1
-            cells = window_stats.sums(store, [(low, high, 1)], slice_.replica_id, phase, contract, windowed, replicas)
-            depths = max(cells.depths, edges.depths)
+            cells = sums([(low, settled, 1)])
+            depths = max(cells.depths, width)
             stats = cells.stats(depths, windowed, replicas)
         else:
             cache.slid += 1
             stats, depths = slid
     except (duckdb.CatalogException, duckdb.BinderException):
         return window_stats.read(store, window, slice_, phase, contract, windowed=windowed, replicas=replicas)
-    mine = {b: v for b, v in versions.items() if low <= b < high}
-    cache.kept[key] = _Kept(low, high, depths, mine, stats)
-    return edges.added(stats, depths)
+    mine = {b: v for b, v in versions.items() if low <= b < settled}
+    cache.kept[key] = _Kept(low, settled, depths, mine, stats)
+    whole = stats if tail is None else stats + tail.stats(depths, windowed, replicas)
+    return edges.added(whole, depths)
 
 
 def _slide(
-    store: Store, held: _Kept, low: int, high: int, versions: dict[int, int], edges: Edges, key: tuple
+    sums: Callable[[list[tuple[int, int, int]]], Cells],
+    held: _Kept,
+    low: int,
+    high: int,
+    versions: dict[int, int],
+    width: int,
+    windowed: bool,
+    replicas: Sequence[str] | None,
 ) -> tuple[WindowStats, int] | None:
     """(the statistics of ``[low, high)`` from ``held`` and the buckets that entered and left, their width);
-    None where a fresh read is needed."""
+    None where a fresh read is needed: the windows do not overlap, a kept bucket moved, or the width the
+    whole window needs (at least ``width``, the tail's and the edges') is not the kept one."""
     if low >= held.high or held.low >= high:
         return None
     if any(versions.get(b, 0) != held.versions.get(b, 0) for b in range(held.low, held.high)):
@@ -101,19 +127,18 @@ def _slide(
     ) if lo < hi]  # fmt: skip
     stats = held.stats
     if parts:
-        slice_, phase, contract, windowed, replicas = key
-        delta = window_stats.sums(store, parts, slice_.replica_id, phase, contract, windowed, replicas)
+        delta = sums(parts)
         if delta.depths > held.depths:
             return None
         stats = _settled(stats + delta.stats(held.depths, windowed, replicas))
-    if max(_depth_of(stats), edges.depths) != held.depths:
+    if max(_depth_of(stats), width) != held.depths:
         return None
     return stats, held.depths
 
 
-def _versions(store: Store, low: int, high: int) -> dict[int, int]:
-    """Each bucket of ``[low, high)`` with sums: its count of writes."""
-    rows = store.query("SELECT bucket, writes FROM bucket_writes WHERE bucket >= ? AND bucket < ?", [low, high])
+def _versions(store: Store, low: int) -> dict[int, int]:
+    """Each bucket from ``low`` up with sums: its count of writes."""
+    rows = store.query("SELECT bucket, writes FROM bucket_writes WHERE bucket >= ?", [low])
     return dict(zip(rows.column("bucket").to_pylist(), rows.column("writes").to_pylist()))
 
 

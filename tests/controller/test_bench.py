@@ -9,5 +9,14 @@ def test_benchmark_smoke():
     result = run(labels=20_000, replicas=5, repeats=2, step_s=5.0)
     assert result["labels"] == 89 * 7 * 32 and result["merge_replicas"] == 5
     assert result["history_s"] == 88 * 5.0 and 0 < result["window_labels"] < result["labels"]
-    keys = {"eval_ms", "eval_from_rows_ms", "eval_cpu_ratio", "report_ms", "merge_ms", "peak_rss_mb", "load_avg_1m"}
+    keys = {
+        "eval_ms",
+        "eval_from_rows_ms",
+        "eval_cpu_ratio",
+        "eval_slid_cpu_ratio",
+        "report_ms",
+        "merge_ms",
+        "peak_rss_mb",
+        "load_avg_1m",
+    }
     assert keys <= result.keys() and len(result["eval_runs_ms"]) == 2

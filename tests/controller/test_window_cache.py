@@ -84,8 +84,24 @@ def test_windows_that_do_not_overlap_or_slices_without_sums_are_read_fresh(store
     _read(cache, store, Window(T0 + 50, T0 + 90))
     assert (cache.fresh, cache.slid) == (2, 0)
     _read(cache, store, Window(T0 + 20, T0 + 60), Slice(task="code"))  # per request: from the rows
-    _read(cache, store, Window(since=T0 + 20))  # an open side: not kept
+    _read(cache, store, Window(T0 + 80, T0 + 95))  # only the settling tail: nothing to keep
     assert (cache.fresh, cache.slid) == (2, 0) and len(cache.kept) == 1
+
+
+def test_an_open_window_slides_while_the_newest_buckets_are_written(store):
+    # A live controller's window: open at the top, new batches landing in the newest buckets between ticks.
+    _fill(store, range(10))
+    cache = window_cache.WindowCache()
+    _read(cache, store, Window(since=T0 + 15))
+    for tick, since in enumerate((T0 + 25, T0 + 37, T0 + 49), start=1):
+        _fill(store, range(9 + tick, 10 + tick), first_step=1_000 * tick)
+        # A late batch into the settling tail (the newest buckets), which no read keeps.
+        ingest_synthetic(store, 3, T0 + 10 * (8 + tick) + 7, "compact", "r0", first_step=50_000 + 100 * tick)
+        _read(cache, store, Window(since=since))
+    assert (cache.fresh, cache.slid) == (1, 3)
+    newest = store.query("SELECT max(bucket) AS b FROM bucket_writes").to_pylist()[0]["b"]
+    (kept,) = cache.kept.values()
+    assert kept.high == newest - window_cache.SETTLING_BUCKETS + 1 and max(kept.versions) < kept.high
 
 
 def test_an_evaluation_with_the_cache_gives_the_figures_of_one_without(store):
