@@ -5,21 +5,22 @@
   taking turns; the first tenth recorded in baseline, the next in shadow, the
   rest in compact). One evaluation is what a controller tick in compact
   computes over its window (the newest five evaluation intervals of the
-  default policy, open at the top as a live controller's is): every metric (all depths, both kinds, bootstrap intervals
-  with 200 resamples, equal-mass ECE, AUROC, step latency), the reads its
-  gates ask for (shadow's full-block and windowed references, each replica's
-  labels and windowed labels) and a verdict for every gate of the default
-  policy in compact, shadow's references kept from the tick before as a
-  controller keeps them (``controller.references``), and the window's settled
-  whole buckets slid from a tick one evaluation interval earlier
-  (``controller.window_cache``; ``eval_fresh_*``: the same tick read fresh, as
-  the first after a restart; ``eval_slid_cpu_ratio``: their paired CPU ratio;
-  ``--window-intervals`` widens the window, as a lookback does); as the
-  controller's tick past baseline, it leaves out baseline's step buckets, which
-  only the report reads. It reads the ingest-time sums; the baseline, run in the same
-  process in paired, alternating rounds, reads the same window's rows. The
-  report is a full-history ``evaluate(...).report()``. Building the file is not
-  timed.
+  default policy, open at the top as a live controller's is): every metric
+  (all depths, both kinds, bootstrap intervals with 200 resamples, equal-mass
+  ECE, AUROC, step latency), the reads its gates ask for (shadow's full-block
+  and windowed references, each replica's labels and windowed labels) and a
+  verdict for every gate of the default policy in compact, shadow's references
+  kept from the tick before as a controller keeps them
+  (``controller.references``), and the window's settled whole buckets slid
+  from a tick one evaluation interval earlier where the cache's rule says a
+  slide pays (``controller.window_cache``; the third tick of a controller;
+  ``eval_window_read``: whether it slid; ``eval_fresh_*``: the same tick,
+  after the same two, with no cache; ``eval_slid_cpu_ratio``: their paired
+  CPU ratio; ``--window-intervals`` widens the window, as a lookback does); as
+  the controller's tick past baseline, it leaves out baseline's step buckets,
+  which only the report reads. It reads the ingest-time sums; the baseline, run in the same process
+  in paired, alternating rounds, reads the same window's rows. The report is a
+  full-history ``evaluate(...).report()``. Building the file is not timed.
 - merge: ``--replicas`` per-replica ``Aggregate``s merged in one vectorised sum,
   beside the baseline of folding ``Aggregate.merge`` pairwise.
 
@@ -113,29 +114,32 @@ def time_evaluation(
     # controller's (a fixed one), so each round's bootstraps are the same work.
     kept = References()
     step = policy.evaluation_interval_s
-    before = Window(window.since - step, newest - step + 1e-3)  # type: ignore[operator]
+    # The two ticks before, when the newest steps were one and two intervals older.
+    earlier = [Window(window.since - k * step, newest - k * step + 1e-3) for k in (2, 1)]  # type: ignore[operator]
 
-    def tick(arm: str, cache: WindowCache | None = None) -> None:
+    def tick(arm: str, cache: WindowCache | None = None, w: Window = window) -> None:
         reads = optional_reads(gates)
-        evaluation = evaluate(store, window, use_sums=arm != "rows", baseline=False, references=kept,
+        evaluation = evaluate(store, w, use_sums=arm != "rows", baseline=False, references=kept,
                               window_cache=cache, **reads)  # fmt: skip
         assert len(judge_all(gates, evaluation.measurements(JUDGED))) == len(gates)
 
-    def slid() -> tuple[float, float]:
-        # The tick after one an interval earlier (when the newest steps were an interval older), as a
-        # controller ticks: the window's settled buckets slide.
-        cache = WindowCache()
-        evaluate(store, before, baseline=False, references=kept, window_cache=cache, **optional_reads(gates))
-        timed = _timed(functools.partial(tick, "slid", cache))
-        assert cache.slid == 1, "the timed tick slid the kept window"
+    def after_two(arm: str) -> tuple[float, float]:
+        # A tick after the two before it, as a live controller's third: with the cache (arm "sums") the
+        # window's settled buckets slide where the cache's rule says that pays; "fresh" reads them again.
+        cache = WindowCache() if arm == "sums" else None
+        for w in earlier:
+            tick(arm, cache, w)
+        timed = _timed(functools.partial(tick, arm, cache))
+        if cache is not None:
+            runs["read"].append(cache.slid)
         return timed
 
-    runs: dict[str, list[tuple[float, float]]] = {"sums": [], "fresh": [], "rows": [], "report": []}
+    runs: dict[str, list] = {"sums": [], "fresh": [], "rows": [], "report": [], "read": []}
     tick("fresh")  # first touch of the file's pages (and the references' read), in no arm
     for seed in range(repeats):
         order = ("sums", "fresh", "rows")
         for arm in order if seed % 2 == 0 else order[::-1]:
-            runs[arm].append(slid() if arm == "sums" else _timed(functools.partial(tick, arm)))
+            runs[arm].append(after_two(arm) if arm != "rows" else _timed(functools.partial(tick, arm)))
         runs["report"].append(_timed(lambda: evaluate(store, Window(), seed=seed).report(JUDGED)))  # noqa: B023
     return runs
 
@@ -192,6 +196,7 @@ def run(labels: int, replicas: int, repeats: int, step_s: float = 0.01, interval
         "eval_runs_ms": [round(w, 1) for w, _ in runs["sums"]],
         "eval_fresh_ms": _ms(runs["fresh"], 0),
         "eval_fresh_cpu_ms": _ms(runs["fresh"], 1),
+        "eval_window_read": "slid" if all(runs["read"]) else "fresh" if not any(runs["read"]) else "mixed",
         "eval_slid_cpu_ratio": round(statistics.median(slid), 3),
         "eval_slid_cpu_ratio_range": [round(min(slid), 3), round(max(slid), 3)],
         "eval_from_rows_ms": _ms(runs["rows"], 0),

@@ -1,22 +1,27 @@
 """A window's whole buckets kept between ticks, slid by what entered and left instead of read again.
 
 A controller's window is its newest few evaluation intervals, so from one tick to the next most of its
-whole sum buckets are the same; reading them again (the fine and grouped label sums, grouped by replica)
-was the largest part of a compact tick (docs/benchmarks.md). A ``WindowCache`` keeps, per read (slice,
-phase, contract, windowed, replicas), the statistics of the buckets ``[low, high)`` it last covered, at the
-width it was read at, with each bucket's version. The next read of ``[low', high')`` reads one statement
-per table over the buckets that entered (weight +1) and left (−1), and adds its cells to what it kept.
+whole sum buckets are the same. A ``WindowCache`` keeps, per read (slice, phase, contract, windowed,
+replicas), the statistics of the buckets ``[low, high)`` it last covered, at the width it was read at,
+with each bucket's version. The next read of ``[low', high')`` reads one statement per table over the
+buckets that entered (weight +1) and left (−1), and adds its cells to what it kept.
+
+A statement's cost follows the distinct cells it returns, and those saturate over a few buckets, so a
+slide pays only when the buckets it moves are a small share of the window (docs/benchmarks.md): at most
+``1 / SLIDE_SHARE`` of it. A read whose move from the read before is larger (or that has none before it)
+is ``window_stats.read`` itself, and keeps only its bounds, by which the next read's move is sized; a
+narrow window a controller moves by a whole interval each tick therefore costs what it always did.
 
 The newest ``SETTLING_BUCKETS`` buckets with sums are still being written (a live controller's window is
 open at the top: every batch lands there), so they are never kept: each read sums them afresh as the
-window's tail, beside what it kept and the edges' rows.
+window's tail, in the same statements as the moves, beside what it kept and the edges' rows.
 
 Invariant: a read served from here equals ``window_stats.read`` (counts exactly, float sums up to
 rounding; a cell the slide empties has its float sums set to 0, as a fresh read, which drops it, gives).
 A bucket's version is its count of writes (``bucket_writes``, kept by ingest in the same transaction as
 the sums, ``collectors.label_sums``): a batch, a recovery's move or retention changes it, and if any kept
-bucket's version moved, or the width the window needs differs from the kept one, or the windows do not
-overlap, the read is a fresh one (and is kept). A store without the sums or the count is read fresh.
+bucket's version moved, or the width the window needs differs from the kept one, the read is a fresh one
+(and is kept). A store without the sums or the count is read fresh.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ from .window_stats import Cells, Edges, WindowStats
 # Buckets within this many of the newest one with sums are the tail, read every time: a replica's batches
 # land within 30 s of their steps (a later one only costs a fresh read, by the versions).
 SETTLING_BUCKETS = 3
+# A slide moving more than 1 / this of the window's settled buckets costs about what a fresh read does: at
+# one interval a tick, moves of 0.37 of the window cost 1.12x, of 0.21 0.98x, of 0.07 0.67x (benchmarks.md).
+SLIDE_SHARE = 4
 
 
 @dataclass
@@ -46,7 +54,7 @@ class _Kept:
     high: int
     depths: int  # the width the statistics are at
     versions: dict[int, int]  # bucket: writes, buckets without sums left out
-    stats: WindowStats  # the whole buckets' statistics, edges not included
+    stats: WindowStats | None  # the whole buckets' statistics, edges not included (None: bounds alone)
 
 
 @dataclass
@@ -56,6 +64,7 @@ class WindowCache:
     kept: dict[Hashable, _Kept] = field(default_factory=dict)
     fresh: int = 0  # reads of every whole bucket
     slid: int = 0  # reads of the buckets that entered and left
+    slide_share: int = SLIDE_SHARE  # slide only when the moves are at most 1 / this of the window (0: always)
 
 
 def read(
@@ -69,10 +78,12 @@ def read(
     replicas: Sequence[str] | None = None,
 ) -> WindowStats:
     """``window_stats.read(store, window, slice_, phase, contract, windowed=windowed, replicas=replicas)``,
-    its settled whole buckets slid from what ``cache`` kept where they can be (module docstring)."""
+    its settled whole buckets slid from what ``cache`` kept where that pays (module docstring)."""
+    fresh = functools.partial(window_stats.read, store, window, slice_, phase, contract, windowed=windowed,
+                              replicas=replicas)  # fmt: skip
     buckets = window_stats.closed_buckets(window) if window_stats.summed(slice_) else None
     if buckets is None or buckets[0] is None:
-        return window_stats.read(store, window, slice_, phase, contract, windowed=windowed, replicas=replicas)
+        return fresh()
     low, high = int(buckets[0]), buckets[1]
     key = (slice_, phase, contract, windowed, None if replicas is None else tuple(replicas))
     held = cache.kept.get(key)
@@ -83,57 +94,79 @@ def read(
         settled = max(versions, default=low) - SETTLING_BUCKETS + 1
         settled = settled if high is None else min(settled, high)
         if settled <= low:  # nothing settled to keep
-            return window_stats.read(store, window, slice_, phase, contract, windowed=windowed, replicas=replicas)
-        tail = sums([(settled, high, 1)]) if high is None or settled < high else None
-        edges = Edges.of(store, window, slice_, phase, contract, windowed, replicas)
-        width = max(edges.depths, tail.depths if tail else 0)
-        slid = None if held is None else _slide(sums, held, low, settled, versions, width, windowed, replicas)
-        if slid is None:
+            return fresh()
+        moves = None if held is None else _moves(held, low, settled)
+        if moves is None or cache.slide_share * sum(hi - lo for lo, hi, _ in moves) > settled - low:
             cache.fresh += 1
-            cells = sums([(low, settled, 1)])
-            depths = max(cells.depths, width)
-            stats = cells.stats(depths, windowed, replicas)
+            cache.kept[key] = _Kept(low, settled, 0, {}, None)
+            return fresh()
+        if held is None or held.stats is None or _moved(held, versions):
+            moves = None  # nothing kept to slide, or a kept bucket moved
+        tail = [(settled, high, 1)] if high is None or settled < high else []
+        parts = moves if moves is not None else [(low, settled, 1)]
+        body, tail_cells = _read_with_tail(sums, parts, tail, settled)
+        edges = Edges.of(store, window, slice_, phase, contract, windowed, replicas)
+        width = max(edges.depths, tail_cells.depths if tail_cells else 0)
+        slid = None if moves is None or held is None else _slide(held, body, width, windowed, replicas)
+        if slid is None:
+            if body is None or moves is not None:  # the slide changed the width: the settled part, whole
+                body = sums([(low, settled, 1)])
+            cache.fresh += 1
+            depths = max(body.depths, width)
+            stats = body.stats(depths, windowed, replicas)
         else:
             cache.slid += 1
             stats, depths = slid
     except (duckdb.CatalogException, duckdb.BinderException):
-        return window_stats.read(store, window, slice_, phase, contract, windowed=windowed, replicas=replicas)
+        return fresh()
     mine = {b: v for b, v in versions.items() if low <= b < settled}
     cache.kept[key] = _Kept(low, settled, depths, mine, stats)
-    whole = stats if tail is None else stats + tail.stats(depths, windowed, replicas)
+    whole = stats if tail_cells is None else stats + tail_cells.stats(depths, windowed, replicas)
     return edges.added(whole, depths)
 
 
-def _slide(
-    sums: Callable[[list[tuple[int, int, int]]], Cells],
-    held: _Kept,
-    low: int,
-    high: int,
-    versions: dict[int, int],
-    width: int,
-    windowed: bool,
-    replicas: Sequence[str] | None,
-) -> tuple[WindowStats, int] | None:
-    """(the statistics of ``[low, high)`` from ``held`` and the buckets that entered and left, their width);
-    None where a fresh read is needed: the windows do not overlap, a kept bucket moved, or the width the
-    whole window needs (at least ``width``, the tail's and the edges') is not the kept one."""
+def _read_with_tail(
+    sums: Callable[..., Cells], parts: list[tuple[int, int, int]], tail: list[tuple[int, int | None, int]], settled: int
+) -> tuple[Cells | None, Cells | None]:
+    """(the cells of ``parts``, those of ``tail``; None for no range), in one statement per table."""
+    if not tail:
+        return (sums(parts) if parts else None), None
+    # A slide's ranges all lie below the tail: the kept buckets are settled ones, and ``settled`` only rises
+    # while their versions stand (``bucket_writes`` loses rows from the bottom alone).
+    assert all(hi <= settled for _, hi, _ in parts), "the moves lie below the tail"
+    return sums([*parts, *tail], split_at=settled).split()
+
+
+def _moves(held: _Kept, low: int, high: int) -> list[tuple[int, int, int]] | None:
+    """The bucket ranges that entered (sign +1) and left (−1) from ``held`` to ``[low, high)``; None where
+    the windows do not overlap."""
     if low >= held.high or held.low >= high:
         return None
-    if any(versions.get(b, 0) != held.versions.get(b, 0) for b in range(held.low, held.high)):
-        return None
-    parts = [(lo, hi, sign) for lo, hi, sign in (
+    return [(lo, hi, sign) for lo, hi, sign in (
         (low, min(high, held.low), 1), (max(low, held.high), high, 1),
         (held.low, min(held.high, low), -1), (max(held.low, high), held.high, -1),
     ) if lo < hi]  # fmt: skip
-    stats = held.stats
-    if parts:
-        delta = sums(parts)
-        if delta.depths > held.depths:
-            return None
-        stats = _settled(stats + delta.stats(held.depths, windowed, replicas))
-    if max(_depth_of(stats), width) != held.depths:
+
+
+def _moved(held: _Kept, versions: dict[int, int]) -> bool:
+    """Whether a bucket ``held`` covers was written since it was kept (one without sums then included)."""
+    return any(versions.get(b, 0) != held.versions.get(b, 0) for b in range(held.low, held.high))
+
+
+def _slide(
+    held: _Kept, delta: Cells | None, width: int, windowed: bool, replicas: Sequence[str] | None
+) -> tuple[WindowStats, int] | None:
+    """(``held``'s statistics plus ``delta``'s, the cells of its moves (None for none); their width); None
+    where the width the whole window needs (at least ``width``, the tail's and the edges') is not the kept
+    one."""
+    assert held.stats is not None, "a slide starts from kept statistics"
+    if delta is None:
+        stats = held.stats
+    elif delta.depths > held.depths:
         return None
-    return stats, held.depths
+    else:
+        stats = _settled(held.stats + delta.stats(held.depths, windowed, replicas))
+    return (stats, held.depths) if max(_depth_of(stats), width) == held.depths else None
 
 
 def _versions(store: Store, low: int) -> dict[int, int]:

@@ -303,6 +303,18 @@ class Cells:
         found = [int(t["depth"].max(initial=0)) for t in (self.fine, self.grouped, self.status)]
         return max([*found, int(self.requests["x"].max(initial=0)), int(self.requests["y"].max(initial=0))])
 
+    def split(self) -> tuple[Cells, Cells]:
+        """(the cells below ``sums``' ``split_at``, those from it up), read with ``split_at``."""
+        halves = []
+        for tail in (False, True):
+            tables = {}
+            for name in _QUERIES:
+                cells = getattr(self, name)
+                keep = cells["tail"] == tail
+                tables[name] = {k: v[keep] for k, v in cells.items() if k != "tail"}
+            halves.append(Cells(**tables))
+        return halves[0], halves[1]
+
     def stats(self, depths: int, windowed: bool, replicas: Sequence[str] | None = None) -> WindowStats:
         """The statistics at ``depths``; with ``replicas`` the label cells carry column ``replica`` (``sums``),
         and the fleet's kinds are the total of every replica's, those not listed included."""
@@ -380,12 +392,16 @@ def sums(
     contract: SameContract | None,
     windowed: bool,
     replicas: Sequence[str] | None = None,
+    split_at: int | None = None,
 ) -> Cells:
     """The cells of every table over the buckets of ``parts``, each ``(low, high, sign)``: buckets
     ``[low, high)`` (None for an open side) weighted by ``sign`` (+1 or −1); with ``replicas``, the label
     sums' per replica as well (column ``replica``: its index in ``replicas``, −1 for any other). Cells that
     sum to no label are dropped only when every sign is +1: with −1 a cell's count may net to zero while
-    its sums do not."""
+    its sums do not. With ``split_at`` every cell is summed apart below that bucket and from it up
+    (boolean column ``tail``, ``Cells.split``): two ranges from one statement per table."""
+    if not parts:
+        raise ValueError("sums needs at least one bucket range")
     where, params = sums_where(None, None, replica_id, phase, contract)
     ranges = []
     for low, high, _ in parts:
@@ -393,24 +409,27 @@ def sums(
         ranges.append("(" + " AND ".join(clauses or ["TRUE"]) + ")")
         params += [v for v in (low, high) if v is not None]
     where += " AND (" + " OR ".join(ranges) + ")"
-    lows, highs = [p[0] for p in parts], [p[1] for p in parts]
-    if len(parts) > 1 and None not in lows and None not in highs:
-        # Bounds the scan can prune row groups by (it does not prune by a disjunction).
-        where += f" AND bucket >= {min(lows)} AND bucket < {max(highs)}"  # type: ignore[type-var]
+    # Bounds the scan can prune row groups by (it does not prune by a disjunction), each side its own.
+    lows, highs = [lo for lo, _, _ in parts if lo is not None], [hi for _, hi, _ in parts if hi is not None]
+    if len(parts) > 1 and len(lows) == len(parts):
+        where += f" AND bucket >= {int(min(lows))}"
+    if len(parts) > 1 and len(highs) == len(parts):
+        where += f" AND bucket < {int(max(highs))}"
     signed = [(low, high) for low, high, sign in parts if sign < 0]
     weight = "1"
     if signed:
         minus = " OR ".join(f"(bucket >= {int(lo)} AND bucket < {int(hi)})" for lo, hi in signed)  # type: ignore[arg-type]
         weight = f"(CASE WHEN {minus} THEN -1 ELSE 1 END)"
     kinds = "" if windowed else f" AND kind < {WINDOWED_SURVIVAL}"  # the label sums' kinds; the others have none
+    tail = "" if split_at is None else f"(bucket >= {int(split_at)}) AS tail, "
     cells = {}
     for name in _QUERIES:
         if name not in ("fine", "grouped"):
-            cells[name] = _summed_cells(store, name, where, params, weight)
+            cells[name] = _summed_cells(store, name, where, params, weight, tail)
         elif replicas is None:
-            cells[name] = _summed_cells(store, name, where + kinds, params, weight)
+            cells[name] = _summed_cells(store, name, where + kinds, params, weight, tail)
         else:
-            by = "(coalesce(list_position(?::VARCHAR[], replica_id), 0) - 1)::INTEGER AS replica, "
+            by = tail + "(coalesce(list_position(?::VARCHAR[], replica_id), 0) - 1)::INTEGER AS replica, "
             cells[name] = _summed_cells(store, name, where + kinds, [list(replicas), *params], weight, by)
     return Cells(**cells)
 

@@ -20,3 +20,4 @@ def test_benchmark_smoke():
         "load_avg_1m",
     }
     assert keys <= result.keys() and len(result["eval_runs_ms"]) == 2
+    assert result["eval_window_read"] in ("slid", "fresh")

@@ -62,6 +62,31 @@ def test_any_window_reads_the_figures_of_its_rows(store, since, length, replica)
     _assert_same(a, b)
 
 
+@settings(max_examples=20, deadline=None)
+@given(
+    parts=st.lists(st.tuples(st.integers(int(T0 / 10) - 2, int(T0 / 10) + 12), st.integers(1, 6),
+                             st.sampled_from([1, -1])), min_size=1, max_size=3),
+    split=st.integers(int(T0 / 10) - 2, int(T0 / 10) + 14),
+    replicas=st.sampled_from([None, ("a",), ("b", "a")]),
+)  # fmt: skip
+def test_sums_split_at_a_bucket_are_the_sums_of_each_side(store, parts, split, replicas):
+    ranges = [(lo, lo + n, sign) for lo, n, sign in parts]
+    below, above = window_stats.sums(store, ranges, None, None, None, True, replicas, split_at=split).split()
+    for half, clip in ((below, lambda lo, hi: (lo, min(hi, split))), (above, lambda lo, hi: (max(lo, split), hi))):
+        mine = [(*clip(lo, hi), sign) for lo, hi, sign in ranges if clip(lo, hi)[0] < clip(lo, hi)[1]]
+        if not mine:
+            assert all(len(t["n"]) == 0 for t in vars(half).values())
+            continue
+        want = window_stats.sums(store, mine, None, None, None, True, replicas)
+        depths = max(want.depths, half.depths)
+        _assert_same(half.stats(depths, True, replicas), want.stats(depths, True, replicas))
+
+
+def test_sums_of_no_bucket_range_are_refused(store):
+    with pytest.raises(ValueError, match="at least one bucket range"):
+        window_stats.sums(store, [], None, None, None, False)
+
+
 def _assert_same_kind(a, b) -> None:
     """Equal statistics, the narrower padded with the empty trailing depths the wider has."""
     for name in a.__dataclass_fields__:
