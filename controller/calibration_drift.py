@@ -56,7 +56,8 @@ def _grouped(stats: KindStats) -> tuple[np.ndarray, ...]:
 def _resampled(groups: tuple[np.ndarray, ...], resamples: int, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     """``resamples`` draws of the groups with replacement, summed: each [resamples, depths + 1, N_BINS]."""
     weights = resample_weights(len(groups[0]), resamples, rng)
-    return tuple(np.einsum("rk,kdb->rdb", weights, a) for a in groups)
+    # A matrix product over the flattened cells (BLAS), not einsum's loop: a tenth of the time per tick.
+    return tuple((weights @ a.reshape(len(a), -1)).reshape(resamples, *a.shape[1:]) for a in groups)
 
 
 def _cells(
