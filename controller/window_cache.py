@@ -44,7 +44,8 @@ from .window_stats import Cells, Edges, WindowStats
 # land within 30 s of their steps (a later one only costs a fresh read, by the versions).
 SETTLING_BUCKETS = 3
 # A slide moving more than 1 / this of the window's settled buckets costs about what a fresh read does: at
-# one interval a tick, moves of 0.37 of the window cost 1.12x, of 0.21 0.98x, of 0.07 0.67x (benchmarks.md).
+# one interval a tick, moves of 0.37 of the window cost 1.08x a fresh tick's CPU, of 0.21 0.90x, of 0.07
+# 0.58x (docs/benchmarks.md).
 SLIDE_SHARE = 4
 
 
