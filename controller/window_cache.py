@@ -129,13 +129,12 @@ def read(
 def _read_with_tail(
     sums: Callable[..., Cells], parts: list[tuple[int, int, int]], tail: list[tuple[int, int | None, int]], settled: int
 ) -> tuple[Cells | None, Cells | None]:
-    """(the cells of ``parts``, those of ``tail``; None for no range), in one statement per table."""
-    if not tail:
-        return (sums(parts) if parts else None), None
-    # A slide's ranges all lie below the tail: the kept buckets are settled ones, and ``settled`` only rises
-    # while their versions stand (``bucket_writes`` loses rows from the bottom alone).
-    assert all(hi <= settled for _, hi, _ in parts), "the moves lie below the tail"
-    return sums([*parts, *tail], split_at=settled).split()
+    """(the cells of ``parts``, those of ``tail``; None for no range), in one statement per table where the
+    ranges lie below the tail. They do whenever a slide is taken (the kept buckets are settled ones, and
+    ``settled`` only rises while their versions stand); otherwise each is read apart."""
+    if tail and all(hi <= settled for _, hi, _ in parts):
+        return sums([*parts, *tail], split_at=settled).split()
+    return (sums(parts) if parts else None), (sums(tail) if tail else None)
 
 
 def _moves(held: _Kept, low: int, high: int) -> list[tuple[int, int, int]] | None:
