@@ -12,6 +12,9 @@ slide pays only when the buckets it moves are a small share of the window (docs/
 is ``window_stats.read`` itself, and keeps only its bounds, by which the next read's move is sized; a
 narrow window a controller moves by a whole interval each tick therefore costs what it always did.
 
+Only the newest ``KEPT_READS`` reads are kept: a new replica set, phase or contract is a new key, and each
+kept read holds every replica's arrays.
+
 The newest ``SETTLING_BUCKETS`` buckets with sums are still being written (a live controller's window is
 open at the top: every batch lands there), so they are never kept: each read sums them afresh as the
 window's tail, in the same statements as the moves, beside what it kept and the edges' rows.
@@ -47,6 +50,8 @@ SETTLING_BUCKETS = 3
 # one interval a tick, moves of 0.37 of the window cost 1.08x a fresh tick's CPU, of 0.21 0.90x, of 0.07
 # 0.58x (docs/benchmarks.md).
 SLIDE_SHARE = 4
+# Reads kept at once (a tick reads one window; a kept read holds every replica's arrays, tens of MB).
+KEPT_READS = 2
 
 
 @dataclass
@@ -99,7 +104,7 @@ def read(
         moves = None if held is None else _moves(held, low, settled)
         if moves is None or cache.slide_share * sum(hi - lo for lo, hi, _ in moves) > settled - low:
             cache.fresh += 1
-            cache.kept[key] = _Kept(low, settled, 0, {}, None)
+            _keep(cache, key, _Kept(low, settled, 0, {}, None))
             return fresh()
         if held is None or held.stats is None or _moved(held, versions):
             moves = None  # nothing kept to slide, or a kept bucket moved
@@ -121,9 +126,18 @@ def read(
     except (duckdb.CatalogException, duckdb.BinderException):
         return fresh()
     mine = {b: v for b, v in versions.items() if low <= b < settled}
-    cache.kept[key] = _Kept(low, settled, depths, mine, stats)
+    _keep(cache, key, _Kept(low, settled, depths, mine, stats))
     whole = stats if tail_cells is None else stats + tail_cells.stats(depths, windowed, replicas)
     return edges.added(whole, depths)
+
+
+def _keep(cache: WindowCache, key: Hashable, kept: _Kept) -> None:
+    """Keep ``kept`` under ``key`` as the newest, dropping the oldest past ``KEPT_READS``: a new replica set,
+    phase or contract is a new key, and a long-running controller must not hold every one it met."""
+    cache.kept.pop(key, None)
+    cache.kept[key] = kept
+    while len(cache.kept) > KEPT_READS:
+        del cache.kept[next(iter(cache.kept))]
 
 
 def _read_with_tail(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -126,6 +127,24 @@ def test_a_slide_that_would_move_much_of_the_window_is_a_fresh_read_keeping_boun
     _read(cache, store, Window(T0 + 125, T0 + 365))  # 1 enters: kept again, to slide from next time
     (kept,) = cache.kept.values()
     assert (cache.fresh, cache.slid) == (4, 1) and kept.stats is not None
+
+
+def test_the_cache_holds_the_newest_reads_alone_however_many_keys_it_meets(store):
+    # A long-running controller meets new keys (a replica joins or leaves, the phase moves on): each read
+    # keeps every replica's arrays, so only the newest KEPT_READS stay.
+    _fill(store, range(12))
+    cache = window_cache.WindowCache(slide_share=0)
+    sets = [("r0",), ("r1",), ("r0", "r1"), ("r1", "r0")]
+    for replicas in sets:
+        got = window_cache.read(cache, store, Window(T0 + 5, T0 + 65), Slice(), windowed=True, replicas=replicas)
+        _assert_same(got, window_stats.read(store, Window(T0 + 5, T0 + 65), Slice(), windowed=True, replicas=replicas))
+    assert len(cache.kept) == window_cache.KEPT_READS == 2
+    assert [k[-1] for k in cache.kept] == [("r0", "r1"), ("r1", "r0")]
+    # Reading a kept key again makes it the newest: the other one is dropped first.
+    read_again = functools.partial(window_cache.read, cache, store, Window(T0 + 5, T0 + 65), Slice(), windowed=True)
+    read_again(replicas=("r0", "r1"))
+    read_again(replicas=("r0",))
+    assert [k[-1] for k in cache.kept] == [("r0", "r1"), ("r0",)]
 
 
 def test_an_evaluation_with_the_cache_gives_the_figures_of_one_without(store):
