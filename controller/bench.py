@@ -57,6 +57,7 @@ from .gates import judge_all
 from .metrics import evaluate, optional_reads
 from .queries import Window
 from .references import References
+from .supervisor import lookback_start
 from .window_cache import WindowCache
 
 GAMMA, BATCH, BATCH_STEPS, REPLICAS = 7, 32, 2000, 4
@@ -108,7 +109,7 @@ def time_evaluation(
     gates = policy.gates_for(JUDGED)
     newest = store.query("SELECT max(ts) AS t FROM steps").to_pylist()[0]["t"]
     # A live controller's window: the newest intervals, open at the top (``Supervisor.window``).
-    window = Window(newest - intervals * policy.evaluation_interval_s)
+    window = Window(lookback_start(newest, intervals * policy.evaluation_interval_s))
 
     # Shadow's references kept from the tick before, as a controller's next tick finds them; the seed is the
     # controller's (a fixed one), so each round's bootstraps are the same work.

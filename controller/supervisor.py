@@ -1,7 +1,8 @@
 """The controller proper: evaluate, judge, decide, persist, then act.
 
 ``Controller.tick`` runs one evaluation interval: metrics over the window since
-the stage began (at most ``lookback_s``), a verdict per gate of the phase, one
+the stage began (at most ``lookback_s``, its start floored to the ingest-time
+sums' 10 s buckets), a verdict per gate of the phase, one
 decision from the state machine, written to the ledger *before* the new state is
 adopted and the actuators are told. Operator actions (``act``) take the same
 path. A new controller over an existing store resumes from its ledger.
@@ -14,6 +15,7 @@ window no longer describes the stage in force).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +23,7 @@ from dataclasses import dataclass, replace
 
 import duckdb
 
+from sparkgate.collectors.label_sums import SUM_BUCKET_S
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store
 from sparkgate.policies.adaptive import ADAPTIVE_METRICS
@@ -51,6 +54,14 @@ log = logging.getLogger(__name__)
 
 # Gates look back this many evaluation intervals (bounded by the stage's start).
 LOOKBACK_INTERVALS = 5
+
+
+def lookback_start(now: float, lookback_s: float) -> float:
+    """Where a window reaching ``lookback_s`` back from ``now`` starts: on the sums' bucket grid (up to
+    ``SUM_BUCKET_S`` earlier), so it has no first part-bucket to read from the rows, a sixth of a compact
+    tick (docs/benchmarks.md)."""
+    return math.floor((now - lookback_s) / SUM_BUCKET_S) * SUM_BUCKET_S
+
 
 # Told each policy the fleet is to serve; what it returns is ignored.
 Actuator = Callable[[PolicyPayload], object]
@@ -163,7 +174,7 @@ class Controller:
 
     # -- one interval ------------------------------------------------------------
     def window(self, state: RolloutState, now: float) -> Window:
-        since, until = max(state.entered_at, now - self.lookback_s), self._until(now)
+        since, until = max(state.entered_at, lookback_start(now, self.lookback_s)), self._until(now)
         # A bound at the very instant the stage began reads nothing (Window needs since < until).
         return Window(since=since, until=None if until is None else max(until, since + 1e-6))
 

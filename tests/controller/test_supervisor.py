@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 import duckdb
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from sparkgate.collectors.label_sums import SUM_BUCKET_S
 from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
 from sparkgate.controller.actuators import arms
-from sparkgate.controller.supervisor import Controller
+from sparkgate.controller.supervisor import Controller, lookback_start
 from sparkgate.policies.rollout import parse_rollout_policy
 from tests.conftest import T0, ingest_synthetic, ingest_wire, synthetic_steps
 
@@ -251,3 +256,10 @@ def test_a_treatment_group_that_slows_late_fails_its_drift_gate_while_its_ratio_
     moved = verdicts["p99_step_ratio_drift"]  # 4 slow slices against the 5 before them
     assert moved["outcome"] == "fail" and moved["value"] == pytest.approx(2.0) and moved["samples"] == 4
     assert decision.phase_to == "fallback"
+
+
+@given(now=st.floats(1e9, 2e9), lookback=st.floats(1.0, 3600.0))
+def test_a_window_starts_on_the_sums_grid_at_most_one_bucket_before_its_lookback(now, lookback):
+    start = lookback_start(now, lookback)
+    assert now - lookback - SUM_BUCKET_S < start <= now - lookback + 1e-6  # up to the division's rounding
+    assert start / SUM_BUCKET_S == math.floor(start / SUM_BUCKET_S)
