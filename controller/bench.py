@@ -178,9 +178,10 @@ def run(labels: int, replicas: int, repeats: int, step_s: float = 0.01, interval
         stored = build_store(store, labels, step_s)
         setup_s = time.perf_counter() - start
         history_s = store.query("SELECT max(ts) - min(ts) AS s FROM steps").to_pylist()[0]["s"]
+        newest = store.query("SELECT max(ts) AS t FROM steps").to_pylist()[0]["t"]
         window_labels = store.query(
-            "SELECT count(*) AS n FROM depth_labels WHERE ts >= (SELECT max(ts) FROM steps) - ?",
-            [intervals * load_rollout_policy().evaluation_interval_s],
+            "SELECT count(*) AS n FROM depth_labels WHERE ts >= ?",
+            [lookback_start(newest, intervals * load_rollout_policy().evaluation_interval_s)],
         ).to_pylist()[0]["n"]
         runs = time_evaluation(store, repeats, intervals)
     merge_runs, fold_runs = time_merge(replica_aggregates(replicas), repeats)

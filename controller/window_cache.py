@@ -102,20 +102,19 @@ def read(
         if settled <= low:  # nothing settled to keep
             return fresh()
         moves = None if held is None else _moves(held, low, settled)
-        if moves is None or cache.slide_share * sum(hi - lo for lo, hi, _ in moves) > settled - low:
+        if held is None or moves is None or cache.slide_share * sum(hi - lo for lo, hi, _ in moves) > settled - low:
             cache.fresh += 1
             _keep(cache, key, _Kept(low, settled, 0, {}, None))
             return fresh()
-        if held is None or held.stats is None or _moved(held, versions):
-            moves = None  # nothing kept to slide, or a kept bucket moved
+        # Slide where statistics were kept and none of their buckets moved; else read the settled part whole.
+        slide = held.stats is not None and not _moved(held, versions)
         tail = [(settled, high, 1)] if high is None or settled < high else []
-        parts = moves if moves is not None else [(low, settled, 1)]
-        body, tail_cells = _read_with_tail(sums, parts, tail, settled)
+        body, tail_cells = _read_with_tail(sums, moves if slide else [(low, settled, 1)], tail, settled)
         edges = Edges.of(store, window, slice_, phase, contract, windowed, replicas)
         width = max(edges.depths, tail_cells.depths if tail_cells else 0)
-        slid = None if moves is None or held is None else _slide(held, body, width, windowed, replicas)
+        slid = _slide(held, body, width, windowed, replicas) if slide else None
         if slid is None:
-            if body is None or moves is not None:  # the slide changed the width: the settled part, whole
+            if slide or body is None:  # the slide changed the width: the settled part, whole
                 body = sums([(low, settled, 1)])
             cache.fresh += 1
             depths = max(body.depths, width)

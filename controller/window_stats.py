@@ -310,8 +310,7 @@ class Cells:
             tables = {}
             for name in _QUERIES:
                 cells = getattr(self, name)
-                keep = cells["tail"] == tail
-                tables[name] = {k: v[keep] for k, v in cells.items() if k != "tail"}
+                tables[name] = _rows({k: v for k, v in cells.items() if k != "tail"}, cells["tail"] == tail)
             halves.append(Cells(**tables))
         return halves[0], halves[1]
 
