@@ -32,7 +32,7 @@ from sparkgate.collectors.store import Store
 from sparkgate.policies.rollout import ESTIMATED_SUFFIX, Gate
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES, CheckKind, Phase
 
-from . import queries, window_stats
+from . import queries, window_stats, window_sums
 from .calibration import (
     Calibration,
     KindStats,
@@ -49,7 +49,7 @@ from .queries import Slice, Window
 from .references import References, version
 from .window_cache import WindowCache
 from .window_cache import read as window_cache_read
-from .window_stats import COMPACT_COUNTS, SURVIVAL, WINDOWED_SURVIVAL
+from .window_sums import COMPACT_COUNTS, SURVIVAL, WINDOWED_SURVIVAL
 
 BOOTSTRAP_RESAMPLES = 200
 # The measurement of a gate with use_estimated (``Gate.measured_as``).
@@ -377,13 +377,13 @@ def evaluate(
     steps = baseline_steps = None
     misses: dict[str, int] = {}
     as_of = None
-    by_phase = window_stats.full_accept_totals(store, slice_, (Phase.SHADOW, Phase.BASELINE), contract)
+    by_phase = window_sums.full_accept_totals(store, slice_, (Phase.SHADOW, Phase.BASELINE), contract)
     reference = by_phase.get(Phase.SHADOW) or by_phase.get(Phase.BASELINE) or (0, 0)
     if not slice_.per_request:
         steps = queries.step_buckets(store, window, slice_)
         # Baseline's steps, read over the span it recorded in rather than the whole history.
         if baseline:
-            span = window_stats.phase_span(store, (Phase.BASELINE,), contract)
+            span = window_sums.phase_span(store, (Phase.BASELINE,), contract)
             baseline_steps = queries.step_buckets(store, span, slice_, phase="baseline", contract=contract)
         misses = queries.miss_reasons(store, window, slice_)
         as_of = max(steps.column("newest").to_pylist(), default=None)
@@ -424,7 +424,7 @@ def _shadow_reference(
     references: References | None,
 ) -> Calibration:
     """The calibration of every label recorded in shadow (under ``contract``): what drift is measured from."""
-    span = window_stats.phase_span(store, (Phase.SHADOW,), contract)  # not the whole history, as baseline's
+    span = window_sums.phase_span(store, (Phase.SHADOW,), contract)  # not the whole history, as baseline's
 
     def read() -> Calibration:
         survival = window_stats.survival(store, span, slice_, Phase.SHADOW, contract, use_sums=use_sums)
@@ -451,7 +451,7 @@ def _windowed_reference(
     store: Store, slice_: Slice, contract: queries.SameContract | None, use_sums: bool, references: References | None
 ) -> KindStats:
     """The windowed labels recorded in shadow under ``contract`` (its rows within their suggested windows)."""
-    span = window_stats.phase_span(store, (Phase.SHADOW,), contract)
+    span = window_sums.phase_span(store, (Phase.SHADOW,), contract)
 
     def read() -> KindStats:
         return window_stats.survival(store, span, slice_, Phase.SHADOW, contract, WINDOWED_SURVIVAL, use_sums)

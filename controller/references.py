@@ -27,7 +27,7 @@ import duckdb
 from sparkgate.collectors.store import Store
 
 from .queries import SameContract, Slice
-from .window_stats import summed
+from .window_sums import summed
 
 T = TypeVar("T")
 

@@ -38,10 +38,11 @@ import numpy as np
 
 from sparkgate.collectors.store import Store
 
-from . import window_stats
+from . import window_stats, window_sums
 from .calibration import KindStats
 from .queries import SameContract, Slice, Window
-from .window_stats import Cells, Edges, WindowStats
+from .window_stats import Edges
+from .window_sums import Cells, WindowStats
 
 # Buckets within this many of the newest one with sums are the tail, read every time: a replica's batches
 # land within 30 s of their steps (a later one only costs a fresh read, by the versions).
@@ -87,13 +88,13 @@ def read(
     its settled whole buckets slid from what ``cache`` kept where that pays (module docstring)."""
     fresh = functools.partial(window_stats.read, store, window, slice_, phase, contract, windowed=windowed,
                               replicas=replicas)  # fmt: skip
-    buckets = window_stats.closed_buckets(window) if window_stats.summed(slice_) else None
+    buckets = window_sums.closed_buckets(window) if window_sums.summed(slice_) else None
     if buckets is None or buckets[0] is None:
         return fresh()
     low, high = int(buckets[0]), buckets[1]
     key = (slice_, phase, contract, windowed, None if replicas is None else tuple(replicas))
     held = cache.kept.get(key)
-    sums = functools.partial(window_stats.sums, store, replica_id=slice_.replica_id, phase=phase,
+    sums = functools.partial(window_sums.sums, store, replica_id=slice_.replica_id, phase=phase,
                              contract=contract, windowed=windowed, replicas=replicas)  # fmt: skip
     try:
         versions = _versions(store, min(low, held.low) if held else low)

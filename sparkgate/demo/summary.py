@@ -20,7 +20,7 @@ from sparkgate.controller.measurement import span
 from sparkgate.controller.metrics import evaluate
 from sparkgate.controller.queries import Window
 from sparkgate.controller.rollout import Decision
-from sparkgate.controller.window_stats import COMPACT_COUNTS
+from sparkgate.controller.window_sums import COMPACT_COUNTS
 from sparkgate.policies.rollout import RolloutPolicy
 from sparkgate.policies.vocabulary import CHANGES_POLICY, COMPARISON_METRICS, Action, Outcome, Phase
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkgate.collectors.store import Store
-from sparkgate.controller import window_cache, window_stats
+from sparkgate.controller import window_cache, window_stats, window_sums
 from sparkgate.controller.metrics import OptionalReads, evaluate
 from sparkgate.controller.queries import Slice, Window
 from tests.conftest import T0, ingest_synthetic
@@ -31,7 +31,7 @@ def _leaves(x, path=""):
         yield path, x
 
 
-def _assert_same(got: window_stats.WindowStats, want: window_stats.WindowStats) -> None:
+def _assert_same(got: window_sums.WindowStats, want: window_sums.WindowStats) -> None:
     a, b = dict(_leaves(got)), dict(_leaves(want))
     assert a.keys() == b.keys()
     for k, x in a.items():

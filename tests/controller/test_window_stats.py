@@ -3,49 +3,26 @@
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkgate.collectors.schema import MODES
-from sparkgate.collectors.store import Store
-from sparkgate.collectors.synth import synthetic_wire
-from sparkgate.collectors.wire import from_wire
-from sparkgate.controller import window_stats
+from sparkgate.controller import window_stats, window_sums
 from sparkgate.controller.metrics import evaluate
 from sparkgate.controller.queries import SameContract, Slice, Window
-from sparkgate.controller.window_stats import WindowStats
-
-T0 = 1e9
+from sparkgate.controller.window_sums import WindowStats
+from tests.controller.window_fixtures import T0, assert_same, labelled_store
 
 
 @pytest.fixture(scope="module")
 def store():
-    with Store(":memory:") as s:
-        for i in range(12):
-            for replica in ("a", "b"):
-                wire = synthetic_wire(40, 6, 5, replica, first_step=i * 40, seed=i, ts=T0 + i * 8.3, continuing=True)
-                wire = wire.set_column(wire.schema.get_field_index("phase"), "phase",
-                                       pa.array([("baseline", "shadow", "canary")[i // 4]] * 40))  # fmt: skip
-                s.ingest(from_wire(wire), "test")
+    with labelled_store() as s:
         yield s
 
 
 def _scan(store, window, slice_, phase=None, contract=None, windowed=True) -> WindowStats:
     return window_stats._from_rows(store, window, slice_, phase, contract, None, windowed=windowed)
-
-
-def _assert_same(a: WindowStats, b: WindowStats) -> None:
-    assert (a.windowed is None) == (b.windowed is None)
-    for kind in ("survival", "conditional", "windowed")[: 3 if a.windowed is not None else 2]:
-        for name in a.survival.__dataclass_fields__:
-            x, y = getattr(getattr(a, kind), name), getattr(getattr(b, kind), name)
-            assert x.shape == y.shape and np.allclose(x, y), (kind, name)
-    assert np.array_equal(a.statuses, b.statuses)
-    assert np.allclose(a.estimated, b.estimated)
-    for name in a.hists:
-        assert np.array_equal(a.hists[name], b.hists[name]), name
 
 
 @settings(max_examples=40, deadline=None)
@@ -59,35 +36,10 @@ def test_any_window_reads_the_figures_of_its_rows(store, since, length, replica)
     window, slice_ = Window(since, until), Slice(replica_id=replica)
     a, b = window_stats.read(store, window, slice_, windowed=True), _scan(store, window, slice_)
     assert a.labels == b.labels
-    _assert_same(a, b)
+    assert_same(a, b)
 
 
-@settings(max_examples=20, deadline=None)
-@given(
-    parts=st.lists(st.tuples(st.integers(int(T0 / 10) - 2, int(T0 / 10) + 12), st.integers(1, 6),
-                             st.sampled_from([1, -1])), min_size=1, max_size=3),
-    split=st.integers(int(T0 / 10) - 2, int(T0 / 10) + 14),
-    replicas=st.sampled_from([None, ("a",), ("b", "a")]),
-)  # fmt: skip
-def test_sums_split_at_a_bucket_are_the_sums_of_each_side(store, parts, split, replicas):
-    ranges = [(lo, lo + n, sign) for lo, n, sign in parts]
-    below, above = window_stats.sums(store, ranges, None, None, None, True, replicas, split_at=split).split()
-    for half, clip in ((below, lambda lo, hi: (lo, min(hi, split))), (above, lambda lo, hi: (max(lo, split), hi))):
-        mine = [(*clip(lo, hi), sign) for lo, hi, sign in ranges if clip(lo, hi)[0] < clip(lo, hi)[1]]
-        if not mine:
-            assert all(len(t["n"]) == 0 for t in vars(half).values())
-            continue
-        want = window_stats.sums(store, mine, None, None, None, True, replicas)
-        depths = max(want.depths, half.depths)
-        _assert_same(half.stats(depths, True, replicas), want.stats(depths, True, replicas))
-
-
-def test_sums_of_no_bucket_range_are_refused(store):
-    with pytest.raises(ValueError, match="at least one bucket range"):
-        window_stats.sums(store, [], None, None, None, False)
-
-
-def _assert_same_kind(a, b) -> None:
+def __assert_same_kind(a, b) -> None:
     """Equal statistics, the narrower padded with the empty trailing depths the wider has."""
     for name in a.__dataclass_fields__:
         x, y = getattr(a, name), getattr(b, name)
@@ -107,30 +59,30 @@ def test_survival_alone_and_per_replica_read_what_the_full_read_does(store, sinc
     window = Window(since, until)
     contract = None if phase is None else SameContract(None)
     full = window_stats.read(store, window, Slice(), phase, contract, windowed=True)
-    _assert_same_kind(window_stats.survival(store, window, Slice(), phase, contract), full.survival)
-    windowed = window_stats.survival(store, window, Slice(), phase, contract, window_stats.WINDOWED_SURVIVAL)
-    _assert_same_kind(windowed, full.windowed)
+    __assert_same_kind(window_stats.survival(store, window, Slice(), phase, contract), full.survival)
+    windowed = window_stats.survival(store, window, Slice(), phase, contract, window_sums.WINDOWED_SURVIVAL)
+    __assert_same_kind(windowed, full.windowed)
     # Read per replica ("a" left unlisted, so its labels are the fleet's but no replica's), the fleet's
     # figures are those of the plain read.
     listed = ["b", "absent"]
     with_replicas = window_stats.read(store, window, Slice(), phase, contract, windowed=True, replicas=listed)
-    _assert_same(with_replicas, full)
+    assert_same(with_replicas, full)
     assert with_replicas.by_replica is not None and full.by_replica is None
     by_replica = with_replicas.by_replica
-    assert set(by_replica) == {window_stats.SURVIVAL, window_stats.WINDOWED_SURVIVAL}
+    assert set(by_replica) == {window_sums.SURVIVAL, window_sums.WINDOWED_SURVIVAL}
     for replica in listed:
         alone = window_stats.read(store, window, Slice(replica_id=replica), phase, contract, windowed=True)
-        _assert_same_kind(by_replica[window_stats.SURVIVAL][replica], alone.survival)
-        _assert_same_kind(by_replica[window_stats.WINDOWED_SURVIVAL][replica], alone.windowed)
-    assert by_replica[window_stats.SURVIVAL]["absent"].fine_count.sum() == 0
+        __assert_same_kind(by_replica[window_sums.SURVIVAL][replica], alone.survival)
+        __assert_same_kind(by_replica[window_sums.WINDOWED_SURVIVAL][replica], alone.windowed)
+    assert by_replica[window_sums.SURVIVAL]["absent"].fine_count.sum() == 0
     # From the rows (no sums), the same figures; with no replica listed, none.
     rows = window_stats.read(store, window, Slice(), phase, contract, False, True, ["a", "b"]).by_replica
     assert rows is not None
     for kind in by_replica:
-        _assert_same_kind(rows[kind]["b"], by_replica[kind]["b"])
+        __assert_same_kind(rows[kind]["b"], by_replica[kind]["b"])
     none = window_stats.read(store, window, Slice(), phase, contract, windowed=False, replicas=[])
-    _assert_same(none, window_stats.read(store, window, Slice(), phase, contract))
-    assert none.by_replica == {window_stats.SURVIVAL: {}}
+    assert_same(none, window_stats.read(store, window, Slice(), phase, contract))
+    assert none.by_replica == {window_sums.SURVIVAL: {}}
 
 
 def test_windowed_labels_are_every_depth_within_each_rows_scheduler_window(store):
@@ -157,10 +109,10 @@ def test_windowed_labels_are_every_depth_within_each_rows_scheduler_window(store
 
 def test_a_phase_and_contract_read_the_steps_recorded_in_them(store):
     shadow = window_stats.read(store, Window(), Slice(), "shadow", SameContract(None))
-    _assert_same(shadow, _scan(store, Window(), Slice(), "shadow", SameContract(None), windowed=False))
+    assert_same(shadow, _scan(store, Window(), Slice(), "shadow", SameContract(None), windowed=False))
     assert 0 < shadow.labels < window_stats.read(store, Window(), Slice()).labels
     assert window_stats.read(store, Window(), Slice(), "shadow", SameContract("other")).labels == 0
-    totals = window_stats.full_accept_totals(store, Slice(), ("shadow", "baseline"))
+    totals = window_sums.full_accept_totals(store, Slice(), ("shadow", "baseline"))
     from sparkgate.controller import queries
 
     assert totals == queries.full_accept_totals(store, Window(), Slice(), ("shadow", "baseline"))
@@ -199,16 +151,4 @@ def test_a_store_without_the_sums_tables_is_read_from_its_rows(store):
             return store.query(sql, params)
 
     window = Window(T0 + 3.7, T0 + 77.7)
-    _assert_same(window_stats.read(Old(), window, Slice(), windowed=True), _scan(store, window, Slice()))
-
-
-def test_a_reference_phase_is_read_over_its_own_span_with_the_figures_of_the_whole_history(store):
-    from sparkgate.controller import queries
-
-    span = window_stats.phase_span(store, ("baseline",))
-    assert span.since == pytest.approx(T0) and span.until < T0 + 4 * 8.3 + 1
-    for phase in ("baseline", "shadow"):
-        whole = queries.step_buckets(store, Window(), Slice(), phase=phase).to_pylist()
-        span = window_stats.phase_span(store, (phase,))
-        assert queries.step_buckets(store, span, Slice(), phase=phase).to_pylist() == whole
-    assert window_stats.phase_span(store, ("adaptive",)) == Window()  # none recorded: the whole (empty) history
+    assert_same(window_stats.read(Old(), window, Slice(), windowed=True), _scan(store, window, Slice()))
