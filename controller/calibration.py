@@ -20,11 +20,14 @@ integers so merging (adding) histograms is exact.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from sparkgate.collectors.aggregate import CalibrationStats
 from sparkgate.collectors.schema import MODES
@@ -196,6 +199,23 @@ def resample_weights(k: int, resamples: int, rng: np.random.Generator) -> np.nda
     return np.bincount(draws.ravel(), minlength=resamples * k).reshape(resamples, k).astype(np.float64)
 
 
+@functools.cache
+def _blas() -> ThreadpoolController:
+    return ThreadpoolController()
+
+
+def resampled_sums(weights: np.ndarray, arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
+    """Per array of ``arrays`` (each [k, ...], one row per request group): its resamples' sums
+    [resamples, ...], ``weights`` [resamples, k] times it, one matrix product over the flattened cells.
+
+    The products run on one BLAS thread. They are small (200 × 200 × a few hundred cells), and a BLAS
+    pool's threads spin for a while after each product, taking the cores that the controller's next
+    DuckDB statement runs its own threads on: on 2 cores a tick's window statements took 1.6× as long
+    after a bootstrap as alone, and a tick's CPU time halved with one thread (docs/benchmarks.md)."""
+    with _blas().limit(limits=1, user_api="blas"):
+        return tuple((weights @ a.reshape(len(a), -1)).reshape(len(weights), *a.shape[1:]) for a in arrays)
+
+
 def bootstrap_ece(
     stats: KindStats, resamples: int = 200, level: float = 0.95, seed: int = 0
 ) -> dict[int, tuple[float, float, float]]:
@@ -211,14 +231,10 @@ def bootstrap_ece(
     k = int(occupied.sum())
     if not k:
         return {}
-    flat = [
-        a[occupied].reshape(k, -1).astype(np.float64)
-        for a in (stats.grouped_count, stats.grouped_sum_p, stats.grouped_sum_y)
-    ]
+    groups = [a[occupied].astype(np.float64) for a in (stats.grouped_count, stats.grouped_sum_p, stats.grouped_sum_y)]
     weights = resample_weights(k, resamples, np.random.default_rng(seed))
-    shape = (resamples, stats.depths + 1, N_BINS)
     present = np.flatnonzero(stats.grouped_count.sum(axis=(0, 2))[1:]) + 1
-    ece = grouped_ece(*((weights @ a).reshape(shape) for a in flat))[:, present]
+    ece = grouped_ece(*resampled_sums(weights, groups))[:, present]
     tail = (1 - level) / 2 * 100
     lo, hi = np.nanpercentile(ece, [tail, 100 - tail], axis=0)
     se = np.nanstd(ece, axis=0)

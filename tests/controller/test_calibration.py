@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sklearn.calibration import calibration_curve
 from sklearn.metrics import roc_auc_score
+from threadpoolctl import threadpool_info
 
 from sparkgate.collectors.aggregate import Aggregate, CalibrationStats
 from sparkgate.collectors.labels import explode
@@ -26,6 +27,7 @@ from sparkgate.controller.calibration import (
     fine_bin,
     look_index,
     null_ece,
+    resampled_sums,
     worst_replica_debiased_ece,
 )
 from sparkgate.controller.gates import judge
@@ -281,3 +283,21 @@ def test_drift_from_shadow_passes_the_same_calibration_and_fails_a_shifted_one(s
     m = evaluation.measurements("canary")[metric]
     assert judge(gate, m).outcome == outcome, m
     assert evaluate(store, window, resamples=10).measurements("canary")[metric].why
+
+
+@given(
+    k=st.integers(1, 12),
+    resamples=st.integers(1, 9),
+    cells=st.lists(st.integers(1, 5), min_size=0, max_size=2),
+    seed=st.integers(0, 99),
+)
+def test_resampled_sums_are_each_resamples_weighted_total_and_leave_the_blas_pool_as_it_was(k, resamples, cells, seed):
+    rng = np.random.default_rng(seed)
+    weights = rng.integers(0, 4, size=(resamples, k)).astype(np.float64)
+    arrays = [rng.random((k, *cells)), rng.integers(0, 50, size=(k, *cells)).astype(np.float64)]
+    before = [i["num_threads"] for i in threadpool_info()]
+    got = resampled_sums(weights, arrays)
+    assert [i["num_threads"] for i in threadpool_info()] == before
+    for a, g in zip(arrays, got):
+        assert g.shape == (resamples, *cells)
+        assert np.allclose(g, np.einsum("rk,k...->r...", weights, a))
