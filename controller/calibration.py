@@ -54,7 +54,10 @@ def _histogram(key: np.ndarray, size: int, weights: np.ndarray | None = None) ->
 class KindStats:
     """Histograms of one kind of prediction. ``fine_*`` are [modes, depths+1, FINE_BINS, 2]
     (last axis: y = 0, y = 1); ``grouped_*`` are [REQUEST_GROUPS, depths+1, N_BINS] over gated modes (the
-    full-block modes; the windowed kind: ``WINDOWED_MODES``)."""
+    full-block modes; the windowed kind: ``WINDOWED_MODES``).
+
+    Read for gates alone, ``fine_*`` may hold the N_BINS equal-width bins in place of the fine ones
+    (``coarse()``, ``fine`` False): every figure but the equal-mass ECE and AUROC is the same at either."""
 
     fine_count: np.ndarray
     fine_sum_p: np.ndarray
@@ -121,19 +124,30 @@ class KindStats:
     def depths(self) -> int:
         return self.fine_count.shape[1] - 1
 
+    @property
+    def fine(self) -> bool:
+        """Whether ``fine_*`` hold the fine bins (else the equal-width ones)."""
+        return self.fine_count.shape[2] == FINE_BINS
+
     def __add__(self, other: KindStats) -> KindStats:
-        """Statistics of both row sets (same depths), e.g. two chunks of one window."""
+        """Statistics of both row sets (same depths and bins), e.g. two chunks of one window."""
         if other.depths != self.depths:
             raise ValueError(f"depths={other.depths}: cannot add stats over {self.depths} depths")
+        if other.fine != self.fine:
+            raise ValueError("cannot add statistics over fine bins to statistics over equal-width bins")
         return KindStats(*(getattr(self, f) + getattr(other, f) for f in self.__dataclass_fields__))
+
+    def coarse(self) -> KindStats:
+        """The same statistics with each equal-width bin's fine bins summed into one."""
+        if not self.fine:
+            return self
+        return KindStats(_equal_width(self.fine_count), _equal_width(self.fine_sum_p), _equal_width(self.fine_sum_p2),
+                         self.grouped_count, self.grouped_sum_p, self.grouped_sum_y)  # fmt: skip
 
     def calibration_stats(self) -> CalibrationStats:
         """The collectors' equal-width statistics (per mode, depth, bin), summed from the fine bins."""
-
-        def coarse(a: np.ndarray) -> np.ndarray:
-            return a.reshape(*a.shape[:2], N_BINS, FINE_PER_BIN, *a.shape[3:]).sum(axis=3)
-
-        count, sum_p, sum_p2 = coarse(self.fine_count), coarse(self.fine_sum_p), coarse(self.fine_sum_p2)
+        coarse = self.coarse()
+        count, sum_p, sum_p2 = coarse.fine_count, coarse.fine_sum_p, coarse.fine_sum_p2
         # Σ(p - y)² = Σp² - 2Σ_{y=1} p + n_{y=1}, since y² = y.
         sum_sq = sum_p2.sum(-1) - 2 * sum_p[..., 1] + count[..., 1]
         return CalibrationStats(count.sum(-1), sum_p.sum(-1), count[..., 1], sum_sq)
@@ -143,8 +157,13 @@ class KindStats:
         keep = [MODES.index(m) for m in modes]
         return self.fine_count[keep].sum(axis=0), self.fine_sum_p[keep].sum(axis=(0, -1))
 
+    def _fine_only(self, figure: str) -> None:
+        if not self.fine:
+            raise ValueError(f"the {figure} needs the fine bins: these statistics hold the equal-width bins alone")
+
     def equal_mass_ece(self, modes: tuple[str, ...] = FULL_BLOCK_MODES) -> dict[int, float]:
         """ECE over 15 bins of (about) equal count per depth; boundaries fall on fine-bin edges."""
+        self._fine_only("equal-mass ECE")
         count, sum_p = self._fine(modes)
         out = {}
         for d in range(1, count.shape[0]):
@@ -162,6 +181,7 @@ class KindStats:
     def auroc(self, modes: tuple[str, ...] = FULL_BLOCK_MODES) -> dict[int, float]:
         """P(prediction of a y=1 row > that of a y=0 row), ties within a fine bin counting half.
         Depths with only one outcome are left out."""
+        self._fine_only("AUROC")
         count, _ = self._fine(modes)
         out = {}
         for d in range(1, count.shape[0]):
@@ -181,6 +201,11 @@ class KindStats:
             if n:
                 out[d] = {"mean_p": float(sum_p[d].sum() / n), "rate": float(count[d, :, 1].sum() / n), "samples": n}
         return out
+
+
+def _equal_width(a: np.ndarray) -> np.ndarray:
+    """[modes, depths+1, FINE_BINS, 2] summed to [modes, depths+1, N_BINS, 2]."""
+    return a.reshape(*a.shape[:2], N_BINS, FINE_PER_BIN, *a.shape[3:]).sum(axis=3)
 
 
 def grouped_ece(count: np.ndarray, sum_p: np.ndarray, sum_y: np.ndarray) -> np.ndarray:

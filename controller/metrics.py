@@ -323,6 +323,7 @@ class OptionalReads(TypedDict):
     per_replica: bool  # survival_ece_debiased_replica
     windowed_reference: bool  # windowed_ece_drift (and its per-replica variant's reference)
     windowed_replicas: bool  # windowed_ece_drift_replica
+    fine_bins: bool  # the report's equal-mass ECE and AUROC (no gate reads them)
 
 
 def optional_reads(gates: Iterable[Gate]) -> OptionalReads:
@@ -333,6 +334,7 @@ def optional_reads(gates: Iterable[Gate]) -> OptionalReads:
         per_replica="survival_ece_debiased_replica" in metrics,
         windowed_reference="windowed_ece_drift" in metrics,
         windowed_replicas="windowed_ece_drift_replica" in metrics,
+        fine_bins=False,
     )
 
 
@@ -351,6 +353,7 @@ def evaluate(
     baseline: bool = True,
     references: References | None = None,
     window_cache: WindowCache | None = None,
+    fine_bins: bool = True,
 ) -> Evaluation:
     """Measure ``window`` and ``slice_`` of the store. The baseline is every step recorded in the
     baseline phase (same replica and load slice), whatever the window; with ``contract``, the baseline and
@@ -359,14 +362,18 @@ def evaluate(
     phase's own gate read them, and their cost grows with how long baseline ran. ``use_sums`` False reads
     every figure, the optional reads' too, from the rows (what the sums are checked and benchmarked
     against). ``references`` keeps shadow's references between calls (``controller.references``), and
-    ``window_cache`` the window's whole buckets (``controller.window_cache``)."""
+    ``window_cache`` the window's whole buckets (``controller.window_cache``). ``fine_bins`` False reads the
+    window's labels at the equal-width bins alone: every gate's measurement is the same, at a fraction of
+    the sums' cells, and the report (its equal-mass ECE and AUROC) refuses such an evaluation."""
     windowed = windowed_reference or windowed_replicas
     # Each replica's labels come from the same statements as the fleet's (the sums grouped by replica too).
     judged = _judged_replicas(store, window, slice_) if per_replica or windowed_replicas else None
     if window_cache is not None and use_sums:
-        stats = window_cache_read(window_cache, store, window, slice_, windowed=windowed, replicas=judged)
+        stats = window_cache_read(window_cache, store, window, slice_, windowed=windowed, replicas=judged,
+                                  fine_bins=fine_bins)  # fmt: skip
     else:
-        stats = window_stats.read(store, window, slice_, use_sums=use_sums, windowed=windowed, replicas=judged)
+        stats = window_stats.read(store, window, slice_, use_sums=use_sums, windowed=windowed, replicas=judged,
+                                  fine_bins=fine_bins)  # fmt: skip
     replicas = stats.by_replica or {}
     survival, conditional, compact_counts = stats.survival, stats.conditional, stats.compact_counts()
     aggregate = Aggregate(survival.calibration_stats(), conditional.calibration_stats(), **stats.hists)

@@ -12,6 +12,7 @@ without the sums tables (a snapshot published before they existed).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -51,6 +52,7 @@ def read(
     use_sums: bool = True,
     windowed: bool = False,
     replicas: Sequence[str] | None = None,
+    fine_bins: bool = True,
 ) -> WindowStats:
     """The window's statistics; ``phase`` (with ``contract``) keeps the steps recorded in that phase.
     ``use_sums`` False reads the rows alone (what the sums are checked and benchmarked against). The
@@ -58,16 +60,19 @@ def read(
     labels to their request rows, for the windowed gates alone. With ``replicas``, ``by_replica`` holds
     each one's survival (and windowed) labels, equal to ``read`` with the slice narrowed to it up to empty
     trailing depths, from the same statements: the label sums grouped by replica as well, the fleet's
-    figures their total."""
+    figures their total. With ``fine_bins`` False the label statistics hold the equal-width bins alone
+    (``KindStats.coarse``): every gate's figure, not the report's equal-mass ECE and AUROC."""
+    rows = functools.partial(_from_rows, store, window, slice_, phase, contract, None, windowed=windowed,
+                             replicas=replicas, fine_bins=fine_bins)  # fmt: skip
     buckets = closed_buckets(window) if use_sums and summed(slice_) else None
     if buckets is None:
-        return _from_rows(store, window, slice_, phase, contract, None, windowed=windowed, replicas=replicas)
+        return rows()
     low, high = buckets
     try:
-        cells = sums(store, [(low, high, 1)], slice_.replica_id, phase, contract, windowed, replicas)
+        cells = sums(store, [(low, high, 1)], slice_.replica_id, phase, contract, windowed, replicas, None, fine_bins)
     except duckdb.CatalogException:
-        return _from_rows(store, window, slice_, phase, contract, None, windowed=windowed, replicas=replicas)
-    edges = Edges.of(store, window, slice_, phase, contract, windowed, replicas)
+        return rows()
+    edges = Edges.of(store, window, slice_, phase, contract, windowed, replicas, fine_bins)
     depths = max(cells.depths, edges.depths)
     return edges.added(cells.stats(depths, windowed, replicas), depths)
 
@@ -81,12 +86,12 @@ class Edges:
     read: Callable[[Window, int, queries.LabelColumns], WindowStats]
 
     @classmethod
-    def of(cls, store, window, slice_, phase, contract, windowed: bool, replicas) -> Edges:
+    def of(cls, store, window, slice_, phase, contract, windowed: bool, replicas, fine_bins: bool = True) -> Edges:
         windows = edge_windows(window, *closed_buckets(window))  # type: ignore[misc]
         columns = [queries.label_columns(store, w, slice_, phase, contract, windowed, replicas or ()) for w in windows]
 
         def read(w: Window, depths: int, c: queries.LabelColumns) -> WindowStats:
-            return _from_rows(store, w, slice_, phase, contract, depths, c, windowed, replicas)
+            return _from_rows(store, w, slice_, phase, contract, depths, c, windowed, replicas, fine_bins)
 
         return cls(windows, columns, read)
 
@@ -159,29 +164,32 @@ def _survival_of(fine, grouped, columns: list[queries.LabelColumns], kind: int) 
 
 
 def _from_rows(
-    store, window, slice_, phase, contract, depths, cols=None, windowed: bool = False, replicas=None
+    store, window, slice_, phase, contract, depths, cols=None, windowed: bool = False, replicas=None, fine_bins=True
 ) -> WindowStats:
     """The statistics of the window's rows themselves (``depths`` None: as many as they have)."""
     if cols is None:
         cols = queries.label_columns(store, window, slice_, phase, contract, windowed, replicas or ())
     depths = depths or max(cols.depths, 1)
-    survival, conditional, in_window, statuses = _kinds(cols, depths, windowed)
+    survival, conditional, in_window, statuses = _kinds(cols, depths, windowed, fine_bins)
     hists = queries.request_histograms(store, window, slice_, depths + 1, phase, contract)
     estimated = queries.estimated_bins(store, window, slice_, depths, phase, contract)
     by_replica = None
     if replicas is not None:
-        mine = {r: _kinds(cols.select(cols.replica == i), depths, windowed)[:3] for i, r in enumerate(replicas)}
+        mine = {
+            r: _kinds(cols.select(cols.replica == i), depths, windowed, fine_bins)[:3] for i, r in enumerate(replicas)
+        }
         by_replica = per_replica(mine, windowed)
     return WindowStats(survival, conditional, in_window, statuses, estimated, hists, by_replica)
 
 
 def _kinds(
-    cols: queries.LabelColumns, depths: int, windowed: bool
+    cols: queries.LabelColumns, depths: int, windowed: bool, fine_bins: bool = True
 ) -> tuple[KindStats, KindStats, KindStats | None, np.ndarray]:
     """(survival over observed and recovered labels, conditional over observed labels at risk, survival over
     windowed labels (None without ``windowed``), labels per status and depth), indexed by the sums' kind
-    codes; a chunk of rows at a time: the temporaries of a chunk are reused from the heap, where those of
-    the whole window would be fresh pages every time."""
+    codes, over the fine bins or (``fine_bins`` False) the equal-width ones; a chunk of rows at a time: the
+    temporaries of a chunk are reused from the heap, where those of the whole window would be fresh pages
+    every time."""
     kinds: list[KindStats] = []
     statuses = np.zeros((len(STATUSES), depths + 1), np.int64)
     for start in range(0, max(len(cols), 1), CHUNK_ROWS):
@@ -201,4 +209,6 @@ def _kinds(
         kinds = found if not kinds else [a + b for a, b in zip(kinds, found)]
         np.add.at(statuses, (chunk.status.astype(np.int64), chunk.depth.astype(np.int64)), 1)
     # The loop runs at least once.
+    if not fine_bins:
+        kinds = [k.coarse() for k in kinds]
     return kinds[0], kinds[1], kinds[2] if windowed else None, statuses

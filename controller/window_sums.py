@@ -23,7 +23,7 @@ from sparkgate.collectors.label_sums import SUM_BUCKET_S
 from sparkgate.collectors.labels import ESTIMATED
 from sparkgate.collectors.schema import MODES, STATUSES
 from sparkgate.collectors.store import Store
-from sparkgate.policies.binning import FINE_BINS, N_BINS, REQUEST_GROUPS
+from sparkgate.policies.binning import FINE_BINS, FINE_PER_BIN, N_BINS, REQUEST_GROUPS
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
 from . import queries
@@ -132,6 +132,7 @@ class Cells:
     grouped: dict[str, np.ndarray]
     status: dict[str, np.ndarray]
     requests: dict[str, np.ndarray]
+    bins: int = FINE_BINS  # the bins ``fine``'s column ``fine`` counts: FINE_BINS, or N_BINS (``sums``' fine_bins)
 
     @property
     def depths(self) -> int:
@@ -146,7 +147,7 @@ class Cells:
             for name in _QUERIES:
                 cells = getattr(self, name)
                 tables[name] = rows_where({k: v for k, v in cells.items() if k != "tail"}, cells["tail"] == tail)
-            halves.append(Cells(**tables))
+            halves.append(Cells(**tables, bins=self.bins))
         return halves[0], halves[1]
 
     def stats(self, depths: int, windowed: bool, replicas: Sequence[str] | None = None) -> WindowStats:
@@ -156,10 +157,11 @@ class Cells:
         codes = (SURVIVAL, CONDITIONAL, WINDOWED_SURVIVAL) if windowed else (SURVIVAL, CONDITIONAL)
         by_replica = None
         if replicas is None:
-            kinds = _label_kinds(self.fine, self.grouped, width, codes)
+            kinds = _label_kinds(self.fine, self.grouped, width, codes, self.bins)
         else:
             n = len(replicas)
-            parts = [_label_kinds(f, g, width, codes) for f, g in zip(_split(self.fine, n), _split(self.grouped, n))]
+            halves = zip(_split(self.fine, n), _split(self.grouped, n))
+            parts = [_label_kinds(f, g, width, codes, self.bins) for f, g in halves]
             kinds = [functools.reduce(operator.add, of) for of in zip(*parts)]
             by_replica = per_replica({r: (*parts[i], None)[:3] for i, r in enumerate(replicas)}, windowed)
         s = self.status
@@ -179,10 +181,11 @@ class Cells:
         return WindowStats(kinds[0], kinds[1], kinds[2] if windowed else None, statuses, estimated, hists, by_replica)
 
 
-def _label_kinds(fine, grouped, width: int, codes: tuple[int, ...]) -> list[KindStats]:
+def _label_kinds(fine, grouped, width: int, codes: tuple[int, ...], bins: int) -> list[KindStats]:
     """The statistics of each kind of ``codes`` from summed fine and grouped cells."""
     return [
-        kind_stats(rows_where(fine, fine["kind"] == k), rows_where(grouped, grouped["kind"] == k), width) for k in codes
+        kind_stats(rows_where(fine, fine["kind"] == k), rows_where(grouped, grouped["kind"] == k), width, bins)
+        for k in codes
     ]
 
 
@@ -195,13 +198,14 @@ def _split(cells: dict[str, np.ndarray], n: int) -> list[dict[str, np.ndarray]]:
     return [{k: v[order[lo:hi]] for k, v in cells.items()} for lo, hi in itertools.pairwise(bounds)]
 
 
-def kind_stats(f: dict[str, np.ndarray], g: dict[str, np.ndarray], width: int) -> KindStats:
-    """One kind's statistics from its fine and grouped sums (cells summed, numpy columns by name)."""
+def kind_stats(f: dict[str, np.ndarray], g: dict[str, np.ndarray], width: int, bins: int = FINE_BINS) -> KindStats:
+    """One kind's statistics from its fine and grouped sums (cells summed, numpy columns by name; ``bins``
+    the bins that ``f``'s column ``fine`` counts)."""
     fine_index = (f["mode"], f["depth"], f["fine"], f["y"].astype(np.int64))
     group_index = (g["grp"], g["depth"], g["bin"])
     arrays = []
     for shape, index, columns in (
-        ((len(MODES), width, FINE_BINS, 2), fine_index, (f["n"], f["sum_p"], f["sum_p2"])),
+        ((len(MODES), width, bins, 2), fine_index, (f["n"], f["sum_p"], f["sum_p2"])),
         ((REQUEST_GROUPS, width, N_BINS), group_index, (g["n"], g["sum_p"], g["sum_y"])),
     ):
         for values in columns:
@@ -218,6 +222,8 @@ _QUERIES = {
     "status": ("label_status_sums", "mode, depth, status, bin", {"sum_s": "DOUBLE", "sum_prob": "DOUBLE"}),
     "requests": ("request_sums", "mode, hist, x, y", {}),
 }
+# The fine sums' key with each fine bin put in its equal-width bin (``sums``' fine_bins False).
+_EQUAL_WIDTH_KEYS = f"kind, mode, depth, (fine // {FINE_PER_BIN})::SMALLINT AS fine, y"
 
 
 def sums(
@@ -229,13 +235,17 @@ def sums(
     windowed: bool,
     replicas: Sequence[str] | None = None,
     split_at: int | None = None,
+    fine_bins: bool = True,
 ) -> Cells:
     """The cells of every table over the buckets of ``parts``, each ``(low, high, sign)``: buckets
     ``[low, high)`` (None for an open side) weighted by ``sign`` (+1 or −1); with ``replicas``, the label
     sums' per replica as well (column ``replica``: its index in ``replicas``, −1 for any other). Cells that
     sum to no label are dropped only when every sign is +1: with −1 a cell's count may net to zero while
     its sums do not. With ``split_at`` every cell is summed apart below that bucket and from it up
-    (boolean column ``tail``, ``Cells.split``): two ranges from one statement per table."""
+    (boolean column ``tail``, ``Cells.split``): two ranges from one statement per table. With ``fine_bins``
+    False the fine sums are summed per equal-width bin instead: what every gate reads, in a statement
+    grouping a few thousand cells where the fine bins group about as many as the window has labels at a
+    busy fleet's rate (docs/benchmarks.md)."""
     if not parts:
         raise ValueError("sums needs at least one bucket range")
     where, params = sums_where(None, None, replica_id, phase, contract)
@@ -260,20 +270,24 @@ def sums(
     tail = "" if split_at is None else f"(bucket >= {int(split_at)}) AS tail, "
     cells = {}
     for name in _QUERIES:
+        keys = _EQUAL_WIDTH_KEYS if name == "fine" and not fine_bins else None
         if name not in ("fine", "grouped"):
             cells[name] = summed_cells(store, name, where, params, weight, tail)
         elif replicas is None:
-            cells[name] = summed_cells(store, name, where + kinds, params, weight, tail)
+            cells[name] = summed_cells(store, name, where + kinds, params, weight, tail, keys)
         else:
             by = tail + "(coalesce(list_position(?::VARCHAR[], replica_id), 0) - 1)::INTEGER AS replica, "
-            cells[name] = summed_cells(store, name, where + kinds, [list(replicas), *params], weight, by)
-    return Cells(**cells)
+            cells[name] = summed_cells(store, name, where + kinds, [list(replicas), *params], weight, by, keys)
+    return Cells(**cells, bins=FINE_BINS if fine_bins else N_BINS)
 
 
-def summed_cells(store: Store, name: str, where: str, params: list, weight: str, by: str = "") -> dict[str, np.ndarray]:
+def summed_cells(
+    store: Store, name: str, where: str, params: list, weight: str, by: str = "", keys: str | None = None
+) -> dict[str, np.ndarray]:
     """One sums table's rows under ``where``, each times ``weight``, summed per cell (and per ``by``, key
-    columns put first), as numpy columns by name."""
-    table, keys, values = _QUERIES[name]
+    columns put first; ``keys`` in place of the table's own), as numpy columns by name."""
+    table, own, values = _QUERIES[name]
+    keys = keys or own
     sums = "".join(f", sum({v} * {weight})::{t} AS {v}" for v, t in values.items())
     having = " HAVING sum(n) <> 0" if weight == "1" else ""
     rows = store.query(

@@ -85,6 +85,25 @@ def test_equal_mass_ece_uses_bins_of_equal_count():
     assert stats.equal_mass_ece()[1] != pytest.approx(stats.calibration_stats().ece()[1], abs=1e-3)
 
 
+def test_the_equal_width_statistics_give_every_figure_but_those_of_the_fine_bins():
+    mode, depth, p, y, group = _rows(20_000, 6, lambda p: p**1.2, depths=3)
+    fine = KindStats.from_rows(mode, depth, p, y, group, depths=3)
+    coarse = fine.coarse()
+    assert fine.fine and not coarse.fine and coarse.coarse() is coarse
+    a, b = coarse.calibration_stats(), fine.calibration_stats()
+    for name in ("count", "sum_p", "sum_y", "sum_sq"):
+        np.testing.assert_allclose(getattr(a, name), getattr(b, name), rtol=1e-12, err_msg=name)
+    assert coarse.curve().keys() == fine.curve().keys()
+    for d, point in coarse.curve().items():
+        assert point == pytest.approx(fine.curve()[d])
+    assert bootstrap_ece(coarse, 50) == bootstrap_ece(fine, 50)  # the request groups are kept as they were
+    for figure, match in ((coarse.equal_mass_ece, "equal-mass ECE"), (coarse.auroc, "AUROC")):
+        with pytest.raises(ValueError, match=f"the {match} needs the fine bins"):
+            figure()
+    with pytest.raises(ValueError, match="cannot add statistics over fine bins"):
+        fine + coarse
+
+
 def test_probability_one_lands_in_the_last_bin():
     assert fine_bin(np.array([0.0, 1.0, np.nextafter(1.0, 0)])).tolist() == [0, 959, 959]
 

@@ -10,7 +10,9 @@ from sparkgate.controller.references import References, version
 from sparkgate.policies.vocabulary import Phase
 from tests.conftest import T0, ingest_synthetic
 
-READS = OptionalReads(shadow_reference=True, per_replica=False, windowed_reference=True, windowed_replicas=False)
+READS = OptionalReads(
+    shadow_reference=True, per_replica=False, windowed_reference=True, windowed_replicas=False, fine_bins=True
+)
 
 
 def _same(a, b) -> None:

@@ -50,9 +50,9 @@ def _fill(store: Store, buckets: range, first_step: int = 0) -> None:
         ingest_synthetic(store, 12, T0 + 10 * i + 3, "compact", REPLICAS[i % 2], first_step=first_step + 100 * i)
 
 
-def _read(cache, store, window, slice_=Slice()):
-    got = window_cache.read(cache, store, window, slice_, windowed=True, replicas=REPLICAS)
-    want = window_stats.read(store, window, slice_, windowed=True, replicas=REPLICAS)
+def _read(cache, store, window, slice_=Slice(), fine_bins=True):
+    got = window_cache.read(cache, store, window, slice_, windowed=True, replicas=REPLICAS, fine_bins=fine_bins)
+    want = window_stats.read(store, window, slice_, windowed=True, replicas=REPLICAS, fine_bins=fine_bins)
     _assert_same(got, want)
     return got
 
@@ -150,7 +150,8 @@ def test_the_cache_holds_the_newest_reads_alone_however_many_keys_it_meets(store
 def test_an_evaluation_with_the_cache_gives_the_figures_of_one_without(store):
     _fill(store, range(10))
     cache = window_cache.WindowCache(slide_share=0)
-    reads = OptionalReads(shadow_reference=False, per_replica=True, windowed_reference=False, windowed_replicas=True)
+    reads = OptionalReads(shadow_reference=False, per_replica=True, windowed_reference=False, windowed_replicas=True,
+                          fine_bins=False)  # fmt: skip
     for since in (T0, T0 + 12, T0 + 25, T0 + 37):
         window = Window(since, since + 60)
         kept = evaluate(store, window, resamples=20, window_cache=cache, **reads)
@@ -176,11 +177,12 @@ def shared(tmp_path_factory):
 @given(
     moves=st.lists(st.tuples(st.floats(-40, 60), st.one_of(st.none(), st.floats(5, 150))), min_size=1, max_size=6),
     share=st.sampled_from([0, window_cache.SLIDE_SHARE]),
+    fine_bins=st.booleans(),
 )
-def test_any_sequence_of_windows_reads_as_fresh_reads_do(shared, moves, share):
+def test_any_sequence_of_windows_reads_as_fresh_reads_do(shared, moves, share, fine_bins):
     store = shared
     cache, since = window_cache.WindowCache(slide_share=share), T0 + 30
     for shift, length in moves:  # a length of None: open at the top, as a live controller's window
         since += shift
-        _read(cache, store, Window(since, None if length is None else since + length))
+        _read(cache, store, Window(since, None if length is None else since + length), fine_bins=fine_bins)
     assert cache.fresh + cache.slid <= len(moves)

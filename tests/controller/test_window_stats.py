@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -12,6 +14,7 @@ from sparkgate.controller import window_stats, window_sums
 from sparkgate.controller.metrics import evaluate
 from sparkgate.controller.queries import SameContract, Slice, Window
 from sparkgate.controller.window_sums import WindowStats
+from sparkgate.policies.binning import N_BINS
 from tests.controller.window_fixtures import T0, assert_same, labelled_store
 
 
@@ -39,7 +42,35 @@ def test_any_window_reads_the_figures_of_its_rows(store, since, length, replica)
     assert_same(a, b)
 
 
-def __assert_same_kind(a, b) -> None:
+@settings(max_examples=25, deadline=None)
+@given(
+    since=st.one_of(st.none(), st.floats(T0 - 5, T0 + 110)),
+    length=st.one_of(st.none(), st.floats(0.01, 120)),
+    replicas=st.sampled_from([None, ("a",), ("b", "a")]),
+    use_sums=st.booleans(),
+)
+def test_a_read_at_the_equal_width_bins_is_the_fine_read_summed_per_bin(store, since, length, replicas, use_sums):
+    until = None if length is None else (since if since is not None else T0) + length
+    window = Window(since, until)
+    fine, coarse = (window_stats.read(store, window, Slice(), use_sums=use_sums, windowed=True, replicas=replicas,
+                                      fine_bins=f) for f in (True, False))  # fmt: skip
+    assert coarse.survival.fine_count.shape[2] == N_BINS
+    want = dataclasses.replace(
+        fine,
+        survival=fine.survival.coarse(),
+        conditional=fine.conditional.coarse(),
+        windowed=fine.windowed.coarse(),
+        by_replica=None if fine.by_replica is None else
+        {k: {r: s.coarse() for r, s in of.items()} for k, of in fine.by_replica.items()},
+    )  # fmt: skip
+    assert_same(coarse, want)
+    if replicas is not None:
+        for k, of in want.by_replica.items():
+            for r, s in of.items():
+                _assert_same_kind(coarse.by_replica[k][r], s)
+
+
+def _assert_same_kind(a, b) -> None:
     """Equal statistics, the narrower padded with the empty trailing depths the wider has."""
     for name in a.__dataclass_fields__:
         x, y = getattr(a, name), getattr(b, name)
@@ -59,9 +90,9 @@ def test_survival_alone_and_per_replica_read_what_the_full_read_does(store, sinc
     window = Window(since, until)
     contract = None if phase is None else SameContract(None)
     full = window_stats.read(store, window, Slice(), phase, contract, windowed=True)
-    __assert_same_kind(window_stats.survival(store, window, Slice(), phase, contract), full.survival)
+    _assert_same_kind(window_stats.survival(store, window, Slice(), phase, contract), full.survival)
     windowed = window_stats.survival(store, window, Slice(), phase, contract, window_sums.WINDOWED_SURVIVAL)
-    __assert_same_kind(windowed, full.windowed)
+    _assert_same_kind(windowed, full.windowed)
     # Read per replica ("a" left unlisted, so its labels are the fleet's but no replica's), the fleet's
     # figures are those of the plain read.
     listed = ["b", "absent"]
@@ -72,14 +103,14 @@ def test_survival_alone_and_per_replica_read_what_the_full_read_does(store, sinc
     assert set(by_replica) == {window_sums.SURVIVAL, window_sums.WINDOWED_SURVIVAL}
     for replica in listed:
         alone = window_stats.read(store, window, Slice(replica_id=replica), phase, contract, windowed=True)
-        __assert_same_kind(by_replica[window_sums.SURVIVAL][replica], alone.survival)
-        __assert_same_kind(by_replica[window_sums.WINDOWED_SURVIVAL][replica], alone.windowed)
+        _assert_same_kind(by_replica[window_sums.SURVIVAL][replica], alone.survival)
+        _assert_same_kind(by_replica[window_sums.WINDOWED_SURVIVAL][replica], alone.windowed)
     assert by_replica[window_sums.SURVIVAL]["absent"].fine_count.sum() == 0
     # From the rows (no sums), the same figures; with no replica listed, none.
     rows = window_stats.read(store, window, Slice(), phase, contract, False, True, ["a", "b"]).by_replica
     assert rows is not None
     for kind in by_replica:
-        __assert_same_kind(rows[kind]["b"], by_replica[kind]["b"])
+        _assert_same_kind(rows[kind]["b"], by_replica[kind]["b"])
     none = window_stats.read(store, window, Slice(), phase, contract, windowed=False, replicas=[])
     assert_same(none, window_stats.read(store, window, Slice(), phase, contract))
     assert none.by_replica == {window_sums.SURVIVAL: {}}

@@ -23,16 +23,18 @@ def store():
                              st.sampled_from([1, -1])), min_size=1, max_size=3),
     split=st.integers(int(T0 / 10) - 2, int(T0 / 10) + 14),
     replicas=st.sampled_from([None, ("a",), ("b", "a")]),
+    fine_bins=st.booleans(),
 )  # fmt: skip
-def test_sums_split_at_a_bucket_are_the_sums_of_each_side(store, parts, split, replicas):
+def test_sums_split_at_a_bucket_are_the_sums_of_each_side(store, parts, split, replicas, fine_bins):
     ranges = [(lo, lo + n, sign) for lo, n, sign in parts]
-    below, above = window_sums.sums(store, ranges, None, None, None, True, replicas, split_at=split).split()
+    below, above = window_sums.sums(store, ranges, None, None, None, True, replicas, split, fine_bins).split()
     for half, clip in ((below, lambda lo, hi: (lo, min(hi, split))), (above, lambda lo, hi: (max(lo, split), hi))):
         mine = [(*clip(lo, hi), sign) for lo, hi, sign in ranges if clip(lo, hi)[0] < clip(lo, hi)[1]]
         if not mine:
-            assert all(len(t["n"]) == 0 for t in vars(half).values())
+            assert all(len(t["n"]) == 0 for t in (half.fine, half.grouped, half.status, half.requests))
             continue
-        want = window_sums.sums(store, mine, None, None, None, True, replicas)
+        want = window_sums.sums(store, mine, None, None, None, True, replicas, fine_bins=fine_bins)
+        assert half.bins == want.bins
         depths = max(want.depths, half.depths)
         assert_same(half.stats(depths, True, replicas), want.stats(depths, True, replicas))
 
