@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sparkgate.policies.rollout import Gate, RolloutPolicy
+from sparkgate.policies.gate import Gate
+from sparkgate.policies.rollout import RolloutPolicy
 from sparkgate.policies.vocabulary import Outcome
 
 from .measurement import Measurement, span

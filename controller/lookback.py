@@ -25,7 +25,7 @@ import numpy as np
 
 from sparkgate.collectors.label_sums import SUM_BUCKET_S
 from sparkgate.collectors.store import Store
-from sparkgate.policies.rollout import Gate
+from sparkgate.policies.gate import Gate
 from sparkgate.policies.vocabulary import LABEL_METRICS, REPLICA_LABEL_METRICS
 
 from .queries import SameContract

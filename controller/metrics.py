@@ -29,7 +29,7 @@ import pyarrow as pa
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.schema import MODES
 from sparkgate.collectors.store import Store
-from sparkgate.policies.rollout import ESTIMATED_SUFFIX, Gate
+from sparkgate.policies.gate import ESTIMATED_SUFFIX, Gate
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES, CheckKind, Phase
 
 from . import queries, window_stats, window_sums
@@ -94,7 +94,7 @@ class Evaluation:
 
     # -- gate inputs ---------------------------------------------------------
     def measurements(self, phase: str, looks: int = 1) -> dict[str, Measurement]:
-        """One ``Measurement`` per metric of ``policies.rollout.METRICS`` for a controller in ``phase``, at
+        """One ``Measurement`` per metric of ``policies.gate.METRICS`` for a controller in ``phase``, at
         the ``looks``-th evaluation of the stage (the debiased ECE spends its error rate over looks)."""
         stats = self.aggregate.survival
         ece, samples = stats.ece(), stats.samples()

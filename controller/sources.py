@@ -13,7 +13,7 @@ from typing import Any
 
 from sparkgate.collectors.sglang import SGLANG_MODEL
 from sparkgate.collectors.store import Store
-from sparkgate.policies.rollout import METRICS
+from sparkgate.policies.gate import METRICS
 
 from .queries import Slice, Window, steps_by_model
 

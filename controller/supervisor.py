@@ -27,8 +27,9 @@ from sparkgate.collectors.label_sums import SUM_BUCKET_S
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store
 from sparkgate.policies.adaptive import ADAPTIVE_METRICS
+from sparkgate.policies.gate import Gate
 from sparkgate.policies.payload import PolicyPayload, SwitchbackSpec
-from sparkgate.policies.rollout import Gate, RolloutPolicy
+from sparkgate.policies.rollout import RolloutPolicy
 from sparkgate.policies.vocabulary import (
     CHANGES_POLICY,
     COMPARISON_METRICS,

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from sparkgate.policies.fields import FROZEN, Float, Int
+from sparkgate.policies.fields import FROZEN, Float, Int, raise_all, want
 from sparkgate.policies.vocabulary import COMPARISON_METRICS, DRIFT_METRICS
 
 # The gate metrics only the adaptive phase measures (controller.adaptive_gates).
@@ -59,19 +59,18 @@ class Adaptive(BaseModel):
     def _check(self) -> Adaptive:
         problems = []
         if not (math.isfinite(self.min_interval_s) and self.min_interval_s >= 0):
-            problems.append(f"min_interval_s: expected a finite number of seconds >= 0, got {self.min_interval_s!r}")
+            problems.append(want("min_interval_s", self.min_interval_s, "a finite number of seconds >= 0"))
         if not (math.isfinite(self.max_change) and self.max_change > 0):
-            problems.append(f"max_change: expected a finite number > 0, got {self.max_change!r}")
+            problems.append(want("max_change", self.max_change, "a finite number > 0"))
         for key in ("margin", "dead_band"):
             value = getattr(self, key)
             if not (math.isfinite(value) and value >= 0):
-                problems.append(f"{key}: expected a finite number >= 0, got {value!r}")
+                problems.append(want(key, value, "a finite number >= 0"))
         if not (0 < self.holdout_fraction < 1):
-            problems.append(f"holdout_fraction: expected a fraction in (0, 1), got {self.holdout_fraction!r}")
+            problems.append(want("holdout_fraction", self.holdout_fraction, "a fraction in (0, 1)"))
         if self.min_steps < 2:
-            problems.append(f"min_steps: expected an integer >= 2, got {self.min_steps!r}")
+            problems.append(want("min_steps", self.min_steps, "an integer >= 2"))
         if self.max_steps < self.min_steps:
-            problems.append(f"max_steps: expected an integer >= min_steps ({self.min_steps}), got {self.max_steps!r}")
-        if problems:
-            raise ValueError("\n".join(problems))
+            problems.append(want("max_steps", self.max_steps, f"an integer >= min_steps ({self.min_steps})"))
+        raise_all(problems)
         return self

@@ -31,7 +31,7 @@ from sparkgate.controller.calibration import (
     worst_replica_debiased_ece,
 )
 from sparkgate.controller.gates import judge
-from sparkgate.policies.rollout import Gate
+from sparkgate.policies.gate import Gate
 
 STATIC = MODES.index("static")
 

@@ -11,7 +11,7 @@ from sparkgate.controller.calibration import WINDOWED, Calibration, KindStats, d
 from sparkgate.controller.calibration_drift import curve_drift, worst_replica_curve_drift
 from sparkgate.controller.gates import judge
 from sparkgate.policies.binning import REQUEST_GROUPS
-from sparkgate.policies.rollout import Gate
+from sparkgate.policies.gate import Gate
 
 CAP_ACCEPT = MODES.index("cap_accept")  # windowed and full-block: both statistics read it
 

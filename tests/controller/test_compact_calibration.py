@@ -12,7 +12,7 @@ from sparkgate.controller.compact_calibration import MAX_CENSORED_SHARE, compact
 from sparkgate.controller.gates import judge
 from sparkgate.controller.metrics import ESTIMATED_KEY, evaluate
 from sparkgate.policies.binning import N_BINS
-from sparkgate.policies.rollout import Gate
+from sparkgate.policies.gate import Gate
 from tests.collectors.test_recovery import ingest_in, simulate
 
 COMPACT = MODES.index("compact")

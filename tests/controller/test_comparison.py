@@ -22,8 +22,9 @@ from sparkgate.controller.comparison import (
     window_start,
 )
 from sparkgate.controller.gates import judge
+from sparkgate.policies.gate import Gate
 from sparkgate.policies.intervals import sign_interval
-from sparkgate.policies.rollout import Comparison, Gate
+from sparkgate.policies.rollout import Comparison
 from sparkgate.policies.switchback import Switchback
 from sparkgate.policies.vocabulary import Arm
 from tests.conftest import T0, ingest_synthetic, ingest_wire, request_record, synthetic_steps

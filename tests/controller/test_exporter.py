@@ -9,7 +9,8 @@ from sparkgate.controller.exporter import ControllerMetrics
 from sparkgate.controller.gates import judge, judge_all
 from sparkgate.controller.metrics import evaluate
 from sparkgate.controller.rollout import apply, command, start
-from sparkgate.policies.rollout import Gate, parse_rollout_policy
+from sparkgate.policies.gate import Gate
+from sparkgate.policies.rollout import parse_rollout_policy
 from tests.conftest import T0, ingest_synthetic
 
 POLICY = parse_rollout_policy({"canary_steps": [0.25]})

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from sparkgate.controller.gates import interval_outcome, judge, judge_all, judge_baseline, verdict_table
 from sparkgate.controller.measurement import Measurement
-from sparkgate.policies.rollout import Gate, parse_rollout_policy
+from sparkgate.policies.gate import Gate
+from sparkgate.policies.rollout import parse_rollout_policy
 
 values = st.floats(-1e6, 1e6, allow_nan=False)
 

@@ -137,7 +137,8 @@ def test_without_shadow_the_baseline_is_the_acceptance_reference_and_without_eit
 
 def test_a_stage_reads_what_its_gates_measure_and_nothing_more():
     from sparkgate.controller.metrics import optional_reads
-    from sparkgate.policies.rollout import Gate, load_rollout_policy
+    from sparkgate.policies.gate import Gate
+    from sparkgate.policies.rollout import load_rollout_policy
 
     policy = load_rollout_policy()
     compact = optional_reads(policy.gates_for("compact"))  # what bench controller's tick reads

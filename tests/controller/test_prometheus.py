@@ -18,7 +18,7 @@ import yaml
 
 from sparkgate.demo.command import demo_policy
 from sparkgate.demo.fleet import Fleet, answers, free_port
-from sparkgate.policies.rollout import Gate
+from sparkgate.policies.gate import Gate
 from sparkgate.policies.vocabulary import LADDER
 
 PROMETHEUS = shutil.which("prometheus")

@@ -6,7 +6,7 @@ from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.sglang import SGLangPoller
 from sparkgate.controller.queries import Slice, Window
 from sparkgate.controller.sources import SGLANG_CANNOT, sources
-from sparkgate.policies.rollout import METRICS
+from sparkgate.policies.gate import METRICS
 from tests.collectors.sglang_stand_in import Server, running
 from tests.conftest import R1, R2, T0, ingest_synthetic
 
