@@ -10,7 +10,7 @@ Invariants:
 - A step is either wholly in ``steps``/``requests``/``depth_labels`` or wholly
   in ``quarantine``; a (replica_id, step_id) is stored at most once.
 - Other processes never open the file: they read Parquet snapshots
-  (``snapshot`` / ``open_snapshot``) or hive-partitioned exports.
+  (``snapshot``, ``snapshots.open_snapshot``) or hive-partitioned exports.
 
 The connection is shared by threads (HTTP handlers, the in-process sink); a lock
 serialises its use because a DuckDB connection is not safe to use concurrently.
@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -33,25 +32,15 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from sparkgate.collectors import label_sums
+from sparkgate.collectors import label_sums, snapshots
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.batch import Prepared, prepare
 from sparkgate.collectors.migrations import migrate
 from sparkgate.collectors.recovery import recover
 from sparkgate.collectors.request_ingest import PreparedRequests
+from sparkgate.collectors.snapshots import EVENT_TABLES, EVENT_TIME
 from sparkgate.collectors.wire import Flat, Parsed, flatten
 
-# Event tables and the unix-seconds column retention and exports partition them by.
-EVENT_TIME = {"steps": "ts", "requests": "ts", "depth_labels": "ts", "request_records": "finish_ts"}
-EVENT_TABLES = tuple(EVENT_TIME)
-SNAPSHOT_TABLES = (
-    EVENT_TABLES
-    + ("quarantine", "decisions", "consistency_checks", "aggregates")
-    + label_sums.SUM_TABLES
-    + ("phase_spans", "cost_tables")
-)
-# Snapshot generations kept, so a reader that opened the previous one can finish.
-_KEEP_GENERATIONS = 2
 CONSISTENCY_SCHEMA = pa.schema(
     [
         pa.field("received_at", pa.float64()),
@@ -64,11 +53,6 @@ CONSISTENCY_SCHEMA = pa.schema(
         pa.field("got", pa.int64()),
     ]
 )
-
-
-def _date(column: str) -> str:
-    """UTC calendar date of a unix time column, without depending on the session time zone."""
-    return f"(DATE '1970-01-01' + CAST(floor({column} / 86400) AS INTEGER))"
 
 
 @dataclass(frozen=True)
@@ -116,10 +100,6 @@ def stage(parsed: Parsed) -> Staged:
     """Validate and explode ``parsed`` (no database access; safe on any thread)."""
     flat = flatten(parsed.wire)
     return Staged(parsed, flat, prepare(parsed, None, flat))
-
-
-def _sql_path(path: Path) -> str:
-    return "'" + str(path).replace("'", "''") + "'"
 
 
 class IntervalOverlap(ValueError):
@@ -317,58 +297,12 @@ class Store:
         return deleted
 
     def export(self, out_dir: str | os.PathLike, since_ts: float | None = None) -> dict[str, int]:
-        """Write the event tables as hive-partitioned Parquet: ``OUT/TABLE/date=D/replica_id=R/*.parquet``.
-
-        ``since_ts`` is rounded down to its UTC day so that every partition written
-        is complete; each written partition replaces the previous export of it, so
-        re-exporting never duplicates rows. Returns rows written per table.
-        """
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        since = None if since_ts is None else float(since_ts // 86400 * 86400)
-        staging = out / f".staging-{time.time_ns()}"
-        staging.mkdir()
-        written = {}
-        with self._lock:
-            for table, column in EVENT_TIME.items():
-                where = "" if since is None else f"WHERE {column} >= {since!r}"
-                written[table] = self._con.execute(
-                    f"COPY (SELECT *, {_date(column)} AS date FROM {table} {where}) TO {_sql_path(staging / table)} "
-                    "(FORMAT parquet, PARTITION_BY (date, replica_id))"
-                ).fetchall()[0][0]
-        for partition in sorted(staging.glob("*/date=*/replica_id=*")):
-            target = out / partition.relative_to(staging)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(target, ignore_errors=True)
-            partition.rename(target)
-        shutil.rmtree(staging)
-        return written
+        """The event tables as hive-partitioned Parquet (``snapshots.export``); rows written per table."""
+        return snapshots.export(self._con, self._lock, Path(out_dir), since_ts)
 
     def snapshot(self, directory: str | os.PathLike) -> Path:
-        """Write a consistent Parquet copy of every table and publish it atomically.
-
-        Readers find the newest complete generation through the ``CURRENT`` file,
-        which is replaced only after every file of the generation is written.
-        """
-        root = Path(directory)
-        root.mkdir(parents=True, exist_ok=True)
-        generation = root / f"gen-{time.time_ns()}"
-        staging = root / f".{generation.name}.tmp"
-        staging.mkdir()
-        with self._lock:
-            self._con.execute("BEGIN TRANSACTION")  # one MVCC snapshot for every table
-            try:
-                for table in SNAPSHOT_TABLES:
-                    self._con.execute(f"COPY {table} TO {_sql_path(staging / f'{table}.parquet')} (FORMAT parquet)")
-            finally:
-                self._con.execute("COMMIT")
-        staging.rename(generation)
-        pointer = root / ".CURRENT.tmp"
-        pointer.write_text(generation.name)
-        os.replace(pointer, root / "CURRENT")
-        for old in sorted(root.glob("gen-*"), key=lambda p: int(p.name[4:]))[:-_KEEP_GENERATIONS]:
-            shutil.rmtree(old, ignore_errors=True)
-        return generation
+        """A consistent Parquet copy of every table, published atomically (``snapshots.publish``)."""
+        return snapshots.publish(self._con, self._lock, Path(directory))
 
     def max_step_ids(self) -> dict[str, int]:
         """The highest stored step_id per replica (producers resume numbering from it)."""
@@ -491,15 +425,3 @@ class Store:
             (r, Aggregate.from_dict(json.loads(p)))
             for r, p in zip(rows.column("replica_id").to_pylist(), rows.column("payload").to_pylist())
         ]
-
-
-def open_snapshot(directory: str | os.PathLike) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with one view per table of the newest published snapshot."""
-    root = Path(directory)
-    generation = root / (root / "CURRENT").read_text().strip()
-    con = duckdb.connect()
-    for table in SNAPSHOT_TABLES:
-        path = generation / f"{table}.parquet"
-        if path.exists():  # a generation published before a table existed lacks its file
-            con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet({_sql_path(path)})")
-    return con

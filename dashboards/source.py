@@ -30,7 +30,7 @@ import httpx
 import pyarrow as pa
 
 from sparkgate.collectors.schema import MODES, STATUSES
-from sparkgate.collectors.store import open_snapshot
+from sparkgate.collectors.snapshots import open_snapshot
 
 # Parquet keeps enums as plain strings; the controller's queries use enum_code, so the
 # views put the store's enum types back (declared in the order of MODES / STATUSES).

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 
 import duckdb
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -17,7 +14,7 @@ from hypothesis import strategies as st
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import explode
 from sparkgate.collectors.request_ingest import prepare_requests
-from sparkgate.collectors.store import IntervalOverlap, Store, open_snapshot, stage
+from sparkgate.collectors.store import IntervalOverlap, Store, stage
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import flatten, from_dicts, from_ndjson, from_records
 from tests.collectors.strategies import compact_row, step, step_records
@@ -188,49 +185,6 @@ def test_a_replicas_stored_intervals_never_share_time(tmp_path_factory, reports)
         assert sorted((r["replica_id"], r["interval_start"], r["interval_end"]) for r in stored) == sorted(
             (r, *i) for r, ivs in kept.items() for i in ivs
         )
-
-
-def test_export_is_hive_partitioned_and_reexport_does_not_duplicate(store, tmp_path):
-    day = 86400.0 * 20000
-    store.ingest(
-        from_records(
-            [
-                step(1, requests=[compact_row()], ts=day + 5),
-                step(2, requests=[compact_row()], ts=day + 86400 + 5, replica_id="b"),
-            ]
-        ),
-        "t",
-    )
-    out = tmp_path / "export"
-    assert store.export(out) == {"steps": 2, "requests": 2, "depth_labels": 8, "request_records": 0}
-    store.export(out, since_ts=day + 10)  # rounds down to the day: rewrites both partitions whole
-    partitions = sorted(
-        p.relative_to(out / "depth_labels").as_posix() for p in (out / "depth_labels").glob("date=*/replica_id=*")
-    )
-    assert partitions == ["date=2024-10-04/replica_id=replica-a", "date=2024-10-05/replica_id=b"]
-    count = duckdb.sql(
-        f"SELECT count(*) FROM read_parquet('{out}/depth_labels/**/*.parquet', hive_partitioning=true)"
-    ).fetchall()[0][0]
-    assert count == 8
-
-
-def test_snapshot_is_readable_from_another_process_while_the_writer_holds_the_file(store, tmp_path):
-    store.ingest(from_records([step(1, requests=[compact_row()])]), "t")
-    snapdir = tmp_path / "snap"
-    store.snapshot(snapdir)
-    store.ingest(from_records([step(2, requests=[compact_row()])]), "t")
-    generation = store.snapshot(snapdir)
-    for _ in range(2):
-        store.snapshot(snapdir)
-    assert len(list(snapdir.glob("gen-*"))) == 2 and not generation.exists()
-    code = (
-        "from collectors.store import open_snapshot; import sys; "
-        "print(open_snapshot(sys.argv[1]).execute('SELECT count(*) FROM depth_labels').fetchall()[0][0])"
-    )
-    out = subprocess.run([sys.executable, "-c", code, str(snapdir)], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "8"
-    assert pq.read_table(snapdir / (snapdir / "CURRENT").read_text() / "steps.parquet").num_rows == 2
-    assert open_snapshot(snapdir).execute("SELECT count(*) FROM steps").fetchall()[0][0] == 2
 
 
 def test_big_synthetic_batch_commits_in_one_go(store):
