@@ -52,9 +52,9 @@ from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import Parsed, flatten, from_wire
 from sparkgate.policies.rollout import load_rollout_policy
 
+from .evaluate import evaluate, optional_reads
 from .fleet import merge_aggregates
 from .gates import judge_all
-from .metrics import evaluate, optional_reads
 from .queries import Window
 from .references import References
 from .supervisor import lookback_start

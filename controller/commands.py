@@ -33,7 +33,7 @@ from sparkgate.policies.rollout import DEFAULT_PATH, load_rollout_policy
 from .actuators import SGLangActuator
 from .address import DEFAULT_PORT, DEFAULT_URL
 from .collector_health import CollectorHealth
-from .metrics import evaluate
+from .evaluate import evaluate
 from .notify import Notifier, resolve
 from .queries import SLICE_COLUMNS, Slice, Window, slice_values
 from .service import check_bind, create_app

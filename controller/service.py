@@ -48,8 +48,8 @@ from sparkgate.policies.vocabulary import CheckKind, OperatorAction
 
 from . import ledger
 from .cost_table_api import cost_table_router
+from .evaluate import evaluate
 from .fleet import fleet_report, merge_aggregates
-from .metrics import evaluate
 from .queries import Slice, Window
 from .rollout import TransitionError
 from .sources import sources

@@ -42,10 +42,11 @@ from sparkgate.policies.vocabulary import (
 from . import contract, ledger, lookback, promql, rollout
 from .calibration import look_index
 from .comparison import Design, Epochs, Groups, comparisons, reference_window, window_start
+from .evaluate import evaluate, optional_reads
 from .exporter import ControllerMetrics
 from .gates import Verdict, error_verdict, judge_all, judge_baseline
 from .measurement import Measurement
-from .metrics import Evaluation, evaluate, optional_reads
+from .metrics import Evaluation
 from .queries import SameContract, Slice, Window
 from .references import References
 from .rollout import Decision, RolloutState

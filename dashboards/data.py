@@ -1,7 +1,7 @@
 """Cached figures the controller decides on: its ledger and its window evaluation.
 
 Every figure comes from the controller's own code run on a read-only source
-(``controller.ledger.decisions`` / ``load_state``, ``controller.metrics.evaluate``)
+(``controller.ledger.decisions`` / ``load_state``, ``controller.evaluate.evaluate``)
 or from its API, so a number on a page is the number a gate judged. Results are
 cached per source ``token`` (it changes when new data is published) and per
 window; ``_source`` is left out of the cache key on purpose (Streamlit skips
@@ -20,7 +20,7 @@ import streamlit as st
 
 from sparkgate.collectors.schema import MODES
 from sparkgate.controller import ledger, rollout
-from sparkgate.controller.metrics import evaluate
+from sparkgate.controller.evaluate import evaluate
 from sparkgate.controller.queries import SLICE_COLUMNS, Slice, Window, slice_values
 from sparkgate.policies.rollout import RolloutPolicy
 from sparkgate.policies.vocabulary import CHANGES_POLICY, FULL_BLOCK_MODES

@@ -10,7 +10,7 @@ Three sources:
   window report only; figures that need raw rows say so).
 
 Store readers are duck-typed ``collectors.store.Store`` objects (a ``query``
-method returning Arrow), so the controller's own ``metrics.evaluate`` and
+method returning Arrow), so the controller's own ``evaluate.evaluate`` and
 ``ledger`` functions run on them unchanged and the dashboard shows exactly the
 figures the controller decides on. ``token`` changes whenever the underlying
 data does, and keys every cache.

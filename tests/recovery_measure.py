@@ -14,7 +14,7 @@ from pathlib import Path
 from sparkgate.collectors.schema import StepRecord
 from sparkgate.collectors.store import Store
 from sparkgate.collectors.wire import from_records
-from sparkgate.controller.metrics import evaluate
+from sparkgate.controller.evaluate import evaluate
 from sparkgate.policies.window import FixedWindow
 from sparkgate.verify_runtime.defaults import default_calibration
 from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request

@@ -1,7 +1,7 @@
 """What ``sparkgate demo`` reports: the stages it walked, their figures, the decisions, as JSON and text.
 
 Everything is read back from the DuckDB file the controller wrote (after it
-stopped), with the controller's own ledger and ``metrics.evaluate``, so the
+stopped), with the controller's own ledger and ``evaluate.evaluate``, so the
 summary shows exactly the figures the gates decided on. A stage is one policy
 revision (a rung of the ladder, or fallback); the fault, which happens inside
 a stage, splits it in two so the figures before and after it stand apart.
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from sparkgate.collectors import cost_tables
 from sparkgate.collectors.store import Store
 from sparkgate.controller import cost_report, ledger
+from sparkgate.controller.evaluate import evaluate
 from sparkgate.controller.measurement import span
-from sparkgate.controller.metrics import evaluate
 from sparkgate.controller.queries import Window
 from sparkgate.controller.rollout import Decision
 from sparkgate.controller.window_sums import COMPACT_COUNTS

@@ -8,7 +8,7 @@ import pytest
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.schema import CALIBRATED_AT_SOURCE, TIER_UNREPORTED
 from sparkgate.collectors.sglang import CLEAR_KEY, EPOCH_SHIFT, SGLangPoller
-from sparkgate.controller.metrics import evaluate
+from sparkgate.controller.evaluate import evaluate
 from tests.collectors.loopback import scripted_server
 from tests.collectors.sglang_stand_in import Server, running
 from tests.conftest import R1, R2, record, req, server_info

@@ -289,7 +289,7 @@ def _scaled_survival(wire, factor: float):
 @pytest.mark.parametrize(("factor", "outcome"), [(1.0, "pass"), (0.6, "fail")])
 def test_drift_from_shadow_passes_the_same_calibration_and_fails_a_shifted_one(store, factor, outcome, metric):
     from sparkgate.collectors.wire import from_wire
-    from sparkgate.controller.metrics import evaluate
+    from sparkgate.controller.evaluate import evaluate
     from sparkgate.controller.queries import Window
     from tests.conftest import T0, with_columns
 

@@ -9,8 +9,9 @@ import pytest
 from sparkgate.collectors.aggregate import CalibrationStats
 from sparkgate.collectors.schema import MODES
 from sparkgate.controller.compact_calibration import MAX_CENSORED_SHARE, compact_ece
+from sparkgate.controller.evaluate import evaluate
 from sparkgate.controller.gates import judge
-from sparkgate.controller.metrics import ESTIMATED_KEY, evaluate
+from sparkgate.controller.metrics import ESTIMATED_KEY
 from sparkgate.policies.binning import N_BINS
 from sparkgate.policies.gate import Gate
 from tests.collectors.test_recovery import ingest_in, simulate

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from sparkgate.collectors.metrics import Metrics
+from sparkgate.controller.evaluate import evaluate
 from sparkgate.controller.exporter import ControllerMetrics
 from sparkgate.controller.gates import judge, judge_all
-from sparkgate.controller.metrics import evaluate
 from sparkgate.controller.rollout import apply, command, start
 from sparkgate.policies.gate import Gate
 from sparkgate.policies.rollout import parse_rollout_policy

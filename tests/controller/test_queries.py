@@ -7,7 +7,7 @@ import pytest
 
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import from_dicts
-from sparkgate.controller.metrics import evaluate
+from sparkgate.controller.evaluate import evaluate
 from sparkgate.controller.queries import (
     Slice,
     Window,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sparkgate.controller.metrics import OptionalReads, evaluate
+from sparkgate.controller.evaluate import OptionalReads, evaluate
 from sparkgate.controller.queries import Slice, Window
 from sparkgate.controller.references import References, version
 from sparkgate.policies.vocabulary import Phase

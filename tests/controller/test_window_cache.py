@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from sparkgate.collectors.store import Store
 from sparkgate.controller import window_cache, window_stats, window_sums
-from sparkgate.controller.metrics import OptionalReads, evaluate
+from sparkgate.controller.evaluate import OptionalReads, evaluate
 from sparkgate.controller.queries import Slice, Window
 from tests.conftest import T0, ingest_synthetic
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from sparkgate.collectors.schema import MODES
 from sparkgate.controller import window_stats, window_sums
-from sparkgate.controller.metrics import evaluate
+from sparkgate.controller.evaluate import evaluate
 from sparkgate.controller.queries import SameContract, Slice, Window
 from sparkgate.controller.window_sums import WindowStats
 from sparkgate.policies.binning import N_BINS

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sparkgate.controller.metrics import evaluate
+from sparkgate.controller.evaluate import evaluate
 from sparkgate.controller.queries import Window
 from sparkgate.dashboards import series
 from sparkgate.dashboards.source import open_snapshot_reader

@@ -8,7 +8,7 @@ import pytest
 
 from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
-from sparkgate.controller.metrics import evaluate
+from sparkgate.controller.evaluate import evaluate
 from tests.dashboards.known_store import MISSES, SHADOW_STEPS, metrics, run_app
 
 
