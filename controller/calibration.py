@@ -15,14 +15,18 @@ One pass over the label rows fills two histograms per kind of prediction
   number of rows.
 
 Invariants: every array is indexed by depth with index 0 unused; counts are
-integers so merging (adding) histograms is exact.
+integers so merging (adding) histograms is exact. A tick's statistics may hold
+the equal-width bins in place of the fine ones (``KindStats.coarse``); adding
+the two refuses.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -229,15 +233,29 @@ def _blas() -> ThreadpoolController:
     return ThreadpoolController()
 
 
+# The limit is a process-wide setting that each block restores on leaving: held by one thread at a time
+# (serve's tick and a /v1/report evaluate in different threads), blocks never interleave, and the pool is
+# left as it was found.
+_BLAS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """The BLAS pool at one thread inside the block, as it was after."""
+    with _BLAS_LOCK, _blas().limit(limits=1, user_api="blas"):
+        yield
+
+
 def resampled_sums(weights: np.ndarray, arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
     """Per array of ``arrays`` (each [k, ...], one row per request group): its resamples' sums
-    [resamples, ...], ``weights`` [resamples, k] times it, one matrix product over the flattened cells.
+    [resamples, ...], ``weights`` [resamples, k] times it, one matrix product over the flattened cells
+    (a tenth of einsum's time per tick).
 
     The products run on one BLAS thread. They are small (200 × 200 × a few hundred cells), and a BLAS
     pool's threads spin for a while after each product, taking the cores that the controller's next
     DuckDB statement runs its own threads on: on 2 cores a tick's window statements took 1.6× as long
-    after a bootstrap as alone, and a tick's CPU time halved with one thread (docs/benchmarks.md)."""
-    with _blas().limit(limits=1, user_api="blas"):
+    after a bootstrap as alone, and a tick's CPU time was 0.81× with one thread (docs/benchmarks.md)."""
+    with one_blas_thread():
         return tuple((weights @ a.reshape(len(a), -1)).reshape(len(weights), *a.shape[1:]) for a in arrays)
 
 

@@ -20,7 +20,6 @@ baseline phase are reported beside them, never gated.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -49,7 +48,6 @@ BOOTSTRAP_RESAMPLES = 200
 # The measurement of a gate with use_estimated (``Gate.measured_as``).
 ESTIMATED_KEY = "compact_survival_ece" + ESTIMATED_SUFFIX
 INTERVAL_LEVEL = 0.95
-T = TypeVar("T")
 
 
 @dataclass

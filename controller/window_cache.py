@@ -2,9 +2,10 @@
 
 A controller's window is its newest few evaluation intervals, so from one tick to the next most of its
 whole sum buckets are the same. A ``WindowCache`` keeps, per read (slice, phase, contract, windowed,
-replicas), the statistics of the buckets ``[low, high)`` it last covered, at the width it was read at,
-with each bucket's version. The next read of ``[low', high')`` reads one statement per table over the
-buckets that entered (weight +1) and left (−1), and adds its cells to what it kept.
+fine or equal-width bins, replicas), the statistics of the buckets ``[low, high)`` it last covered, at
+the width it was read at, with each bucket's version. The next read of ``[low', high')`` reads one
+statement per table over the buckets that entered (weight +1) and left (−1), and adds its cells to what
+it kept.
 
 A statement's cost follows the distinct cells it returns, and those saturate over a few buckets, so a
 slide pays only when the buckets it moves are a small share of the window (docs/benchmarks.md): at most

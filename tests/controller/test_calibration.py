@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -320,3 +322,39 @@ def test_resampled_sums_are_each_resamples_weighted_total_and_leave_the_blas_poo
     for a, g in zip(arrays, got):
         assert g.shape == (resamples, *cells)
         assert np.allclose(g, np.einsum("rk,k...->r...", weights, a))
+
+
+def test_the_products_run_on_one_blas_thread_and_concurrent_callers_leave_the_pool_as_they_found_it(monkeypatch):
+    from sparkgate.controller import calibration
+
+    def blas_threads() -> list[int]:
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    before = blas_threads()
+    seen = []
+    real = calibration.one_blas_thread
+
+    @contextlib.contextmanager
+    def watched():
+        with real():
+            seen.append(blas_threads())
+            yield
+
+    monkeypatch.setattr(calibration, "one_blas_thread", watched)
+    resampled_sums(np.ones((3, 4)), [np.ones((4, 2))])
+    assert seen == [[1] * len(before)] and blas_threads() == before
+    monkeypatch.setattr(calibration, "one_blas_thread", real)
+    # serve's tick and a report evaluate in two threads: their limits must not interleave (without the lock,
+    # about one run in five of this loop left the pool at one thread).
+    weights, arrays = np.ones((50, 200)), [np.random.default_rng(0).random((200, 120))]
+
+    def many():
+        for _ in range(200):
+            resampled_sums(weights, arrays)
+
+    threads = [threading.Thread(target=many) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert blas_threads() == before

@@ -186,3 +186,12 @@ def test_any_sequence_of_windows_reads_as_fresh_reads_do(shared, moves, share, f
         since += shift
         _read(cache, store, Window(since, None if length is None else since + length), fine_bins=fine_bins)
     assert cache.fresh + cache.slid <= len(moves)
+
+
+def test_fine_and_equal_width_reads_of_one_window_are_kept_apart(shared):
+    cache = window_cache.WindowCache(slide_share=0)
+    for k, fine_bins in enumerate([True, False, True, False, False, True]):  # alternating: each key slides
+        since = T0 + 30 + 10 * k
+        got = _read(cache, shared, Window(since, since + 120), fine_bins=fine_bins)
+        assert got.survival.fine is fine_bins
+    assert cache.slid >= 2 and {key[4] for key in cache.kept} == {True, False}
