@@ -5,9 +5,10 @@
   taking turns; the first tenth recorded in baseline, the next in shadow, the
   rest in compact). One evaluation is what a controller tick in compact
   computes over its window (the newest five evaluation intervals of the
-  default policy, open at the top as a live controller's is): every metric
-  (all depths, both kinds, bootstrap intervals with 200 resamples, equal-mass
-  ECE, AUROC, step latency), the reads its gates ask for (shadow's full-block
+  default policy, open at the top as a live controller's is): every gate's
+  metric (all depths, both kinds, bootstrap intervals with 200 resamples, step
+  latency) at the equal-width bins the gates read (equal-mass ECE and AUROC
+  are the report's, timed apart), the reads its gates ask for (shadow's full-block
   and windowed references, each replica's labels and windowed labels) and a
   verdict for every gate of the default policy in compact, shadow's references
   kept from the tick before as a controller keeps them
