@@ -1,7 +1,10 @@
 """``sparkgate bench ingest``: the batch path against row-wise ``executemany``, plus HTTP.
 
-All three run in one process on the same synthetic records (γ = 7, 32 requests
-per step), each into its own fresh DuckDB file. Rows are depth-label rows.
+Every arm runs in one process on the same synthetic records (γ = 7, 32 requests
+per step), each into its own fresh DuckDB file. Rows are depth-label rows. Each
+arm's time ends with a checkpoint of its store: a file store defers writing its
+log into the file until the log passes ``collectors.store.FILE_CHECKPOINT``, and
+that deferred work belongs to the ingest that logged it.
 
 - batch: Arrow wire tables through ``Store.ingest_stream``: validation,
   explode and one transaction per ``--batch-steps`` steps, the next batch
@@ -19,8 +22,11 @@ per step), each into its own fresh DuckDB file. Rows are depth-label rows.
 - row-wise: the same depth labels inserted with ``executemany`` in one
   transaction (no validation: the baseline is given every advantage);
 - http: ``--clients`` concurrent loopback clients POSTing NDJSON bodies of
-  ``--body-steps`` steps (1,000 steps is ~17 MB, under the 64 MB body limit) to
-  the ingest endpoint; lost rows = rows sent minus rows stored.
+  ``--body-steps`` steps (1,000 steps is ~20 MB, under the 64 MB body limit) to
+  the ingest endpoint; lost rows = rows sent minus rows stored;
+- http_arrow: the same with Arrow IPC stream bodies of the same records (the
+  endpoint's other content type, ~8 MB per 1,000 steps), into its own store:
+  what the endpoint costs a sender that does not speak JSON.
 """
 
 from __future__ import annotations
@@ -41,10 +47,15 @@ from sparkgate.collectors.labels import explode
 from sparkgate.collectors.metrics import peak_rss_mb
 from sparkgate.collectors.store import Store, stage
 from sparkgate.collectors.synth import synthetic_wire
-from sparkgate.collectors.wire import flatten, from_wire
+from sparkgate.collectors.wire import flatten, from_wire, to_ipc
 
 GAMMA, BATCH = 7, 32
 _ROWS_PER_STEP = GAMMA * BATCH
+# Body encoding per HTTP arm: (content type, wire table -> body bytes).
+_BODIES = {
+    "ndjson": ("application/x-ndjson", lambda wire: b"".join(json.dumps(r).encode() + b"\n" for r in wire.to_pylist())),
+    "arrow": ("application/vnd.apache.arrow.stream", to_ipc),
+}
 
 
 def _wire_batches(rows: int, batch_steps: int, replica: str, continuing: bool = False) -> list[pa.Table]:
@@ -60,6 +71,7 @@ def bench_batch(db: Path, batches: list[pa.Table]) -> tuple[int, float]:
     with Store(db) as store:
         start = time.perf_counter()
         rows = sum(r.labels for r in store.ingest_stream((from_wire(wire), "bench") for wire in batches))
+        store.checkpoint()
         return rows, time.perf_counter() - start
 
 
@@ -72,6 +84,7 @@ def bench_append(db: Path, batches: list[pa.Table]) -> tuple[int, float]:
             # The store's own append, without the key check, recovery and sums its commit adds.
             with store._lock:
                 store._insert({"steps": p.flat.steps, "requests": p.requests, "depth_labels": p.labels})
+        store.checkpoint()
         return sum(p.labels.num_rows for p in prepared), time.perf_counter() - start
 
 
@@ -89,24 +102,25 @@ def bench_rowwise(db: Path, rows: int) -> tuple[int, float]:
         return len(values), time.perf_counter() - start
 
 
-def bench_http(db: Path, rows: int, clients: int, body_steps: int) -> tuple[int, float, int]:
-    """(rows sent, seconds, rows lost) with ``clients`` concurrent NDJSON posters on loopback."""
-    bodies = []
-    for c in range(clients):
-        for wire in _wire_batches(rows // clients, body_steps, f"http-{c}"):
-            bodies.append(b"\n".join(json.dumps(r).encode() for r in wire.to_pylist()) + b"\n")
-    sent = sum(body.count(b"\n") for body in bodies) * _ROWS_PER_STEP
+def bench_http(db: Path, rows: int, clients: int, body_steps: int, body: str = "ndjson") -> tuple[int, float, int]:
+    """(rows sent, seconds, rows lost) with ``clients`` concurrent posters on loopback, bodies encoded as
+    ``body`` (a key of ``_BODIES``)."""
+    content_type, encode = _BODIES[body]
+    wires = [wire for c in range(clients) for wire in _wire_batches(rows // clients, body_steps, f"http-{c}")]
+    bodies = [encode(wire) for wire in wires]
+    sent = sum(wire.num_rows for wire in wires) * _ROWS_PER_STEP
     with Store(db) as store:
         with serve_in_thread(ingest_app(Ingestor(store))) as url:
 
             def post(chunk: list[bytes]) -> None:
                 with httpx.Client(base_url=url, timeout=120.0) as http:
-                    for body in chunk:
-                        http.post("/v1/ingest", content=body, headers={"content-type": "application/x-ndjson"})
+                    for content in chunk:
+                        http.post("/v1/ingest", content=content, headers={"content-type": content_type})
 
             start = time.perf_counter()
             with ThreadPoolExecutor(clients) as pool:
                 list(pool.map(post, [bodies[c::clients] for c in range(clients)]))
+            store.checkpoint()
             elapsed = time.perf_counter() - start
         stored = store.counts()["depth_labels"]
     return sent, elapsed, sent - stored
@@ -122,6 +136,7 @@ def run(rows: int, rowwise_rows: int, http_rows: int, clients: int, batch_steps:
         append_rows, append_s = bench_append(Path(tmp) / "append.duckdb", batches)
         row_rows, row_s = bench_rowwise(Path(tmp) / "rowwise.duckdb", rowwise_rows)
         http_sent, http_s, http_lost = bench_http(Path(tmp) / "http.duckdb", http_rows, clients, body_steps)
+        _, arrow_s, arrow_lost = bench_http(Path(tmp) / "arrow.duckdb", http_rows, clients, body_steps, "arrow")
     batch_rate, row_rate = batch_rows / batch_s, row_rows / row_s
     return {
         "rows": batch_rows,
@@ -138,6 +153,8 @@ def run(rows: int, rowwise_rows: int, http_rows: int, clients: int, batch_steps:
         "http_clients": clients,
         "http_rows_per_s": round(http_sent / http_s),
         "http_lost_rows": http_lost,
+        "http_arrow_rows_per_s": round(http_sent / arrow_s),
+        "http_arrow_lost_rows": arrow_lost,
         "batch_steps": batch_steps,
         "body_steps": body_steps,
         "gamma": GAMMA,

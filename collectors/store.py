@@ -41,6 +41,11 @@ from sparkgate.collectors.request_ingest import PreparedRequests
 from sparkgate.collectors.snapshots import EVENT_TABLES, EVENT_TIME
 from sparkgate.collectors.wire import Flat, Parsed, flatten
 
+# A file store's write-ahead log size that starts an automatic checkpoint. Four 1,000-step batches per
+# checkpoint: ingest 1.17-1.20x the rate of DuckDB's 16 MB, the deferred checkpoint included, and a restart
+# replays at most this much log (docs/benchmarks.md, bench ingest).
+FILE_CHECKPOINT = "64MB"
+
 CONSISTENCY_SCHEMA = pa.schema(
     [
         pa.field("received_at", pa.float64()),
@@ -128,10 +133,11 @@ class Store:
         """``threads`` caps DuckDB's worker threads (None: one per core), for processes that share cores."""
         self.path = Path(path)
         config: dict[str, str | bool | int | float | list[str]] = {"threads": threads} if threads else {}
-        if str(self.path) == ":memory:":
-            # No write-ahead log to bound: an in-memory store's automatic checkpoints only compress what was
-            # appended, and took four fifths of each commit's time in a simulated rollout.
-            config["checkpoint_threshold"] = "1TB"
+        # No write-ahead log to bound in memory: an in-memory store's automatic checkpoints only compress what
+        # was appended, and took four fifths of each commit's time in a simulated rollout. A file store
+        # checkpoints once its log passes FILE_CHECKPOINT: a 1,000-step batch logs about 15 MB, so DuckDB's
+        # default (16 MB) checkpointed every other commit.
+        config["checkpoint_threshold"] = "1TB" if str(self.path) == ":memory:" else FILE_CHECKPOINT
         self._con = duckdb.connect(str(self.path), config=config)
         self._lock = threading.Lock()
         self._sums = label_sums.Keeper()
@@ -140,6 +146,12 @@ class Store:
     def close(self) -> None:
         with self._lock:
             self._con.close()
+
+    def checkpoint(self) -> None:
+        """Write the log into the file now, as an automatic checkpoint would later (a benchmark counts it in
+        the ingest it defers)."""
+        with self._lock:
+            self._con.execute("CHECKPOINT")
 
     def __enter__(self) -> Store:
         return self

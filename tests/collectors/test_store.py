@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 
 import duckdb
 import pytest
@@ -193,6 +195,30 @@ def test_big_synthetic_batch_commits_in_one_go(store):
     assert store.ingest(parsed, "t").summary() == {"steps": 50, "requests": 400, "depth_labels": 2000, "quarantined": 0}
     statuses = store.query("SELECT DISTINCT status FROM depth_labels ORDER BY 1").column(0).to_pylist()
     assert set(statuses) <= {"accepted", "rejected", "not_at_risk", "censored"} and "censored" in statuses
+
+
+def test_commits_the_log_holds_before_a_checkpoint_survive_a_crash(tmp_path):
+    """A file store checkpoints only past FILE_CHECKPOINT of log, so a process that dies (no close, no
+    checkpoint) after its commits leaves them in the log alone; reopening replays them, sums included."""
+    db = tmp_path / "crash.duckdb"
+    writer = f"""
+import os
+from sparkgate.collectors.store import Store
+from sparkgate.collectors.synth import synthetic_wire
+from sparkgate.collectors.wire import from_wire
+store = Store({str(db)!r})
+assert store.query("SELECT current_setting('checkpoint_threshold')").column(0)[0].as_py() == "61.0 MiB"  # 64 MB
+for s in range(0, 300, 100):
+    store.ingest(from_wire(synthetic_wire(100, 32, 7, "crash", first_step=s, seed=s)), "t")
+print(os.path.getsize({str(db)!r} + ".wal"), flush=True)
+os._exit(0)
+"""
+    wal_bytes = int(subprocess.run([sys.executable, "-c", writer], check=True, capture_output=True).stdout)
+    assert wal_bytes > 1_000_000  # the three commits are in the log, not yet checkpointed
+    with Store(db) as store:
+        assert store.counts()["depth_labels"] == 300 * 32 * 7
+        summed = store.query("SELECT sum(n) FROM label_status_sums").column(0)[0].as_py()
+        assert summed == 300 * 32 * 7
 
 
 def test_decisions_and_max_step_ids(store):
