@@ -32,7 +32,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from sparkgate.collectors import label_sums, snapshots
+from sparkgate.collectors import label_sums, reports, snapshots
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.batch import Prepared, prepare
 from sparkgate.collectors.migrations import migrate
@@ -45,19 +45,6 @@ from sparkgate.collectors.wire import Flat, Parsed, flatten
 # checkpoint: ingest 1.17-1.20x the rate of DuckDB's 16 MB, the deferred checkpoint included, and a restart
 # replays at most this much log (docs/benchmarks.md, bench ingest).
 FILE_CHECKPOINT = "64MB"
-
-CONSISTENCY_SCHEMA = pa.schema(
-    [
-        pa.field("received_at", pa.float64()),
-        pa.field("replica_id", pa.string()),
-        pa.field("request_id", pa.string()),
-        pa.field("kind", pa.string()),
-        pa.field("tokens", pa.int64()),
-        pa.field("mismatch_at", pa.int64()),
-        pa.field("expected", pa.int64()),
-        pa.field("got", pa.int64()),
-    ]
-)
 
 
 @dataclass(frozen=True)
@@ -105,25 +92,6 @@ def stage(parsed: Parsed) -> Staged:
     """Validate and explode ``parsed`` (no database access; safe on any thread)."""
     flat = flatten(parsed.wire)
     return Staged(parsed, flat, prepare(parsed, None, flat))
-
-
-class IntervalOverlap(ValueError):
-    """A replica reported an interval that overlaps, without equalling, one it reported before."""
-
-    def __init__(self, replica_id: str, interval: tuple[float, float], stored: tuple[float, float]):
-        self.replica_id, self.interval, self.stored = replica_id, interval, stored
-        super().__init__(
-            f"replica {replica_id!r}: interval [{interval[0]}, {interval[1]}) overlaps its stored "
-            f"report for [{stored[0]}, {stored[1]})"
-        )
-
-
-class TooManyReports(ValueError):
-    """A span holds more aggregate reports than the caller will merge at once."""
-
-    def __init__(self, count: int, limit: int):
-        self.count, self.limit = count, limit
-        super().__init__(f"{count} aggregate reports in the span exceed the limit of {limit}; narrow since/until")
 
 
 class Store:
@@ -355,24 +323,10 @@ class Store:
             )
 
     def record_consistency(self, rows: list[dict]) -> int:
-        """Persist greedy-replay / state checks reported by replicas (``consistency_checks`` columns), all or
-        none, as one batch; returns how many were new. A check is keyed by (replica, kind, request, tokens
-        compared), so a retried report counts once."""
-        table = pa.Table.from_pylist(
-            [{c: r.get(c) for c in CONSISTENCY_SCHEMA.names} for r in rows], schema=CONSISTENCY_SCHEMA
-        )
+        """Persist greedy-replay / state checks reported by replicas, all or none, as one transaction; returns
+        how many were new (``reports.insert_consistency``: a retried report counts once)."""
         with self._lock, self._transaction():
-            before = self._con.execute("SELECT count(*) FROM consistency_checks").fetchall()[0][0]
-            self._con.register("incoming_checks", table)
-            try:
-                self._con.execute(
-                    "INSERT INTO consistency_checks BY NAME SELECT * FROM incoming_checks "
-                    "QUALIFY row_number() OVER (PARTITION BY replica_id, kind, request_id, tokens) = 1 "
-                    "ON CONFLICT DO NOTHING"
-                )
-            finally:
-                self._con.unregister("incoming_checks")
-            return int(self._con.execute("SELECT count(*) FROM consistency_checks").fetchall()[0][0] - before)
+            return reports.insert_consistency(self._con, rows)
 
     def record_aggregate(
         self,
@@ -390,29 +344,8 @@ class Store:
         labels they share twice, so it raises ``IntervalOverlap`` and writes nothing.
         """
         with self._lock, self._transaction():
-            stored = self._con.execute(
-                "SELECT interval_start, interval_end FROM aggregates WHERE replica_id = ? AND "
-                "((interval_start = ? AND interval_end = ?) OR (interval_start < ? AND ? < interval_end)) "
-                "ORDER BY interval_start LIMIT 2",
-                [replica_id, interval_start, interval_end, interval_end, interval_start],
-            ).fetchall()
-            if (interval_start, interval_end) in stored:
-                return False
-            if stored:
-                raise IntervalOverlap(replica_id, (interval_start, interval_end), stored[0])
-            self._con.execute(
-                "INSERT INTO aggregates (received_at, replica_id, interval_start, interval_end, labels, "
-                "payload) VALUES (?, ?, ?, ?, ?, ?)",
-                [
-                    time.time() if received_at is None else received_at,
-                    replica_id,
-                    interval_start,
-                    interval_end,
-                    aggregate.observed_labels,
-                    json.dumps(aggregate.to_dict()),
-                ],
-            )
-        return True
+            interval = (interval_start, interval_end)
+            return reports.insert_aggregate(self._con, replica_id, interval, aggregate, received_at)
 
     def aggregates(
         self, since: float | None = None, until: float | None = None, limit: int | None = None
@@ -422,18 +355,5 @@ class Store:
         With ``limit``, a span holding more reports raises ``TooManyReports`` before
         any is parsed: the caller asks for a narrower span instead of a slow answer.
         """
-        where = "(? IS NULL OR interval_start >= ?) AND (? IS NULL OR interval_end <= ?)"
-        params = [since, since, until, until]
-        if limit is not None:
-            n = self.query(f"SELECT count(*) AS n FROM aggregates WHERE {where}", params).column("n")[0].as_py()
-            if n > limit:
-                raise TooManyReports(n, limit)
-        rows = self.query(
-            f"SELECT replica_id, payload FROM aggregates WHERE {where} "
-            "ORDER BY received_at, replica_id, interval_start",
-            params,
-        )
-        return [
-            (r, Aggregate.from_dict(json.loads(p)))
-            for r, p in zip(rows.column("replica_id").to_pylist(), rows.column("payload").to_pylist())
-        ]
+        with self._lock:
+            return reports.read_aggregates(self._con, since, until, limit)

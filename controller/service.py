@@ -40,8 +40,8 @@ from pydantic import BaseModel, Field
 from sparkgate.collectors.aggregate import Aggregate, AggregateError
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.ingest_api import ARROW_TYPES, NDJSON_TYPES, ingest_router
+from sparkgate.collectors.reports import IntervalOverlap, TooManyReports
 from sparkgate.collectors.schema import Problem, json_safe
-from sparkgate.collectors.store import IntervalOverlap, TooManyReports
 from sparkgate.collectors.writers import Refused, Writers
 from sparkgate.policies.payload import PolicyPayload
 from sparkgate.policies.vocabulary import CheckKind, OperatorAction

@@ -71,6 +71,12 @@ def policy_payload(phase: str, compact_fraction: float = 0.0, **changes) -> Poli
     return PolicyPayload(phase=phase, compact_fraction=compact_fraction, **fields)
 
 
+def consistency_check(i: int, **extra) -> dict:
+    """A replica's greedy-replay check of request ``req-{i}`` (a ``consistency_checks`` row)."""
+    return {"received_at": 1.0, "replica_id": "r0", "request_id": f"req-{i}", "kind": "greedy_replay",
+            "tokens": 10, "mismatch_at": None, "expected": None, "got": None, **extra}  # fmt: skip
+
+
 def request_record(**changes) -> dict:
     """A valid request record (schema v2): 3 tokens in two commits, 400 ms to the first."""
     base = {"replica_id": "r0", "request_id": "q0", "arrival_ts": T0, "first_token_ts": T0 + 0.4,

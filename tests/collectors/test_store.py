@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.labels import explode
 from sparkgate.collectors.request_ingest import prepare_requests
-from sparkgate.collectors.store import IntervalOverlap, Store, stage
+from sparkgate.collectors.store import Store, stage
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import flatten, from_dicts, from_ndjson, from_records
 from tests.collectors.strategies import compact_row, step, step_records
-from tests.conftest import request_record
+from tests.conftest import consistency_check, request_record
 
 
 def test_batch_rows_land_in_every_table(store):
@@ -154,41 +154,6 @@ def test_retention_deletes_old_rows_everywhere(store):
     assert store.query("SELECT interval_end FROM aggregates").column(0).to_pylist() == [220.0]
 
 
-_FLAT = flatten(synthetic_wire(2, 2, 3))
-_AGG = Aggregate.from_tables(_FLAT.requests, explode(_FLAT), 3)
-
-
-def _shares_time(a: tuple[float, float], b: tuple[float, float]) -> bool:
-    """Half-open intervals that overlap; a zero-length one is its point, inside another's interior."""
-    if a[0] == a[1] or b[0] == b[1]:
-        point, other = (a, b) if a[0] == a[1] else (b, a)
-        return other[0] < point[0] < other[1]
-    return max(a[0], b[0]) < min(a[1], b[1])
-
-
-@settings(max_examples=25, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["r0", "r1"]), st.integers(0, 8), st.integers(0, 4)), max_size=12))
-def test_a_replicas_stored_intervals_never_share_time(tmp_path_factory, reports):
-    """Accepted = new and disjoint (half-open) from the replica's stored intervals; a retry is a no-op;
-    an overlap raises and writes nothing. So no label is ever counted twice."""
-    with Store(tmp_path_factory.mktemp("agg") / "a.duckdb") as store:
-        kept: dict[str, list[tuple[float, float]]] = {"r0": [], "r1": []}
-        for replica, start, length in reports:
-            interval = (float(start), float(start + length))
-            mine = kept[replica]
-            if any(s != interval and _shares_time(s, interval) for s in mine):
-                with pytest.raises(IntervalOverlap, match=replica):
-                    store.record_aggregate(replica, *interval, _AGG)
-            else:
-                assert store.record_aggregate(replica, *interval, _AGG) is (interval not in mine)
-                if interval not in mine:
-                    mine.append(interval)
-        stored = store.query("SELECT replica_id, interval_start, interval_end FROM aggregates").to_pylist()
-        assert sorted((r["replica_id"], r["interval_start"], r["interval_end"]) for r in stored) == sorted(
-            (r, *i) for r, ivs in kept.items() for i in ivs
-        )
-
-
 def test_big_synthetic_batch_commits_in_one_go(store):
     wire = synthetic_wire(50, batch=8, gamma=5)
     parsed = from_dicts(wire.to_pylist())
@@ -285,22 +250,6 @@ def test_malformed_events_are_quarantined_and_never_half_written(store, lines):
     assert incomplete.num_rows == 0
 
 
-def _check(i: int, **extra) -> dict:
-    return {"received_at": 1.0, "replica_id": "r0", "request_id": f"req-{i}", "kind": "greedy_replay",
-            "tokens": 10, "mismatch_at": None, "expected": None, "got": None, **extra}  # fmt: skip
-
-
-def test_a_consistency_report_is_stored_whole_and_once(store):
-    report = [_check(i) for i in range(10_000)]
-    assert store.record_consistency(report) == 10_000
-    assert store.record_consistency(report) == 0  # the retry of a report whose answer was lost
-    assert store.record_consistency([_check(0), _check(0), _check(10_001)]) == 1  # duplicates within a report too
-    broken = [_check(20_000 + i) for i in range(5)] + [_check(30_000, tokens=None)]
-    with pytest.raises(duckdb.Error):
-        store.record_consistency(broken)
-    assert store.query("SELECT count(*) AS n FROM consistency_checks").column("n")[0].as_py() == 10_001
-
-
 def test_a_failed_commit_keeps_its_cause_when_the_rollback_fails_too(store):
     class FullDisk:
         """The writer connection as a full disk leaves it: COMMIT fails, and with it the transaction."""
@@ -320,7 +269,7 @@ def test_a_failed_commit_keeps_its_cause_when_the_rollback_fails_too(store):
     real, store._con = store._con, FullDisk(store._con)
     try:
         with pytest.raises(duckdb.IOException, match="No space left on device") as caught:
-            store.record_consistency([_check(1)])
+            store.record_consistency([consistency_check(1)])
     finally:
         store._con = real
     assert any("rolling back also failed" in note for note in caught.value.__notes__)
