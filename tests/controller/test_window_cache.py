@@ -2,46 +2,21 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkgate.collectors.store import Store
-from sparkgate.controller import window_cache, window_stats, window_sums
+from sparkgate.controller import window_cache, window_stats
 from sparkgate.controller.evaluate import OptionalReads, evaluate
 from sparkgate.controller.queries import Slice, Window
 from tests.conftest import T0, ingest_synthetic
+from tests.controller.window_fixtures import assert_same
 
 REPLICAS = ("r0", "r1")
-
-
-def _leaves(x, path=""):
-    if dataclasses.is_dataclass(x):
-        for f in dataclasses.fields(x):
-            yield from _leaves(getattr(x, f.name), f"{path}.{f.name}")
-    elif isinstance(x, dict):
-        for k, v in x.items():
-            yield from _leaves(v, f"{path}[{k}]")
-    else:
-        yield path, x
-
-
-def _assert_same(got: window_sums.WindowStats, want: window_sums.WindowStats) -> None:
-    a, b = dict(_leaves(got)), dict(_leaves(want))
-    assert a.keys() == b.keys()
-    for k, x in a.items():
-        y = b[k]
-        if x is None or y is None:
-            assert x is y, k
-        elif x.dtype.kind in "iub":
-            np.testing.assert_array_equal(x, y, err_msg=k)
-        else:
-            np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-12, err_msg=k)
 
 
 def _fill(store: Store, buckets: range, first_step: int = 0) -> None:
@@ -53,7 +28,7 @@ def _fill(store: Store, buckets: range, first_step: int = 0) -> None:
 def _read(cache, store, window, slice_=Slice(), fine_bins=True):
     got = window_cache.read(cache, store, window, slice_, windowed=True, replicas=REPLICAS, fine_bins=fine_bins)
     want = window_stats.read(store, window, slice_, windowed=True, replicas=REPLICAS, fine_bins=fine_bins)
-    _assert_same(got, want)
+    assert_same(got, want)
     return got
 
 
@@ -137,7 +112,7 @@ def test_the_cache_holds_the_newest_reads_alone_however_many_keys_it_meets(store
     sets = [("r0",), ("r1",), ("r0", "r1"), ("r1", "r0")]
     for replicas in sets:
         got = window_cache.read(cache, store, Window(T0 + 5, T0 + 65), Slice(), windowed=True, replicas=replicas)
-        _assert_same(got, window_stats.read(store, Window(T0 + 5, T0 + 65), Slice(), windowed=True, replicas=replicas))
+        assert_same(got, window_stats.read(store, Window(T0 + 5, T0 + 65), Slice(), windowed=True, replicas=replicas))
     assert len(cache.kept) == window_cache.KEPT_READS == 2
     assert [k[-1] for k in cache.kept] == [("r0", "r1"), ("r1", "r0")]
     # Reading a kept key again makes it the newest: the other one is dropped first.
