@@ -52,9 +52,9 @@ def test_http_ingest_ndjson_arrow_problems_and_limits(store):
         big = http.post("/v1/ingest", content=b"x" * 300_000, headers={"content-type": "application/x-ndjson"})
         assert big.status_code == 413
         assert http.post("/v1/ingest", content=b"a", headers={"content-type": "text/csv"}).status_code == 415
-        assert (
-            http.post("/v1/ingest", content=b" ", headers={"content-type": "application/x-ndjson"}).status_code == 400
-        )
+        for blank in (b"", b" ", b"\n \t\r\n"):
+            empty = http.post("/v1/ingest", content=blank, headers={"content-type": "application/x-ndjson"})
+            assert empty.status_code == 400 and empty.json() == {"error": "empty body"}, blank
         scrape = http.get("/metrics").text
     assert store.counts() == {"steps": 7, "requests": 21, "depth_labels": 64, "request_records": 0, "quarantine": 1}
     assert "sparkgate_ingested_steps_total 7.0" in scrape
