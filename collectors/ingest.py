@@ -32,9 +32,9 @@ class Ingestor:
     def __init__(self, store: Store, metrics: Metrics | None = None, tracer: Tracer | None = None):
         self.store, self.metrics, self.tracer = store, metrics, tracer
 
-    def ingest(self, parsed: Parsed, source: str) -> IngestResult:
+    def ingest(self, parsed: Parsed, source: str, sums_before_lock: bool = False) -> IngestResult:
         """Commit ``parsed`` (see ``Store.ingest``); returns after the commit."""
-        return self._observe(self.store.ingest(parsed, source))
+        return self._observe(self.store.ingest(parsed, source, sums_before_lock))
 
     def ingest_stream(self, batches: Iterable[tuple[Parsed, str]]) -> Iterator[IngestResult]:
         """Commit (batch, source) pairs in order, staging the next while one commits (``Store.ingest_stream``)."""

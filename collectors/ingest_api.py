@@ -125,7 +125,8 @@ def ingest_router(
         def commit():
             parsed: Parsed = parse(body)
             permit(writer, parsed.wire.column("replica_id").to_pylist())
-            return ingestor.ingest(parsed, source)
+            # Handlers commit concurrently: a body's sums are computed while another body holds the lock.
+            return ingestor.ingest(parsed, source, sums_before_lock=True)
 
         result = await _commit(commit)
         if isinstance(result, JSONResponse):

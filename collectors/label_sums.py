@@ -27,6 +27,7 @@ that changed its sums (a batch, a recovery's move, a rebuild; not ``compact``, w
 from __future__ import annotations
 
 import math
+import threading
 
 import duckdb
 import numpy as np
@@ -214,6 +215,30 @@ def add_batch(con: duckdb.DuckDBPyConnection, labels: str, requests: str, steps:
     con.execute(_requests_sql(requests, steps, "TRUE"))
 
 
+_PRIVATE = threading.local()  # per thread: an in-memory database holding only empty sums tables
+
+
+def batch_sums(labels: pa.Table, requests: pa.Table, steps: pa.Table) -> dict[str, pa.Table]:
+    """The rows ``add_batch`` appends for a batch, per sums table, computed by the same statements in a
+    private in-memory database of one thread: a staging thread takes them off the writer's transaction,
+    which then only appends them (``Keeper.batch``'s ``sums``)."""
+    con = getattr(_PRIVATE, "con", None)
+    if con is None:
+        con = _PRIVATE.con = duckdb.connect(":memory:", config={"threads": 1, "checkpoint_threshold": "1TB"})
+        con.execute(create_sql())
+    tables = {"sum_labels": labels, "sum_requests": requests, "sum_steps": steps}
+    for name, table in tables.items():
+        con.register(name, table)
+    try:
+        add_batch(con, "sum_labels", "sum_requests", "sum_steps")
+        return {t: con.sql(f"SELECT * FROM {t}").to_arrow_table() for t in TABLES}
+    finally:
+        for name in tables:
+            con.unregister(name)
+        for t in TABLES:
+            con.execute(f"DELETE FROM {t}")
+
+
 def move_settled(con: duckdb.DuckDBPyConnection, settled: str, since: float) -> None:
     """Move labels recovery settled (``settled``: their rows after the update) out of their censored cells:
     −1 where they were counted censored, +1 where they count now. ``since`` bounds the steps read."""
@@ -294,15 +319,24 @@ class Keeper:
         self._writes: dict[int, int] = {}  # bucket: batches that appended to it since it was last merged
 
     def batch(self, con: duckdb.DuckDBPyConnection, labels: pa.Table, requests: pa.Table, steps: pa.Table,
-              settled: pa.Table | None, since: float | None) -> None:  # fmt: skip
-        """Called inside the batch's transaction, after its rows (and recovery's updates) are written."""
+              settled: pa.Table | None, since: float | None,
+              sums: dict[str, pa.Table] | None = None) -> None:  # fmt: skip
+        """Called inside the batch's transaction, after its rows (and recovery's updates) are written.
+        ``sums``: the batch's ``batch_sums``, computed beforehand; None computes them here."""
         if not steps.num_rows:
             return
         tables = {"sum_labels": labels, "sum_requests": requests, "sum_steps": steps}
         for name, table in tables.items():
             con.register(name, table)
         try:
-            add_batch(con, "sum_labels", "sum_requests", "sum_steps")
+            if sums is None:
+                add_batch(con, "sum_labels", "sum_requests", "sum_steps")
+            else:
+                for table, rows in sums.items():
+                    if rows.num_rows:
+                        con.register("sum_rows_in", rows)
+                        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM sum_rows_in")
+                        con.unregister("sum_rows_in")
             add_spans(con, "sum_steps")
         finally:
             for name in tables:

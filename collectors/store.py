@@ -86,12 +86,19 @@ class Staged:
     parsed: Parsed
     flat: Flat  # every wire step, valid or not
     prepared: Prepared
+    sums: dict[str, pa.Table] | None  # ``prepared``'s label and request sums (``label_sums.batch_sums``)
 
 
-def stage(parsed: Parsed) -> Staged:
-    """Validate and explode ``parsed`` (no database access; safe on any thread)."""
+def stage(parsed: Parsed, with_sums: bool = False) -> Staged:
+    """Validate and explode ``parsed`` (no access to the store; safe on any thread). ``with_sums`` computes
+    its sums too (``label_sums.batch_sums``), so the commit only appends them: worth it where the staging
+    thread runs beside another batch's commit, whose lock-holding time it shortens; on a lone writer's
+    thread it only adds the sums' copy (1.1x the CPU of computing them in the commit)."""
     flat = flatten(parsed.wire)
-    return Staged(parsed, flat, prepare(parsed, None, flat))
+    prepared = prepare(parsed, None, flat)
+    steps = prepared.flat.steps
+    sums = label_sums.batch_sums(prepared.labels, prepared.requests, steps) if with_sums and steps.num_rows else None
+    return Staged(parsed, flat, prepared, sums)
 
 
 class Store:
@@ -180,16 +187,19 @@ class Store:
         mask[[i for (i,) in hits]] = True
         return mask
 
-    def ingest(self, parsed: Parsed, source: str) -> IngestResult:
+    def ingest(self, parsed: Parsed, source: str, sums_before_lock: bool = False) -> IngestResult:
         """Validate ``parsed`` and commit it as one transaction; raises (having written nothing) on a
-        database error. Invalid records are committed to ``quarantine`` in the same transaction."""
-        return self.commit(stage(parsed), source)
+        database error. Invalid records are committed to ``quarantine`` in the same transaction.
+        ``sums_before_lock``: compute the batch's sums before waiting for the writer lock (``stage``), for
+        callers that may commit concurrently (HTTP handlers)."""
+        return self.commit(stage(parsed, sums_before_lock), source)
 
     def ingest_stream(self, batches: Iterable[tuple[Parsed, str]]) -> Iterator[IngestResult]:
         """Commit each (batch, source) in order, one transaction each, yielding after each commit.
 
-        A worker thread stages batch i+1 while batch i commits; DuckDB releases
-        the GIL while it inserts, so the two overlap on two cores. Batches are
+        A worker thread stages batch i+1, its sums included, while batch i
+        commits; DuckDB releases the GIL while it works, so the two overlap on two
+        cores. Batches are
         pulled in the caller's thread, one ahead of the commits, so a read stays
         interruptible; the price is that batch i commits only once batch i+1 has
         been read, so a source that waits for input (a pipe) should use ``ingest``.
@@ -205,7 +215,7 @@ class Store:
                     if previous is not None:
                         yield self.commit(previous[0].result(), previous[1])
                     raise
-                current = None if item is None else (pool.submit(stage, item[0]), item[1])
+                current = None if item is None else (pool.submit(stage, item[0], True), item[1])
                 if previous is not None:
                     yield self.commit(previous[0].result(), previous[1])
                 if current is None:
@@ -216,7 +226,9 @@ class Store:
         """Commit a staged batch as one transaction (see ``ingest``)."""
         with self._lock:
             stored = self._stored_mask(staged.flat.steps)
-            prepared = prepare(staged.parsed, stored, staged.flat) if stored.any() else staged.prepared
+            repeats = stored.any()  # a key stored since staging: prepared again, and its sums computed here
+            prepared = prepare(staged.parsed, stored, staged.flat) if repeats else staged.prepared
+            sums = None if repeats else staged.sums
             tables = {
                 "steps": prepared.flat.steps,
                 "requests": prepared.requests,
@@ -229,7 +241,8 @@ class Store:
                 # evaluation reads, in the same transaction.
                 settled = recover(self._con, prepared.requests)
                 self._sums.batch(self._con, prepared.labels, prepared.requests, prepared.flat.steps,
-                                 settled.labels if settled else None, settled.since if settled else None)  # fmt: skip
+                                 settled.labels if settled else None, settled.since if settled else None,
+                                 sums)  # fmt: skip
 
             self._insert(tables, then)
         return IngestResult(prepared, source)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkgate.collectors import label_sums
-from sparkgate.collectors.store import Store
+from sparkgate.collectors.store import Store, stage
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import from_wire
 
@@ -70,18 +72,20 @@ def _wire(steps: int, first: int, seed: int, replica: str, phase: str, ts: float
     cuts=st.lists(st.integers(1, 30), min_size=1, max_size=6),
     spacing=st.sampled_from([0.01, 0.7, 4.0]),
     seed=st.integers(0, 1000),
+    early=st.lists(st.booleans(), min_size=12, max_size=12),
 )
-def test_sums_equal_a_recount_of_the_stored_rows_however_the_rows_arrived(cuts, spacing, seed):
+def test_sums_equal_a_recount_of_the_stored_rows_however_the_rows_arrived(cuts, spacing, seed, early):
     # Requests continue across batches (recovery moves labels between cells of earlier buckets), steps
-    # are spread over many buckets, two replicas and two phases interleave, and closed buckets compact.
+    # are spread over many buckets, two replicas and two phases interleave, and closed buckets compact;
+    # each batch's sums are computed in its commit or beforehand, apart from the store (``early``).
     with Store(":memory:") as store:
         first = 0
         for i, steps in enumerate(cuts):
-            for replica in ("a", "b"):
+            for j, replica in enumerate(("a", "b")):
                 wire = _wire(steps, first, seed + i, replica, ("shadow", "canary")[i % 2], 1e9 + first * spacing)
                 before = _cells(store)
                 cells, writes, buckets = _by_phase(before), _writes(store), _bucket_writes(store)
-                assert store.ingest(from_wire(wire), "test").quarantined == 0
+                assert store.ingest(from_wire(wire), "test", sums_before_lock=early[2 * i + j]).quarantined == 0
                 # A phase whose sums moved (the batch's own, or an earlier one's through recovery) counts a
                 # write: the version a kept reference checks (controller.references); so does each bucket
                 # whose sums moved, the version a kept window checks (controller.window_cache).
@@ -128,3 +132,16 @@ def test_retention_keeps_the_sums_equal_to_the_rows_it_keeps():
         assert store.query("SELECT min(ts) AS t FROM depth_labels").to_pylist()[0]["t"] >= 1e9 + 28.1
         assert _cells(store) == _recomputed(store)
         assert store.query("SELECT min(bucket) AS b FROM label_fine_sums").to_pylist()[0]["b"] == (1e9 + 28.1) // 10
+
+
+def test_sums_staged_on_concurrent_threads_are_each_their_own_batchs():
+    """Each staging thread computes sums in a database of its own: four threads staging at once, then
+    committing in any order, leave the sums a recount of the rows gives."""
+    wires = [_wire(30, 100 * k, k, f"r{k}", "shadow", 1e9 + 7 * k) for k in range(8)]
+    with ThreadPoolExecutor(4) as pool:
+        staged = list(pool.map(lambda w: stage(from_wire(w), with_sums=True), wires))
+    assert all(s.sums is not None for s in staged)
+    with Store(":memory:") as store:
+        for s in reversed(staged):
+            store.commit(s, "test")
+        assert _cells(store) == _recomputed(store)

@@ -100,12 +100,15 @@ def test_stream_raises_a_source_error_after_the_batches_before_it(store):
     assert seen == ["a"] and store.counts()["steps"] == 1
 
 
-def test_a_batch_staged_before_its_key_was_committed_is_rechecked(store):
-    staged = stage(from_records([step(1, requests=[compact_row()]), step(2, requests=[compact_row()])]))
+@pytest.mark.parametrize("with_sums", [False, True])
+def test_a_batch_staged_before_its_key_was_committed_is_rechecked(store, with_sums):
+    staged = stage(from_records([step(1, requests=[compact_row()]), step(2, requests=[compact_row()])]), with_sums)
     store.ingest(from_records([step(2, requests=[compact_row()])]), "first")
     result = store.commit(staged, "late")
     assert (result.steps, result.quarantined) == (1, 1)
     assert store.counts() == {"steps": 2, "requests": 2, "depth_labels": 8, "request_records": 0, "quarantine": 1}
+    # The sums staged with the batch counted the repeated step; the commit computed them again without it.
+    assert store.query("SELECT sum(n)::BIGINT FROM label_status_sums").column(0)[0].as_py() == 8
 
 
 def test_untypeable_records_are_quarantined(store):
