@@ -85,7 +85,8 @@ def test_sums_equal_a_recount_of_the_stored_rows_however_the_rows_arrived(cuts, 
                 wire = _wire(steps, first, seed + i, replica, ("shadow", "canary")[i % 2], 1e9 + first * spacing)
                 before = _cells(store)
                 cells, writes, buckets = _by_phase(before), _writes(store), _bucket_writes(store)
-                assert store.ingest(from_wire(wire), "test", sums_before_lock=early[2 * i + j]).quarantined == 0
+                staged = stage(from_wire(wire), sums_from=0 if early[2 * i + j] else None)
+                assert store.commit(staged, "test").quarantined == 0
                 # A phase whose sums moved (the batch's own, or an earlier one's through recovery) counts a
                 # write: the version a kept reference checks (controller.references); so does each bucket
                 # whose sums moved, the version a kept window checks (controller.window_cache).
@@ -139,7 +140,7 @@ def test_sums_staged_on_concurrent_threads_are_each_their_own_batchs():
     committing in any order, leave the sums a recount of the rows gives."""
     wires = [_wire(30, 100 * k, k, f"r{k}", "shadow", 1e9 + 7 * k) for k in range(8)]
     with ThreadPoolExecutor(4) as pool:
-        staged = list(pool.map(lambda w: stage(from_wire(w), with_sums=True), wires))
+        staged = list(pool.map(lambda w: stage(from_wire(w), sums_from=0), wires))
     assert all(s.sums is not None for s in staged)
     with Store(":memory:") as store:
         for s in reversed(staged):
