@@ -147,15 +147,17 @@ def windowed_sql(windows: str) -> tuple[str, str]:
     return f"coalesce(l.mode::VARCHAR IN ({modes}) AND l.depth <= w.w, false)", join
 
 
-def _labels_sql(labels: str, steps: str, sign: int, where: str, windows: str | None = None) -> list[str]:
-    """Statements adding ``sign`` × the sums of ``labels`` (joined to ``steps`` for phase and contract, and
-    to ``windows``, a ``window_sql`` relation, for the windowed kind; None: no label is windowed, as for
-    labels recovery settled, which lie beyond their window): the rows' keys are computed once into a
+def _labels_sql(labels: str, steps: str, where: str, windows: str | None = None, weight: str = "1") -> list[str]:
+    """Statements adding the sums of ``labels`` (joined to ``steps`` for phase and contract, and to
+    ``windows``, a ``window_sql`` relation, for the windowed kind; None: no label is windowed, as for labels
+    recovery settled, which lie beyond their window), each label counted ``weight`` times (an expression
+    over ``l``: 1, or a recovery move's −1 and +1 in one pass): the rows' keys are computed once into a
     temporary table the three INSERTs read."""
     in_window, join = ("false", "") if windows is None else windowed_sql(windows)
     rows = f"""CREATE OR REPLACE TEMP TABLE sum_rows AS
-        SELECT floor(l.ts / {SUM_BUCKET_S})::BIGINT AS bucket, l.replica_id::VARCHAR AS replica_id, s.phase,
-               s.contract, {_code("l.mode", MODES)} AS mode, l.depth, {_code("l.status", STATUSES)} AS status,
+        SELECT floor(l.ts / {SUM_BUCKET_S})::BIGINT AS bucket, ({weight})::TINYINT AS w,
+               l.replica_id::VARCHAR AS replica_id, s.phase, s.contract, {_code("l.mode", MODES)} AS mode,
+               l.depth, {_code("l.status", STATUSES)} AS status,
                l.survival, l.confidence, coalesce(l.label, false) AS y, l.probability,
                (hash(l.request_id::VARCHAR) % {REQUEST_GROUPS})::SMALLINT AS grp, {in_window} AS in_window
         FROM {labels} l JOIN {steps} s ON l.replica_id = s.replica_id AND l.step_id = s.step_id{join}
@@ -173,16 +175,16 @@ def _labels_sql(labels: str, steps: str, sign: int, where: str, windows: str | N
     return [
         rows,
         f"""INSERT INTO label_fine_sums {kinds}
-        SELECT {key}, x.kind, x.mode, x.depth, {_FINE} AS fine, x.y, {sign} * count(*), {sign} * sum(x.p),
-               {sign} * sum(x.p * x.p)
+        SELECT {key}, x.kind, x.mode, x.depth, {_FINE} AS fine, x.y, sum(x.w), sum(x.w * x.p),
+               sum(x.w * x.p * x.p)
         FROM x GROUP BY ALL""",
         f"""INSERT INTO label_group_sums {kinds}
-        SELECT {key}, x.kind, x.grp, x.depth, ({_FINE} // {_PER_BIN})::TINYINT AS bin, {sign} * count(*),
-               {sign} * sum(x.p), {sign} * count(*) FILTER (WHERE x.y)
+        SELECT {key}, x.kind, x.grp, x.depth, ({_FINE} // {_PER_BIN})::TINYINT AS bin, sum(x.w),
+               sum(x.w * x.p), coalesce(sum(x.w) FILTER (WHERE x.y), 0)
         FROM x WHERE x.kind = 2 OR x.mode IN ({gated}) GROUP BY ALL""",
         f"""INSERT INTO label_status_sums WITH x AS (SELECT *, survival AS p FROM sum_rows)
-        SELECT {key}, x.mode, x.depth, x.status, ({_FINE} // {_PER_BIN})::TINYINT AS bin, {sign} * count(*),
-               {sign} * sum(x.p), {sign} * coalesce(sum(x.probability), 0)
+        SELECT {key}, x.mode, x.depth, x.status, ({_FINE} // {_PER_BIN})::TINYINT AS bin, sum(x.w),
+               sum(x.w * x.p), coalesce(sum(x.w * x.probability), 0)
         FROM x GROUP BY ALL""",
         "DROP TABLE sum_rows",
     ]
@@ -210,7 +212,7 @@ def _requests_sql(requests: str, steps: str, where: str) -> str:
 
 def add_batch(con: duckdb.DuckDBPyConnection, labels: str, requests: str, steps: str) -> None:
     """Add the sums of a batch's rows (relations registered under these names), in the caller's transaction."""
-    for sql in _labels_sql(labels, steps, 1, "TRUE", window_sql(requests)):
+    for sql in _labels_sql(labels, steps, "TRUE", window_sql(requests)):
         con.execute(sql)
     con.execute(_requests_sql(requests, steps, "TRUE"))
 
@@ -242,9 +244,10 @@ def batch_sums(labels: pa.Table, requests: pa.Table, steps: pa.Table) -> dict[st
 def move_settled(con: duckdb.DuckDBPyConnection, settled: str, since: float) -> None:
     """Move labels recovery settled (``settled``: their rows after the update) out of their censored cells:
     −1 where they were counted censored, +1 where they count now. ``since`` bounds the steps read."""
-    as_censored = f"(SELECT * REPLACE ('censored' AS status, NULL::BOOLEAN AS label) FROM {settled})"
+    moved = (f"(SELECT *, 1 AS w FROM {settled} UNION ALL BY NAME "
+             f"SELECT * REPLACE ('censored' AS status, NULL::BOOLEAN AS label), -1 AS w FROM {settled})")  # fmt: skip
     steps = f"(SELECT replica_id, step_id, phase, contract FROM steps WHERE ts >= {float(since)!r})"
-    for sql in _labels_sql(as_censored, steps, -1, "TRUE") + _labels_sql(settled, steps, 1, "TRUE"):
+    for sql in _labels_sql(moved, steps, "TRUE", weight="l.w"):
         con.execute(sql)
     _count_writes(
         con,
@@ -304,7 +307,7 @@ def _stored_sql(low: str, high: str) -> list[str]:
     where = f"{bucket} {low} AND {bucket} {high}"
     requests_where = where.replace("l.ts", "r.ts")
     return [
-        *_labels_sql("depth_labels", "steps", 1, where, window_sql(f"requests r WHERE {requests_where}")),
+        *_labels_sql("depth_labels", "steps", where, window_sql(f"requests r WHERE {requests_where}")),
         _requests_sql("requests", "steps", requests_where),
     ]
 
