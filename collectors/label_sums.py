@@ -79,13 +79,11 @@ INSERT INTO bucket_writes SELECT bucket, 1 FROM {_SUM_BUCKETS};"""
 def add_spans(con: duckdb.DuckDBPyConnection, steps: str) -> None:
     """Widen each (phase, contract) span to the batch's steps (``steps``, a registered relation), and count
     the batch as a write of its sums."""
-    con.execute(f"CREATE OR REPLACE TEMP TABLE span_new AS SELECT phase, contract, min(ts) AS lo, max(ts) AS hi "
-                f"FROM {steps} GROUP BY ALL")  # fmt: skip
-    con.execute("UPDATE phase_spans p SET first_ts = least(p.first_ts, n.lo), last_ts = greatest(p.last_ts, n.hi), "
-                f"writes = p.writes + 1 FROM span_new n WHERE {_SAME_SPAN}")  # fmt: skip
-    con.execute(f"INSERT INTO phase_spans SELECT n.phase, n.contract, n.lo, n.hi, 1 FROM span_new n "
-                f"WHERE NOT EXISTS (SELECT 1 FROM phase_spans p WHERE {_SAME_SPAN})")  # fmt: skip
-    con.execute("DROP TABLE span_new")
+    con.execute(f"""MERGE INTO phase_spans p
+        USING (SELECT phase, contract, min(ts) AS lo, max(ts) AS hi FROM {steps} GROUP BY ALL) n ON {_SAME_SPAN}
+        WHEN MATCHED THEN UPDATE SET first_ts = least(p.first_ts, n.lo), last_ts = greatest(p.last_ts, n.hi),
+                                     writes = p.writes + 1
+        WHEN NOT MATCHED THEN INSERT VALUES (n.phase, n.contract, n.lo, n.hi, 1)""")
 
 
 def _count_writes(con: duckdb.DuckDBPyConnection, pairs: str | None) -> None:
