@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import duckdb
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -146,3 +148,17 @@ def test_sums_staged_on_concurrent_threads_are_each_their_own_batchs():
         for s in reversed(staged):
             store.commit(s, "test")
         assert _cells(store) == _recomputed(store)
+
+
+def test_a_staging_thread_that_failed_mid_batch_leaves_no_rows_for_the_next(monkeypatch):
+    """The private database's tables are emptied however ``batch_sums`` ends: a batch whose statements
+    failed after the first INSERT leaves nothing that the next batch's sums would carry."""
+    first, second = (stage(from_wire(_wire(20, 50 * k, k, "a", "shadow", 1e9 + 20 * k))) for k in range(2))
+    sums = label_sums.batch_sums(second.prepared.labels, second.prepared.requests, second.prepared.flat.steps)
+    real = label_sums._requests_sql
+    monkeypatch.setattr(label_sums, "_requests_sql", lambda *a: "SELECT no_such_column FROM sum_steps")
+    with pytest.raises(duckdb.Error):
+        label_sums.batch_sums(first.prepared.labels, first.prepared.requests, first.prepared.flat.steps)
+    monkeypatch.setattr(label_sums, "_requests_sql", real)
+    again = label_sums.batch_sums(second.prepared.labels, second.prepared.requests, second.prepared.flat.steps)
+    assert {t: rows.to_pylist() for t, rows in again.items()} == {t: rows.to_pylist() for t, rows in sums.items()}
