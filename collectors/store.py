@@ -4,9 +4,12 @@ Invariants:
 - ``ingest`` is one transaction: a batch's valid steps (with all their request
   rows and depth labels) and its quarantine rows are committed together or not
   at all, and ``ingest`` returns only after the commit.
-- Validation and the explode (``stage``) need no database, so they run outside
-  the writer lock: concurrent callers, and ``ingest_stream``'s worker, prepare
-  one batch while another commits. Only the stored-key check waits for the lock.
+- Validation and the explode (``stage``) need no access to the store, so they
+  run outside the writer lock: concurrent callers, and ``ingest_stream``'s
+  worker, prepare one batch while another commits, a large batch's sums
+  included (in a private database of the staging thread). Only the stored-key
+  check waits for the lock; a batch that repeats a key stored since staging is
+  prepared again, its sums computed in the commit.
 - A step is either wholly in ``steps``/``requests``/``depth_labels`` or wholly
   in ``quarantine``; a (replica_id, step_id) is stored at most once.
 - Other processes never open the file: they read Parquet snapshots
@@ -42,7 +45,7 @@ from sparkgate.collectors.snapshots import EVENT_TABLES, EVENT_TIME
 from sparkgate.collectors.wire import Flat, Parsed, flatten
 
 # A file store's write-ahead log size that starts an automatic checkpoint. Four 1,000-step batches per
-# checkpoint: ingest 1.17-1.20x the rate of DuckDB's 16 MB, the deferred checkpoint included, and a restart
+# checkpoint: ingest 1.15x the rate of DuckDB's 16 MB, the deferred checkpoint included, and a restart
 # replays at most this much log (docs/benchmarks.md, bench ingest).
 FILE_CHECKPOINT = "64MB"
 # The labels from which a batch staged beside another's commit computes its sums before the lock (``stage``):
@@ -202,11 +205,11 @@ class Store:
         """Commit each (batch, source) in order, one transaction each, yielding after each commit.
 
         A worker thread stages batch i+1, a large one's sums included, while
-        batch i commits; DuckDB releases the GIL while it works, so the two overlap on two
-        cores. Batches are
-        pulled in the caller's thread, one ahead of the commits, so a read stays
-        interruptible; the price is that batch i commits only once batch i+1 has
-        been read, so a source that waits for input (a pipe) should use ``ingest``.
+        batch i commits; DuckDB releases the GIL while it works, so the two
+        overlap on two cores. Batches are pulled in the caller's thread, one
+        ahead of the commits, so a read stays interruptible; the price is that
+        batch i commits only once batch i+1 has been read, so a source that
+        waits for input (a pipe) should use ``ingest``.
         When the source fails, the batches read before it are committed first.
         """
         batches = iter(batches)
