@@ -221,7 +221,7 @@ _PRIVATE = threading.local()  # per thread: an in-memory database holding only e
 def batch_sums(labels: pa.Table, requests: pa.Table, steps: pa.Table) -> dict[str, pa.Table]:
     """The rows ``add_batch`` appends for a batch, per sums table, computed by the same statements in a
     private in-memory database of one thread: a staging thread takes them off the writer's transaction,
-    which then only appends them (``Keeper.batch``'s ``sums``)."""
+    which then only appends them with the batch's rows (``Keeper.batch``'s ``sums_written``)."""
     con = getattr(_PRIVATE, "con", None)
     if con is None:
         con = _PRIVATE.con = duckdb.connect(":memory:", config={"threads": 1, "checkpoint_threshold": "1TB"})
@@ -320,24 +320,18 @@ class Keeper:
         self._writes: dict[int, int] = {}  # bucket: batches that appended to it since it was last merged
 
     def batch(self, con: duckdb.DuckDBPyConnection, labels: pa.Table, requests: pa.Table, steps: pa.Table,
-              settled: pa.Table | None, since: float | None,
-              sums: dict[str, pa.Table] | None = None) -> None:  # fmt: skip
+              settled: pa.Table | None, since: float | None, sums_written: bool = False) -> None:  # fmt: skip
         """Called inside the batch's transaction, after its rows (and recovery's updates) are written.
-        ``sums``: the batch's ``batch_sums``, computed beforehand; None computes them here."""
+        ``sums_written``: the batch's ``batch_sums`` rows were appended with its rows; else they are
+        computed here."""
         if not steps.num_rows:
             return
         tables = {"sum_labels": labels, "sum_requests": requests, "sum_steps": steps}
         for name, table in tables.items():
             con.register(name, table)
         try:
-            if sums is None:
+            if not sums_written:
                 add_batch(con, "sum_labels", "sum_requests", "sum_steps")
-            else:
-                for table, rows in sums.items():
-                    if rows.num_rows:
-                        con.register("sum_rows_in", rows)
-                        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM sum_rows_in")
-                        con.unregister("sum_rows_in")
             add_spans(con, "sum_steps")
         finally:
             for name in tables:

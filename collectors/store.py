@@ -241,6 +241,7 @@ class Store:
                 "requests": prepared.requests,
                 "depth_labels": prepared.labels,
                 "quarantine": prepared.quarantine_table(source, time.time()),
+                **(sums or {}),
             }
 
             def then() -> None:
@@ -249,7 +250,7 @@ class Store:
                 settled = recover(self._con, prepared.requests)
                 self._sums.batch(self._con, prepared.labels, prepared.requests, prepared.flat.steps,
                                  settled.labels if settled else None, settled.since if settled else None,
-                                 sums)  # fmt: skip
+                                 sums is not None)  # fmt: skip
 
             self._insert(tables, then)
         return IngestResult(prepared, source)
