@@ -117,8 +117,12 @@ class CostAwareScheduler:
     survival of zero is an estimate), the step runs static's dense shape, and its
     labels stay uncensored. Elsewhere ties go to the smaller budget.
 
-    ``min_window`` defaults to 1: a zero window is plain decoding, and its
-    depth-1 outcome stays censored, so it teaches the calibration nothing.
+    ``min_window`` defaults to 0, as in SGLang's DSpark planner, whose
+    ``min_verify_len`` of 1 counts the anchor row: a request whose first draft
+    is unlikely verifies none. Its depth-1 label is not lost: the one row it
+    verifies is the bonus, the target's token at depth 1's position, which
+    recovers that label for a greedy request and estimates it
+    (``next_accept_prob``) for a sampled one.
     ``lag > 0`` decides the budget from ``ctx.lagged_survival`` (the step
     ``t - lag`` survivals, as production servers do so the budget is known on
     the host without a device sync) while the windows within that budget still
@@ -127,7 +131,7 @@ class CostAwareScheduler:
     """
 
     cost_table: CostTable
-    min_window: int = 1
+    min_window: int = 0
     lag: int = 0
     _curves: dict[tuple[int, int, str], torch.Tensor] = field(default_factory=dict, init=False, repr=False)
     # Per curve key whose every budget, from the forced ones to the full block, has one price: the plan's

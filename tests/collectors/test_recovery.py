@@ -41,7 +41,7 @@ def simulate(seed: int, requests: int = 3, steps: int = 6, match: float = 0.7, t
             p = position[rid]
             drafts = [tokens[p + j] if rng.random() < match else 50 + rng.randrange(5) for j in range(GAMMA)]
             full = next((j for j in range(GAMMA) if drafts[j] != tokens[p + j]), GAMMA)
-            window = rng.choice([1, 2, 3, GAMMA])
+            window = rng.choice([0, 1, 2, 3, GAMMA])
             accepted = min(full, window)
             censored = accepted == window < GAMMA
             committed = tokens[p : p + accepted + 1]

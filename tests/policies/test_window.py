@@ -63,7 +63,7 @@ def test_one_price_for_every_budget_verifies_the_whole_block_even_past_a_zero_su
 def test_proportional_cost_picks_the_hand_computed_optimum():
     # One request, S = [0.9, 0.5, 0.1], T = 2 + (1 + k):
     # rate(k) = tau/T = 1/3, 1.9/4, 2.4/5, 2.5/6 -> k = 2 (0.48 tokens/s).
-    decision = decide(CostAwareScheduler(PROPORTIONAL, min_window=0), torch.tensor([[0.9, 0.5, 0.1]]))
+    decision = decide(CostAwareScheduler(PROPORTIONAL), torch.tensor([[0.9, 0.5, 0.1]]))
     assert decision.windows.tolist() == [2]
     assert float(decision.predicted_step_ms) == pytest.approx(5000.0)
     assert float(decision.predicted_tokens_per_s) == pytest.approx(0.48)
@@ -73,9 +73,25 @@ def test_requests_with_different_confidences_get_different_windows():
     # Admission: .9(r0) .8(r0) .6(r1) .2(r1) .1 .1; T = 2 + 2 + k:
     # rate = 2/4, 2.9/5, 3.7/6, 4.3/7, 4.5/8 ... -> k = 2, both for request 0.
     survival = torch.tensor([[0.9, 0.8, 0.1], [0.6, 0.2, 0.1]])
-    decision = decide(CostAwareScheduler(PROPORTIONAL, min_window=0), survival)
+    decision = decide(CostAwareScheduler(PROPORTIONAL), survival)
     assert decision.windows.tolist() == [2, 0]
     assert float(decision.predicted_tokens_per_s) == pytest.approx(3.7 / 6)
+
+
+def test_by_default_a_request_may_verify_no_draft_as_in_sglang():
+    """SGLang's DSpark planner counts the anchor row in a verify length: ``DSparkScheduleConfig.min_verify_len``
+    is 1 and ``compute_verify_token_budget`` ranks every draft's survival with no floor, pricing
+    ``num_requests + k`` rows (sgl-project/sglang@00c3cffac9ff,
+    python/sglang/srt/speculative/dspark_components/dspark_planner.py); the verify lengths are
+    ``min_verify_len`` plus the drafts selected, clamped to at least 1 (@98984213ca90,
+    python/sglang/kernels/ops/speculative/dspark/dspark_schedule.py). A request with poor drafts therefore
+    verifies the anchor alone, a window of 0 here, and a floor of one draft is a choice that costs rows."""
+    # Admission: .9(r0) .8(r0) .6(r1) .2(r1) .1 .1; T = 2 + 2 + k: the best budget is 2, both request 0's.
+    survival = torch.tensor([[0.9, 0.8, 0.1], [0.6, 0.2, 0.1]])
+    assert decide(CostAwareScheduler(PROPORTIONAL), survival).windows.tolist() == [2, 0]
+    floored = decide(CostAwareScheduler(PROPORTIONAL, min_window=1), survival)
+    assert floored.windows.tolist() == [2, 1]
+    assert float(floored.predicted_tokens_per_s) < 3.7 / 6
 
 
 def test_the_same_confidences_at_a_larger_batch_get_shorter_windows():
@@ -96,13 +112,13 @@ def test_min_window_holds_even_when_rows_are_expensive():
 
 def test_max_batch_tokens_caps_the_planned_rows():
     capped = StepsPerSecondTable(sample_batch_tokens=(1,), sample_steps_per_sec=(100.0,), max_batch_tokens=4 + 6)
-    decision = decide(CostAwareScheduler(capped, min_window=0), torch.full((4, 7), 0.9))
+    decision = decide(CostAwareScheduler(capped), torch.full((4, 7), 0.9))
     assert int(decision.windows.sum()) == 6
 
 
 def test_decisions_are_deterministic():
     survival = torch.tensor([[0.8, 0.8, 0.4], [0.8, 0.4, 0.4], [0.8, 0.8, 0.8]])
-    policy = CostAwareScheduler(PROPORTIONAL, min_window=0)
+    policy = CostAwareScheduler(PROPORTIONAL)
     first = decide(policy, survival).windows
     for _ in range(5):
         assert torch.equal(decide(policy, survival).windows, first)
@@ -111,12 +127,12 @@ def test_decisions_are_deterministic():
 def test_lagged_mode_decides_the_budget_from_the_older_survivals():
     current = torch.tensor([[0.99, 0.98, 0.97], [0.99, 0.98, 0.97]])
     lagged = torch.tensor([[0.3, 0.1, 0.05], [0.9, 0.8, 0.1]])
-    unlagged_on_lagged = decide(CostAwareScheduler(PROPORTIONAL, min_window=0), lagged)
-    decision = decide(CostAwareScheduler(PROPORTIONAL, min_window=0, lag=2), current, lagged)
+    unlagged_on_lagged = decide(CostAwareScheduler(PROPORTIONAL), lagged)
+    decision = decide(CostAwareScheduler(PROPORTIONAL, lag=2), current, lagged)
     assert int(decision.budget) == int(unlagged_on_lagged.budget) == 2
     # Within that budget the windows follow the current survivals (depth first, then request).
     assert decision.windows.tolist() == [1, 1]
-    assert int(decide(CostAwareScheduler(PROPORTIONAL, min_window=0), current).budget) > 2
+    assert int(decide(CostAwareScheduler(PROPORTIONAL), current).budget) > 2
 
 
 def test_lagged_mode_needs_matching_lagged_survivals():
