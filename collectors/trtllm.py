@@ -9,6 +9,11 @@ decoding on, ``specDecodingStats = {numDraftTokens, numAcceptedTokens, numReques
 acceptanceLength, iterLatencyMS, draftOverhead}`` (null without it). The PyTorch backend fills them only
 with ``enable_iter_perf_stats: true``.
 
+Under attention data parallelism an iteration is one row per rank (``attentionDpRank``), each a copy of
+the same iteration's report with that rank's batch counts: the speculative-decoding stats and the
+latency repeat in every row. Only rank 0's row (or a row naming no rank) counts, so N ranks do not
+count each iteration N times.
+
 There is no per-position count and no confidence: this gives the interval's acceptance rate and mean
 acceptance length (TensorRT-LLM's own definition, ``(accepted + requests) / requests``), for PromQL-style
 floors and the acceptance views, not calibration.
@@ -29,6 +34,7 @@ class AcceptanceSummary:
 
     iterations: int
     spec_iterations: int  # iterations that carried specDecodingStats
+    attention_dp_ranks: int  # distinct attentionDpRank values read (a row without one is rank 0)
     first_timestamp: str | None
     last_timestamp: str | None
     draft_tokens: int
@@ -56,11 +62,16 @@ def summarize(iterations: list[Any]) -> AcceptanceSummary:
     if not isinstance(iterations, list):
         raise ValueError(f"/metrics: expected a JSON list of iteration stats, got {type(iterations).__name__}")
     drafts = accepted = requests = 0.0
-    overheads, latencies, stamps, spec = [], [], [], 0
+    overheads, latencies, stamps, spec, ranks, counted = [], [], [], 0, set(), 0
     for i, stats in enumerate(iterations):
         where = f"[{i}]"
         if not isinstance(stats, dict):
             raise ValueError(f"{where}: expected an object, got {stats!r}")
+        rank = _number(stats, "attentionDpRank", where)
+        ranks.add(rank)
+        if rank != 0:
+            continue
+        counted += 1
         latencies.append(_number(stats, "iterLatencyMS", where))
         if isinstance(stats.get("timestamp"), str):
             stamps.append(stats["timestamp"])
@@ -76,8 +87,9 @@ def summarize(iterations: list[Any]) -> AcceptanceSummary:
         overheads.append(_number(sd, "draftOverhead", f"{where}.specDecodingStats"))
     ordered = sorted(latencies)
     return AcceptanceSummary(
-        iterations=len(iterations),
+        iterations=counted,
         spec_iterations=spec,
+        attention_dp_ranks=len(ranks),
         first_timestamp=stamps[0] if stamps else None,
         last_timestamp=stamps[-1] if stamps else None,
         draft_tokens=int(drafts),

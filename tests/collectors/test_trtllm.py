@@ -9,7 +9,10 @@ Read from NVIDIA/TensorRT-LLM:
   names of ``IterationStats`` and ``SpecDecodingStats`` (numDraftTokens, numAcceptedTokens,
   numRequestsWithDraftTokens, acceptanceLength, iterLatencyMS, draftOverhead);
 - ``tensorrt_llm/executor/iteration_stats.py`` @ b11790149e0e12e52ea82ed7a4d51b51ea98dce6: specDecodingStats
-  is null without speculative decoding, and acceptanceLength = (accepted + requests) / requests;
+  is null without speculative decoding, and acceptanceLength = (accepted + requests) / requests; under
+  attention DP, ``_materialize_frame`` emits one row per rank payload, each ``dict(base)`` of the same
+  iteration report (so the same specDecodingStats and iterLatencyMS) with ``attentionDpRank`` set, that
+  rank's inflightBatchingStats, and (rank != 0) the queue and completion counts zeroed;
 - ``tensorrt_llm/_torch/pyexecutor/py_executor.py`` @ 9521caf4696c1fb79b0f946f0d980f8f0ebd3e64: the
   timestamp is local time as ``%m-%d-%Y %H:%M:%S.%f``.
 """
@@ -84,6 +87,27 @@ def test_each_read_summarises_only_the_iterations_since_the_last():
     assert (third.draft_tokens, third.accepted_tokens, third.mean_acceptance_length) == (8, 2, 2.0)
 
 
+def dp_rows(row: dict, ranks: int) -> list[dict]:
+    """One iteration under attention DP, as ``_materialize_frame`` writes it: a copy per rank."""
+    rows = []
+    for rank in range(ranks):
+        copy = dict(row, attentionDpRank=rank)
+        copy["inflightBatchingStats"] = dict(row["inflightBatchingStats"], numScheduledRequests=1 + rank)
+        if rank:
+            copy.update(numQueuedRequests=0, numCompletedRequests=0, numNewActiveRequests=0,
+                        newActiveRequestsQueueLatencyMS=0)  # fmt: skip
+        rows.append(copy)
+    return rows
+
+
+def test_attention_dp_ranks_count_each_iteration_once():
+    alone = summarize([iteration(1, 12, 6, 4), iteration(2, 12, 9, 4, latency=30.0)])
+    split = summarize(dp_rows(iteration(1, 12, 6, 4), 4) + dp_rows(iteration(2, 12, 9, 4, latency=30.0), 4))
+    assert split.attention_dp_ranks == 4 and alone.attention_dp_ranks == 1
+    assert {**split.to_dict(), "attention_dp_ranks": 1} == alone.to_dict()
+    assert (split.iterations, split.draft_tokens, split.accepted_tokens, split.requests_with_drafts) == (2, 24, 15, 8)
+
+
 def test_a_reply_that_is_not_iteration_stats_is_named():
     with pytest.raises(ValueError, match="expected a JSON list"):
         summarize({"error": "stats disabled"})
@@ -91,6 +115,8 @@ def test_a_reply_that_is_not_iteration_stats_is_named():
     bad["specDecodingStats"]["numAcceptedTokens"] = "six"
     with pytest.raises(ValueError, match=r"\[0\].specDecodingStats.numAcceptedTokens: expected a number, got 'six'"):
         summarize([bad])
+    with pytest.raises(ValueError, match=r"\[0\].attentionDpRank: expected a number, got 'zero'"):
+        summarize([dict(iteration(1, 12, 6, 4), attentionDpRank="zero")])
 
 
 def test_collect_prints_one_line_per_trtllm_poll():
