@@ -290,7 +290,8 @@ def decide(
     for v in verdicts:
         gate = limits.get(v.gate)
         if v.decides and gate is not None and gate.consecutive_passes is not None:
-            streak = state.streak(v.gate)[0] + (v.outcome == Outcome.PASS)
+            # As ``_streaks`` counts it: anything but a pass (a guard's inconclusive, too) starts it over.
+            streak = state.streak(v.gate)[0] + 1 if v.outcome == Outcome.PASS else 0
             if streak < gate.consecutive_passes:
                 return hold(because("gate streak", gate=v.gate, passes=streak, needed=gate.consecutive_passes))
     dwelt = now - state.entered_at

@@ -368,6 +368,20 @@ def test_a_gates_own_streak_holds_an_advance_the_interval_streak_would_allow(sto
     assert script.state.gate_streaks == ()  # a new stage starts its streaks again
 
 
+def test_a_guards_inconclusive_interval_starts_its_own_streak_over_before_an_advance(store):
+    # A guard's inconclusive verdict does not hold the interval, but it breaks the guard's streak: the
+    # stage may not advance on the very interval whose verdict reset it.
+    gates = [g.model_dump(mode="json") for g in POLICY.gates]
+    gates = [dict(g, guard=True, consecutive_passes=2) if g["metric"] == "tier_miss_rate" else g for g in gates]
+    script = Script(store, POLICY.replace(gates=gates))
+    script.climb_to("shadow")
+    assert script.interval().action == "hold" and script.interval().action == "advance"
+    script.interval()
+    decision = script.interval(good(tier_miss_rate=Measurement(0.0, 10)))  # too few samples: inconclusive
+    assert decision.action == "hold"
+    assert decision.reasons[0] == {"rule": "gate streak", "gate": "tier_miss_rate", "passes": 0, "needed": 2}
+
+
 def test_failures_count_within_the_failure_window_so_a_stage_without_end_rolls_back_on_a_burst_not_on_stragglers(
     store,
 ):
