@@ -18,6 +18,10 @@ over the bins both hold, w_b the window's share of their labels. Invariant: when
 both (whatever its miscalibration, and whatever the two sizes) r_b − s_b has mean zero, the second sum is
 E|r_b − s_b| under the normal approximation, and D is zero in expectation; a drift of δ in every bin reads
 about |δ| once σ_b ≪ |δ|. Its standard error comes from resampling both sides' request groups.
+
+The noise term is exact only where r_b − s_b has mean zero: a real shift hides most of the noise, so D
+reads a drift low, as the debiased ECE reads a gap low. The fail side is bounded from D; the pass side
+from the first sum alone (at least the shift in expectation), as ``calibration.debiased_ece`` does.
 """
 
 from __future__ import annotations
@@ -30,15 +34,15 @@ from .calibration import KindStats, bounded, resample_weights, resampled_sums
 from .measurement import Measurement
 
 
-def _drift(window: tuple[np.ndarray, ...], reference: tuple[np.ndarray, ...]) -> np.ndarray:
-    """D per depth over the last two axes [..., depths + 1, N_BINS] of (count, Σp, Σy) on each side; NaN
-    where no bin holds labels on both."""
+def _drift(window: tuple[np.ndarray, ...], reference: tuple[np.ndarray, ...], debias: bool = True) -> np.ndarray:
+    """D per depth over the last two axes [..., depths + 1, N_BINS] of (count, Σp, Σy) on each side (with
+    ``debias`` false, its first sum alone); NaN where no bin holds labels on both."""
     (n, sp, sy), (m, sq, sz) = window, reference
     both = (n > 0) & (m > 0)
     with np.errstate(invalid="ignore", divide="ignore"):
         p, q = np.clip(sp / n, 0, 1), np.clip(sq / m, 0, 1)
         gap = np.abs((sy - sp) / n - (sz - sq) / m)
-        noise = np.sqrt(p * (1 - p) / n + q * (1 - q) / m) * math.sqrt(2 / math.pi)
+        noise = np.sqrt(p * (1 - p) / n + q * (1 - q) / m) * math.sqrt(2 / math.pi) * debias
         mass = np.where(both, n, 0.0)
         total = mass.sum(axis=-1)
         weights = mass / total[..., None]
@@ -60,15 +64,16 @@ def _resampled(groups: tuple[np.ndarray, ...], resamples: int, rng: np.random.Ge
 
 def _cells(
     window: KindStats, reference: KindStats, resamples: int, seed: int
-) -> tuple[dict[int, float], dict[int, float], int] | str:
-    """Per depth D and its bootstrap standard error, and the fewest labels of any depth on either side; or
-    why there is nothing to compare."""
+) -> tuple[dict[int, float], dict[int, float], dict[int, float], int] | str:
+    """Per depth D, its bootstrap standard error and its first sum alone (the pass side's start), and the
+    fewest labels of any depth on either side; or why there is nothing to compare."""
     now, then = _grouped(window), _grouped(reference)
     if not len(now[0]) or not len(then[0]):
         return "no windowed labels in the window or in shadow"
     depths = min(now[0].shape[1], then[0].shape[1])
     now, then = tuple(a[:, :depths] for a in now), tuple(a[:, :depths] for a in then)
-    value = _drift(tuple(a.sum(axis=0) for a in now), tuple(a.sum(axis=0) for a in then))
+    totals = tuple(a.sum(axis=0) for a in now), tuple(a.sum(axis=0) for a in then)
+    value, plug_in = _drift(*totals), _drift(*totals, debias=False)
     rng = np.random.default_rng(seed)
     spread = _drift(_resampled(now, resamples, rng), _resampled(then, resamples, rng))
     found = [d for d in range(1, depths) if not np.isnan(value[d])]
@@ -76,7 +81,8 @@ def _cells(
         return "no bin holds windowed labels both now and in shadow"
     counts = [now[0].sum(axis=(0, 2)), then[0].sum(axis=(0, 2))]
     samples = int(min(min(c[d] for d in found) for c in counts))
-    return {d: float(value[d]) for d in found}, {d: float(np.nanstd(spread[:, d])) for d in found}, samples
+    se = {d: float(np.nanstd(spread[:, d])) for d in found}
+    return {d: float(value[d]) for d in found}, se, {d: float(plug_in[d]) for d in found}, samples
 
 
 WHAT = "windowed calibration residuals now minus shadow's, per bin"
@@ -91,8 +97,8 @@ def curve_drift(
     cells = _cells(window, reference, resamples, seed)
     if isinstance(cells, str):
         return Measurement(None, 0, why=cells)
-    gap, se, samples = cells
-    return bounded(gap, se, samples, looks, level, WHAT)
+    gap, se, plug_in, samples = cells
+    return bounded(gap, se, samples, looks, level, WHAT, high_from=plug_in)
 
 
 def worst_replica_curve_drift(
@@ -104,14 +110,15 @@ def worst_replica_curve_drift(
     Samples: the fewest of any replica judged."""
     gap: dict[tuple[str, int], float] = {}
     se: dict[tuple[str, int], float] = {}
+    plug_in: dict[tuple[str, int], float] = {}
     samples = []
     for replica, stats in replicas.items():
         cells = _cells(stats, reference, resamples, seed)
         if isinstance(cells, str):
             continue
         for d in cells[0]:
-            gap[replica, d], se[replica, d] = cells[0][d], cells[1][d]
-        samples.append(cells[2])
+            gap[replica, d], se[replica, d], plug_in[replica, d] = cells[0][d], cells[1][d], cells[2][d]
+        samples.append(cells[3])
     if not gap:
         return Measurement(None, 0, why="no replica has windowed labels to compare with shadow's")
-    return bounded(gap, se, min(samples), looks, level, WHAT, "(replica, depth) cells")
+    return bounded(gap, se, min(samples), looks, level, WHAT, "(replica, depth) cells", high_from=plug_in)

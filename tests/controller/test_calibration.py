@@ -26,6 +26,7 @@ from sparkgate.controller.calibration import (
     KindStats,
     bootstrap_ece,
     debiased_ece,
+    drift_ece,
     fine_bin,
     look_index,
     null_ece,
@@ -214,6 +215,47 @@ def test_the_debiased_gate_fails_a_calibrated_stage_no_more_often_than_its_level
     assert caught / runs >= 0.9
 
 
+@pytest.mark.parametrize("metric", ["survival_ece_debiased", "survival_ece_drift"])
+def test_a_drafter_miscalibrated_by_the_threshold_passes_no_more_often_than_its_level(metric):
+    # A gap of 0.08 in every bin against a threshold of 0.08 (for the drift: 0.08 more than a calibrated
+    # shadow's). The debiased ECE reads such a gap about a noise floor low, so a pass side built on it
+    # passed this drafter in about 0.87 of runs at 2,000 labels; the plug-in ECE reads it at least 0.08.
+    gate = Gate(metric=metric, threshold=0.08, direction="at_most")
+    rng = np.random.default_rng(11)
+
+    def calibration(n: int, gap: float) -> Calibration:
+        p = rng.uniform(0.1, 0.95, n)  # p - 0.08 stays a probability: the gap is exact in every bin
+        y = (rng.random(n) < p - gap).astype(np.int64)
+        kind = KindStats.from_rows(np.full(n, STATIC), np.ones(n, np.int64), p, y, rng.integers(0, 200, n), 1)
+        return Calibration.of(kind, 100, 0.95, int(rng.integers(1 << 30)))
+
+    reference = calibration(20000, 0.0)
+    runs = [calibration(2000, 0.08) for _ in range(120)]
+    measured = [debiased_ece(c, 1, 0.95) if metric == "survival_ece_debiased" else drift_ece(c, reference, 1, 0.95)
+                for c in runs]  # fmt: skip
+    passed = sum(judge(gate, m).outcome == "pass" for m in measured)
+    assert passed / len(runs) <= 0.025 + 0.04  # one side at α = 0.025, + sampling over 120 runs
+    assert np.mean([m.value for m in measured]) < 0.08  # while the reported value still reads the gap low
+
+
+def test_no_drift_fails_no_more_often_than_its_level_when_the_window_holds_more_labels_than_shadow():
+    # The same 0.045 gap now and in shadow, the window ten times shadow's size: shadow's debiased ECE reads
+    # the gap lower than the window's, so a fail side on the debiased difference would read a drift where
+    # none is. Where the reference is the noisier set, the fail side starts from its plug-in ECE.
+    gate = Gate(metric="survival_ece_drift", threshold=0.0, direction="at_most")  # the strictest threshold
+    rng = np.random.default_rng(12)
+
+    def calibration(n: int) -> Calibration:
+        p = rng.uniform(0.1, 0.95, n)
+        y = (rng.random(n) < p - 0.045).astype(np.int64)
+        kind = KindStats.from_rows(np.full(n, STATIC), np.ones(n, np.int64), p, y, rng.integers(0, 200, n), 1)
+        return Calibration.of(kind, 100, 0.95, int(rng.integers(1 << 30)))
+
+    measured = [drift_ece(calibration(20000), calibration(2000), 1, 0.95) for _ in range(100)]
+    assert np.mean([m.value for m in measured]) > 0.005  # the debiased difference alone reads a drift
+    assert sum(judge(gate, m).outcome == "fail" for m in measured) / len(measured) <= 0.025 + 0.04
+
+
 def test_the_look_index_counts_a_stages_intervals_until_its_cap():
     # One-minute intervals and a five-minute window: looks 1, 2, … until the thirtieth, whose share spent
     # at every look of a day adds up to the error rate (√(6/π² × 1440) = 29.6); every later look pays it.
@@ -256,16 +298,18 @@ def _calibration(rng, n: int, shift: float, depths: int = 2) -> Calibration:
 
 
 def test_the_worst_replica_gate_finds_the_one_drifting_replica_the_fleet_figure_dilutes():
-    gate = Gate(metric="survival_ece_debiased_replica", threshold=0.03, direction="at_most")
+    # 0.04: at 3,000 labels a calibrated replica's plug-in ECE (the pass side's start) is about 0.02.
+    gate = Gate(metric="survival_ece_debiased_replica", threshold=0.04, direction="at_most")
     rng = np.random.default_rng(5)
     healthy = {f"r{i}": _calibration(rng, 3000, 0.0) for i in range(3)}
     m = worst_replica_debiased_ece(healthy, 1, 0.95)
     assert judge(gate, m).outcome == "pass" and m.samples == 3000 and "6 (replica, depth) cells" in m.method
     one_off = {**healthy, "r2": _calibration(rng, 3000, 0.1)}
     assert judge(gate, worst_replica_debiased_ece(one_off, 1, 0.95)).outcome == "fail"
-    # The same drift diluted by two healthy replicas: the fleet-wide figure stays within 0.03.
+    # The same drift diluted by two healthy replicas: the fleet-wide figure stays under the threshold.
     fleet = debiased_ece(_calibration(rng, 9000, 0.1 / 3), 1, 0.95)
-    assert fleet.value < 0.04 and judge(gate, worst_replica_debiased_ece(one_off, 30, 0.95)).outcome == "fail"
+    assert fleet.value < 0.04 and judge(gate, fleet).outcome != "fail"
+    assert judge(gate, worst_replica_debiased_ece(one_off, 30, 0.95)).outcome == "fail"
     assert worst_replica_debiased_ece({}, 1, 0.95).value is None
 
 

@@ -46,7 +46,11 @@ def test_a_shifted_curve_fails_and_an_unchanged_one_passes():
     gate = Gate(metric="windowed_ece_drift", threshold=0.03, direction="at_most")
     reference = _kind(rng, 3000, _overconfident)
     same = curve_drift(_kind(rng, 20000, _overconfident), reference, 100, 1, 0.95)
-    assert judge(gate, same).outcome == "pass" and same.samples == 3000
+    # The pass side starts from the curves' distance with its noise left in, so 3,000 reference labels per
+    # depth cannot show a drift under 0.03: never a failure, and a pass once the reference is larger.
+    assert judge(gate, same).outcome == "inconclusive" and same.samples == 3000
+    larger = curve_drift(_kind(rng, 20000, _overconfident), _kind(rng, 20000, _overconfident), 100, 1, 0.95)
+    assert judge(gate, larger).outcome == "pass"
     shifted = curve_drift(_kind(rng, 20000, lambda p: _overconfident(p) - 0.08), reference, 100, 1, 0.95)
     assert judge(gate, shifted).outcome == "fail" and 0.05 < shifted.value < 0.11, shifted
     assert "per bin" in shifted.method and "worst of 3 depths" in shifted.method
@@ -70,10 +74,10 @@ def test_a_set_against_itself_reads_only_minus_its_noise(n, seed):
 def test_the_worst_replica_finds_the_one_drifting_replica_the_fleet_figure_dilutes():
     rng = np.random.default_rng(3)
     gate = Gate(metric="windowed_ece_drift_replica", threshold=0.03, direction="at_most")
-    reference = _kind(rng, 3000, _overconfident)
-    healthy = {f"r{i}": _kind(rng, 6000, _overconfident) for i in range(3)}
+    reference = _kind(rng, 30000, _overconfident)
+    healthy = {f"r{i}": _kind(rng, 30000, _overconfident) for i in range(3)}
     m = worst_replica_curve_drift(healthy, reference, 100, 1, 0.95)
-    assert judge(gate, m).outcome == "pass" and m.samples == 3000 and "9 (replica, depth) cells" in m.method
+    assert judge(gate, m).outcome == "pass" and m.samples == 30000 and "9 (replica, depth) cells" in m.method
     one_off = {**healthy, "r2": _kind(rng, 6000, lambda p: _overconfident(p) - 0.10)}
     assert judge(gate, worst_replica_curve_drift(one_off, reference, 100, 1, 0.95)).outcome == "fail"
     # The fleet's labels: the same drift diluted by the two healthy replicas' labels.
