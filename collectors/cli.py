@@ -119,7 +119,8 @@ def prune(db: str, older_than_days: float) -> None:
 @click.option(
     "--vllm-adaptive",
     is_flag=True,
-    help="The vLLM servers run adaptive verification: mark their per-position curves censored.",
+    help="The vLLM servers trim drafts after scheduling (adaptive verification, or a variable-length drafter "
+    "such as n-gram on the GPU model runner): mark their per-position curves censored.",
 )
 @click.option(
     "--vllm-responses",

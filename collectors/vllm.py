@@ -13,8 +13,11 @@ in the denominator, but a draft shorter than the deepest position never reaches
 it, so ``S_k`` is then a lower bound. That shows in the counters when dynamic
 speculation schedules fewer tokens (``draft_tokens < drafts × positions``). Adaptive
 verification trims slots *after* scheduling and counts them as rejections, which the
-counters cannot show: tell the scraper (``adaptive=True``, ``collect --vllm-adaptive``).
-Either way the curve is marked ``censored`` with the reason.
+counters cannot show, and so does the GPU model runner's draft trimmer, which is switched
+on by itself for a drafter of variable-length drafts (n-gram; ``VariableDraftTrimmer`` in
+``vllm/v1/worker/gpu/spec_decode/adaptive_verification.py`` @ 057929c3: "Trimmed slots
+surface as ordinary rejections"): tell the scraper (``adaptive=True``, ``collect
+--vllm-adaptive``). Either way the curve is marked ``censored`` with the reason.
 
 Per request (``response_curve``): a server started with
 ``--per-request-spec-decode-metrics detailed`` returns, in the top-level
@@ -116,7 +119,10 @@ def survival_curve(counters: Counters, adaptive: bool = False) -> SurvivalCurve:
     survival = [counters.per_position.get(k, 0.0) / drafts if drafts else 0.0 for k in range(depths)]
     censored = None
     if adaptive:
-        censored = "adaptive verification trims drafts after scheduling: deep positions are under-counted"
+        censored = (
+            "drafts are trimmed after scheduling (adaptive verification, variable-length drafts): "
+            "deep positions are under-counted"
+        )
     elif drafts and counters.draft_tokens < drafts * depths:
         censored = (
             f"{counters.draft_tokens:g} draft tokens over {drafts:g} drafts of up to {depths} positions: "
