@@ -67,7 +67,8 @@ def test_a_curve_whose_drafts_did_not_all_reach_the_deep_positions_is_marked_cen
     # Adaptive verification is invisible in the counters: the operator says so.
     with scripted_server("/metrics", [METRICS_1], content_type="text/plain") as url:
         curve = VLLMScraper(url, adaptive=True).scrape()
-    assert curve.censored.startswith("drafts are trimmed after scheduling") and curve.to_dict()["censored"] == curve.censored
+    assert curve.censored.startswith("drafts are trimmed after scheduling")
+    assert curve.to_dict()["censored"] == curve.censored
 
 
 # Per-request spec-decode metrics, shaped as vLLM writes them: ``PerRequestMetrics.speculative_decoding`` at the

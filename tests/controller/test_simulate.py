@@ -25,13 +25,14 @@ POLICY = {
     "consecutive_passes": 2,
     "failure_limit": 0,
     "gates": [
-        {"metric": "survival_ece_debiased", "threshold": 0.02, "direction": "at_most", "min_samples": 500},
-        {"metric": "survival_ece_debiased_replica", "threshold": 0.03, "direction": "at_most", "min_samples": 300},
+        # A pass needs the plug-in ECE's bound under the threshold: enough labels that its noise floor is small.
+        {"metric": "survival_ece_debiased", "threshold": 0.025, "direction": "at_most", "min_samples": 4000},
+        {"metric": "survival_ece_debiased_replica", "threshold": 0.035, "direction": "at_most", "min_samples": 2000},
         {"metric": "tier_miss_rate", "threshold": 0.02, "direction": "at_most", "min_samples": 100},
         {"metric": "consistency_mismatches", "threshold": 0, "direction": "at_most", "critical": True},
     ],
 }
-FLEET = Fleet(steps_per_s=1.0)
+FLEET = Fleet(steps_per_s=2.0)
 
 
 def test_a_seed_gives_the_same_rollout_every_time_in_one_process_or_in_worker_processes():
