@@ -62,7 +62,7 @@ def summarize(iterations: list[Any]) -> AcceptanceSummary:
     if not isinstance(iterations, list):
         raise ValueError(f"/metrics: expected a JSON list of iteration stats, got {type(iterations).__name__}")
     drafts = accepted = requests = 0.0
-    overheads, latencies, stamps, spec, ranks, counted = [], [], [], 0, set(), 0
+    overheads, latencies, stamps, spec, ranks = [], [], [], 0, set()
     for i, stats in enumerate(iterations):
         where = f"[{i}]"
         if not isinstance(stats, dict):
@@ -71,7 +71,6 @@ def summarize(iterations: list[Any]) -> AcceptanceSummary:
         ranks.add(rank)
         if rank != 0:
             continue
-        counted += 1
         latencies.append(_number(stats, "iterLatencyMS", where))
         if isinstance(stats.get("timestamp"), str):
             stamps.append(stats["timestamp"])
@@ -87,7 +86,7 @@ def summarize(iterations: list[Any]) -> AcceptanceSummary:
         overheads.append(_number(sd, "draftOverhead", f"{where}.specDecodingStats"))
     ordered = sorted(latencies)
     return AcceptanceSummary(
-        iterations=counted,
+        iterations=len(latencies),  # one per iteration counted
         spec_iterations=spec,
         attention_dp_ranks=len(ranks),
         first_timestamp=stamps[0] if stamps else None,

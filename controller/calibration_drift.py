@@ -34,20 +34,26 @@ from .calibration import KindStats, bounded, resample_weights, resampled_sums
 from .measurement import Measurement
 
 
-def _drift(window: tuple[np.ndarray, ...], reference: tuple[np.ndarray, ...], debias: bool = True) -> np.ndarray:
-    """D per depth over the last two axes [..., depths + 1, N_BINS] of (count, Σp, Σy) on each side (with
-    ``debias`` false, its first sum alone); NaN where no bin holds labels on both."""
+def _sums(window: tuple[np.ndarray, ...], reference: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """D's two sums per depth, Σ_b w_b |r_b − s_b| and Σ_b w_b σ_b √(2/π), over the last two axes [...,
+    depths + 1, N_BINS] of (count, Σp, Σy) on each side; NaN where no bin holds labels on both."""
     (n, sp, sy), (m, sq, sz) = window, reference
     both = (n > 0) & (m > 0)
     with np.errstate(invalid="ignore", divide="ignore"):
         p, q = np.clip(sp / n, 0, 1), np.clip(sq / m, 0, 1)
         gap = np.abs((sy - sp) / n - (sz - sq) / m)
-        noise = np.sqrt(p * (1 - p) / n + q * (1 - q) / m) * math.sqrt(2 / math.pi) * debias
+        noise = np.sqrt(p * (1 - p) / n + q * (1 - q) / m) * math.sqrt(2 / math.pi)
         mass = np.where(both, n, 0.0)
         total = mass.sum(axis=-1)
         weights = mass / total[..., None]
-        d = (np.where(both, weights * (gap - noise), 0.0)).sum(axis=-1)
-    return np.where(total > 0, d, np.nan)
+        distance, floor = ((np.where(both, weights * x, 0.0)).sum(axis=-1) for x in (gap, noise))
+    return np.where(total > 0, distance, np.nan), np.where(total > 0, floor, np.nan)
+
+
+def _drift(window: tuple[np.ndarray, ...], reference: tuple[np.ndarray, ...]) -> np.ndarray:
+    """D per depth (``_sums``: the first less the second)."""
+    distance, floor = _sums(window, reference)
+    return distance - floor
 
 
 def _grouped(stats: KindStats) -> tuple[np.ndarray, ...]:
@@ -72,8 +78,8 @@ def _cells(
         return "no windowed labels in the window or in shadow"
     depths = min(now[0].shape[1], then[0].shape[1])
     now, then = tuple(a[:, :depths] for a in now), tuple(a[:, :depths] for a in then)
-    totals = tuple(a.sum(axis=0) for a in now), tuple(a.sum(axis=0) for a in then)
-    value, plug_in = _drift(*totals), _drift(*totals, debias=False)
+    plug_in, floor = _sums(tuple(a.sum(axis=0) for a in now), tuple(a.sum(axis=0) for a in then))
+    value = plug_in - floor
     rng = np.random.default_rng(seed)
     spread = _drift(_resampled(now, resamples, rng), _resampled(then, resamples, rng))
     found = [d for d in range(1, depths) if not np.isnan(value[d])]
