@@ -354,10 +354,11 @@ def drift_ece(window: Calibration, reference: Calibration, looks: int, level: fl
 ALARM_PERIOD_S = 86400.0
 
 
-def look_index(age_s: float, interval_s: float, window_s: float) -> int:
-    """The look whose spending a stage's evaluation at ``age_s`` pays (``_bounded``): 1 + the intervals the
-    stage has lasted, capped at K, the larger of ``1 + ⌈window_s / interval_s⌉`` (the first look that
-    reads a full window) and ``⌈√(6/π² × ALARM_PERIOD_S / interval_s)⌉``.
+def look_index(look: int, interval_s: float, window_s: float) -> int:
+    """The look whose spending a stage's ``look``-th evaluation pays (``_bounded``): ``look``, capped at K,
+    the larger of ``1 + ⌈window_s / interval_s⌉`` (the first look that reads a full window) and
+    ``⌈√(6/π² × ALARM_PERIOD_S / interval_s)⌉``. The caller counts the stage's evaluations (its state's
+    ``evaluations``), not its age: a stage's first look spends the first share, however late its tick.
 
     Invariant: a calibrated fleet fails a gate at most α over the stage's first K looks (Σ 6/(π²k²) < 1)
     and at most α in any ``ALARM_PERIOD_S`` after them: each later look spends 6/(π²K²) ≤ interval_s /
@@ -367,7 +368,7 @@ def look_index(age_s: float, interval_s: float, window_s: float) -> int:
     one-minute intervals, against 4.6 for ever with the cap)."""
     per_period = 6 / math.pi**2 * ALARM_PERIOD_S / interval_s
     cap = max(1 + math.ceil(window_s / interval_s), math.ceil(math.sqrt(per_period)))
-    return max(1, min(1 + int(age_s // interval_s), cap))
+    return max(1, min(look, cap))
 
 
 def debiased_ece(calibration: Calibration, looks: int, level: float) -> Measurement:

@@ -61,7 +61,8 @@ class RolloutState:
     stage to resume). ``passes``/``failures`` count intervals since ``entered_at`` (``recent_failures`` those
     within a failure window);
     ``last_conclusive_at`` is the latest pass or fail (or entry), for the progress deadline; ``errors``
-    counts consecutive intervals whose gates could not be measured."""
+    counts consecutive intervals whose gates could not be measured; ``evaluations`` counts the stage's
+    intervals decided so far, whatever their outcome (the next one is its look ``evaluations + 1``)."""
 
     revision: int
     phase: str
@@ -72,6 +73,7 @@ class RolloutState:
     failed_at: tuple[float, ...] = ()  # when the stage's failed intervals were decided
     last_conclusive_at: float = 0.0
     errors: int = 0  # consecutive error intervals
+    evaluations: int = 0
     # Per gate that has decided in the stage: (name, consecutive passes, when its failed intervals were decided).
     gate_streaks: tuple[tuple[str, int, tuple[float, ...]], ...] = ()
     contract: str | None = None
@@ -377,6 +379,7 @@ def apply(state: RolloutState | None, decision: Decision) -> RolloutState:
         passes=state.passes + 1 if decision.outcome == Outcome.PASS else 0,
         failed_at=state.failed_at + ((decision.decided_at,) if decision.outcome == Outcome.FAIL else ()),
         errors=state.errors + 1 if decision.outcome == Outcome.ERROR else 0,
+        evaluations=state.evaluations + 1,
         gate_streaks=_streaks(state, decision.reasons, decision.decided_at),
         last_conclusive_at=decision.decided_at if conclusive else state.last_conclusive_at,
         contract=decision.contract,

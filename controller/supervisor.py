@@ -212,7 +212,7 @@ class Controller:
         if phase == "baseline":
             steps = sum(evaluation.baseline.column("steps").to_pylist()) if evaluation.baseline is not None else 0
             return [judge_baseline(self.policy, steps, stale)]
-        looks = look_index(now - state.entered_at, self.policy.evaluation_interval_s, self.lookback_s)
+        looks = look_index(state.evaluations + 1, self.policy.evaluation_interval_s, self.lookback_s)
         measured = evaluation.measurements(phase, looks)
         windowed = set(measured)
         # Comparisons read the pairs of the stage's last comparison.window_s, far longer than the other gates'

@@ -51,7 +51,9 @@ def median_interval(d: np.ndarray, level: float) -> tuple[float | None, float | 
 
 
 # Up to this many values the signed-rank critical value comes from its exact null distribution; above it,
-# from the normal approximation (with a continuity correction), which is within one rank of it there.
+# from the normal approximation (with a continuity correction). Against the exact distribution, for 81 to
+# 1,000 values: at alpha 0.01 it is 4 to 11 ranks wider (on the safe side, under 0.4% of the rank); each
+# tail's exact probability is at most 1.002 times alpha / 2 at alpha 0.1 and 1.005 times at 0.2.
 SIGNED_RANK_EXACT_UP_TO = 80
 # Above this many values the Walsh averages (n(n+1)/2 of them) would cost more memory than the interval is
 # worth: the sign test's interval is used instead (still distribution-free, only wider).

@@ -239,6 +239,20 @@ def test_restart_mid_canary_resumes_phase_revision_and_counters(tmp_path):
         assert resumed.state.revision == before.revision + 1
 
 
+def test_a_stage_counts_its_evaluations_whatever_their_outcome_from_zero_at_entry(script):
+    # The calibration gates' look index is this count plus one: the stage's first evaluation pays the
+    # first look's share, however late its tick, and a restart replays the count from the ledger.
+    script.climb_to("shadow")
+    assert script.state.evaluations == 0
+    script.now += 100  # a late tick (inside the progress deadline) is still the stage's first look
+    script.interval(good(survival_ece=Measurement(0.01, 10)))  # inconclusive
+    script.interval(stale="no steps")
+    assert script.state.evaluations == 2 and script.state.phase == "shadow"
+    assert ledger.load_state(script.store, POLICY).evaluations == 2
+    script.act("pause")
+    assert script.state.evaluations == 0
+
+
 def test_pause_holds_the_stage_and_resume_returns_to_it(script):
     script.climb_to("canary", 0.5)
     paused = script.act("pause")

@@ -178,6 +178,21 @@ def test_a_drift_gate_reads_the_shadow_reference_of_the_judged_contract(store, m
     assert metric != "survival_ece_drift" or verdict["outcome"] == "pass"
 
 
+def test_a_stages_calibration_bounds_spend_the_share_of_its_evaluation_not_of_its_age(store):
+    policy = parse_rollout_policy(
+        {"gates": [{"metric": "survival_ece_debiased", "threshold": 0.05, "direction": "at_most"}]}
+    )
+    ctl = controller(store, policy, now=T0)
+    ctl.act("promote", "ops")  # shadow, entered at T0
+    ingest_synthetic(store, 200, T0 + 1, phase="shadow", batch=16)
+    looks = []
+    for late in (1.5, 2.5):  # each tick later than one interval after the last
+        ctl.clock = lambda late=late: T0 + late * policy.evaluation_interval_s
+        (verdict,) = ctl.tick().reasons[1:]
+        looks.append(verdict["method"].split("(look ")[1].split(")")[0])
+    assert looks == ["1", "2"]
+
+
 def test_a_collector_that_cannot_read_its_source_is_an_error_with_its_own_limit(store):
     from sparkgate.controller.collector_health import CollectorHealth
     from sparkgate.controller.commands import poll_forever

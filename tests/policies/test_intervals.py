@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkgate.policies.intervals import median_interval, rank_sum_interval, sign_interval, signed_rank_interval
+from sparkgate.policies.intervals import (
+    SIGNED_RANK_EXACT_UP_TO,
+    _signed_rank_k,
+    median_interval,
+    rank_sum_interval,
+    sign_interval,
+    signed_rank_interval,
+)
 
 
 @settings(max_examples=30, deadline=None)
@@ -45,6 +52,20 @@ def test_the_signed_rank_interval_covers_a_symmetric_center_at_least_at_its_leve
             continue
         covered += low <= 0.3 <= high
     assert opened == 0 and covered / runs >= 0.9 - 0.025  # exact coverage >= 0.9, sampling error of 1,000
+
+
+@pytest.mark.parametrize("n", [SIGNED_RANK_EXACT_UP_TO + 1, 120, 200])
+def test_past_the_exact_range_the_signed_rank_rank_keeps_each_tail_within_its_share(n):
+    # The exact null distribution of T+ (its generating function), against the normal approximation's rank.
+    counts = np.zeros(n * (n + 1) // 2 + 1)
+    counts[0] = 1.0
+    for i in range(1, n + 1):
+        counts[i:] = counts[i:] + counts[: len(counts) - i]
+    tail = np.cumsum(counts) / 2.0**n
+    for alpha in (0.01, 0.05, 0.1, 0.2):
+        k = _signed_rank_k(n, alpha)
+        assert k >= 1 and tail[k - 1] <= alpha / 2 * 1.005  # P(T+ <= k - 1): the interval's miss per tail
+        assert tail[k] > alpha / 2 * 0.95  # and not needlessly wide: one rank more already spends about it
 
 
 def test_the_signed_rank_interval_is_narrower_than_the_sign_tests_on_normal_pairs():
