@@ -40,6 +40,14 @@ dspark_observability.py``): records are msgspec structs dumped with
   accepts it; records the server writes between the read and the clear are lost,
   one round trip's worth, which is the price of not re-reading the buffer.
 
+- Ranks: SGLang lists ``internal_states`` in the order its DP ranks' replies
+  arrive (``tokenizer_communicator_mixin.py``'s ``handle_recv`` appends them),
+  and no element names its rank. An element's rank is the ``dp_rank`` its
+  ``dspark_info_record`` (or the element) carries; a lone element is rank 0.
+  A reply with several ranks' records and no ``dp_rank`` cannot be attributed:
+  nothing of it is ingested or cleared, and the poll fails with that reason
+  (the controller counts it as a collector error), since a list position
+  would file one rank's records, cursors and pool slots under another's.
 - De-duplication: per (server, rank) the highest ``forward_ct`` taken is kept;
   a poll takes only records above it, so an unchanged buffer adds nothing and a
   cleared buffer (no records) is harmless.
@@ -49,11 +57,11 @@ dspark_observability.py``): records are msgspec structs dumped with
   between two polls cannot be told apart from progress.
 - Resuming: the poller starts from the highest stored step_id per replica, so
   restarting the poller does not re-ingest the server's buffer.
-- Absent fields (-1 or null): timings become 0; a missing confidence or survival
-  is derived from the other (c_k = S_k / S_{k-1}, S_k = Π c_i); without a graph
-  key the step counts as a hit at its exact row count; token ids not reported
-  are -1. What stays inconsistent (e.g. cap-accept without cap_trim) is
-  quarantined by validation like any other record.
+- Absent fields (-1 or null): timings become 0; without a graph key the step
+  counts as a hit at its exact row count; token ids not reported are -1. A req
+  without ``confidence`` and ``survival`` (the server dumps both or neither) is
+  quarantined for them, as is what stays inconsistent (e.g. a negative cap_trim),
+  by validation like any other record.
 """
 
 from __future__ import annotations
@@ -95,18 +103,6 @@ def _present(value):
     return None if value is None or value == -1 else value
 
 
-def _probabilities(req: dict) -> tuple[list[float] | None, list[float] | None]:
-    confidence, survival = _present(req.get("confidence")), _present(req.get("survival"))
-    if confidence is None and survival:
-        confidence = [s / prev if prev else 0.0 for s, prev in zip(survival, [1.0] + survival[:-1])]
-    if survival is None and confidence:
-        survival, running = [], 1.0
-        for c in confidence:
-            running *= c
-            survival.append(running)
-    return confidence, survival
-
-
 def convert_request(
     req: dict, gamma: int | None, sglang_mode: str | None, request_id: str, greedy: bool = False
 ) -> dict:
@@ -130,7 +126,7 @@ def convert_request(
         if drafts is not None and bonus is not None and accepted is not None
         else [-1] * committed
     )
-    confidence, survival = _probabilities(req)
+    confidence, survival = _present(req.get("confidence")), _present(req.get("survival"))
     return {
         "request_id": request_id,
         "mode": mode,
@@ -253,6 +249,34 @@ def _anonymous_ids(reqs: list[dict], slots: dict[int, tuple[int, int]]) -> list[
     return ids
 
 
+def dp_ranks(states: list[dict]) -> list[int | None]:
+    """The DP rank of each ``internal_states`` element (None: it carries no records, so needs none).
+
+    Raises ``ValueError`` naming the element when a rank cannot be told: several elements carry records and
+    one names no ``dp_rank`` (SGLang lists the replies in arrival order), a ``dp_rank`` is not a
+    non-negative integer, or two elements name the same rank."""
+    ranks: list[int | None] = []
+    for i, state in enumerate(states):
+        info = state.get("dspark_info_record") or {}
+        rank = info.get("dp_rank", state.get("dp_rank"))
+        if not info.get("records"):
+            ranks.append(None)
+            continue
+        if rank is None:
+            if len(states) > 1:
+                raise ValueError(
+                    f"internal_states[{i}]: {len(states)} DP ranks and this one names no dp_rank; SGLang lists "
+                    "them in the order their replies arrive, so its records cannot be attributed (none ingested)"
+                )
+            rank = 0
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise ValueError(f"internal_states[{i}].dp_rank: {rank!r} is not a non-negative integer")
+        if rank in ranks:
+            raise ValueError(f"internal_states[{i}].dp_rank: rank {rank} appears twice")
+        ranks.append(rank)
+    return ranks
+
+
 class SGLangPoller:
     """Polls one server; ``poll_once`` commits the new records of every DP rank as one batch."""
 
@@ -317,16 +341,18 @@ class SGLangPoller:
         """Fetch the server's records and commit what is new; None when nothing was new.
 
         Cursors move only after the commit, so a failed commit is retried by the next poll; the server's
-        buffer is cleared only after a commit.
+        buffer is cleared only after a commit. Raises ``ValueError`` when the reply's DP ranks cannot be told
+        apart (``dp_ranks``), with nothing ingested or cleared.
         """
         now = time.time()
         steps: list[dict] = []
         cursors: dict[int, _Cursor] = {}
         synthetic: dict[int, list[Problem]] = {}
         server = self._server_info()
-        for rank, state in enumerate(server.get("internal_states") or []):
-            info = (state or {}).get("dspark_info_record")
-            if info:
+        states = [state or {} for state in server.get("internal_states") or []]
+        for rank, state in zip(dp_ranks(states), states):
+            if rank is not None:
+                info = state["dspark_info_record"]
                 new, cursors[rank] = self._new_records(rank, info, now, server)
                 fake = info.get("simulate_acc_len")
                 if fake is not None and new:

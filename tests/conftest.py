@@ -206,7 +206,9 @@ def record(ct, mode, reqs, graph_key=32, **extra):
     return omit_defaults(base, RECORD_DEFAULTS)
 
 
-def server_info(*ranks, mode="compact", simulate_acc_len=None):
+def server_info(*ranks, mode="compact", simulate_acc_len=None, rank_key=False):
+    """A /server_info reply with one ``internal_states`` element per DP rank, in rank order; ``rank_key``:
+    each ``dspark_info_record`` names its ``dp_rank`` (no upstream release does: a lone rank needs none)."""
     return {
         "internal_states": [
             {
@@ -217,9 +219,10 @@ def server_info(*ranks, mode="compact", simulate_acc_len=None):
                     "components": ["core", "reqs"],
                     "records": records,
                     "simulate_acc_len": simulate_acc_len,
+                    **({"dp_rank": rank} if rank_key else {}),
                 }
             }
-            for records in ranks
+            for rank, records in enumerate(ranks)
         ]
     }
 

@@ -12,7 +12,12 @@ Read from sgl-project/sglang:
   ``verify_tokens_graph_key`` are both the padded graph tier.
 - ``python/sglang/srt/managers/tokenizer_communicator_mixin.py`` @
   40ef116f011cf1599811af1089ddf00971092bcf: ``set_internal_state`` answers
-  ``[res.updated for res in responses]``, one boolean per DP rank.
+  ``[res.updated for res in responses]``, one boolean per DP rank; ``get_internal_state`` returns
+  ``[res.internal_state for res in responses]``, and ``_Communicator.handle_recv`` appends each reply as it
+  arrives, so the list is in arrival order, not rank order (each DP rank's scheduler pushes its reply on
+  its own socket). No element names its rank: ``GetInternalStateReqOutput`` carries ``internal_state``
+  alone, and ``dump()`` above has no rank field. ``arrival`` reorders the ranks per reply; ``rank_key``
+  models a build whose ``dspark_info_record`` names its ``dp_rank`` (no upstream release does).
 - ``python/sglang/srt/managers/scheduler_components/internal_state.py`` @
   2784deeea9dab0f20bcaaf1561734fbdfd7e1774: the accepted keys; any other key refuses the whole request
   (``updated=False``); ``dspark_force_budget_frac`` must be in (0, 1] or null; a truthy
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -89,8 +94,12 @@ class Server:
     as upstream does. ``refuse`` lists server-args keys this build rejects (an older release)."""
 
     def __init__(self, ranks: int = 1, gamma: int = 4, mode: str = "compact", simulate_acc_len: float | None = None,
-                 info_path: str = "/server_info", refuse: frozenset[str] = frozenset()):  # fmt: skip
+                 info_path: str = "/server_info", refuse: frozenset[str] = frozenset(), rank_key: bool = False,
+                 arrival: Callable[[int], list[int]] | None = None):  # fmt: skip
         self.buffers: list[list[dict]] = [[] for _ in range(ranks)]
+        # The order of the ranks' replies in the n-th /server_info answer (default: rank order).
+        self.arrival = arrival or (lambda n: list(range(ranks)))
+        self.rank_key, self.replies = rank_key, 0
         self.gamma, self.mode, self.simulate_acc_len = gamma, mode, simulate_acc_len
         self.info_path, self.refuse = info_path, refuse
         self.server_args: dict[str, Any] = {}
@@ -106,7 +115,9 @@ class Server:
         with self.lock:
             info = {"mode": self.mode, "gamma": self.gamma, "verify_num_draft_tokens": self.gamma + 1,
                     "components": ["core", "reqs"], "simulate_acc_len": self.simulate_acc_len}  # fmt: skip
-            states = [{"dspark_info_record": {**info, "records": list(buffer)}} for buffer in self.buffers]
+            order, self.replies = self.arrival(self.replies), self.replies + 1
+            states = [{"dspark_info_record": {**info, "records": list(self.buffers[r]),
+                                              **({"dp_rank": r} if self.rank_key else {})}} for r in order]  # fmt: skip
             launch = dict(self.launch_args)
         return {**launch, "internal_states": states, "version": "0.5.0"}
 

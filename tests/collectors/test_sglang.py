@@ -7,40 +7,37 @@ import pytest
 
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.schema import CALIBRATED_AT_SOURCE, TIER_UNREPORTED
-from sparkgate.collectors.sglang import CLEAR_KEY, EPOCH_SHIFT, SGLangPoller
+from sparkgate.collectors.sglang import CLEAR_KEY, EPOCH_SHIFT, SGLangPoller, dp_ranks
 from sparkgate.controller.evaluate import evaluate
 from tests.collectors.loopback import scripted_server
 from tests.collectors.sglang_stand_in import Server, running
 from tests.conftest import R1, R2, record, req, server_info
 
-# Absent fields: no confidence (derived from survival), no tokens, no timings, no graph key.
-R3 = record(
-    3,
-    "compact",
-    [req("d", 4, 1, confidence=None, draft_tokens=None, bonus_token=-1)],
-    graph_key=-1,
-    step_gpu_ms=-1,
-    step_cpu_ms=None,
-    draft_gpu_ms=None,
-)
-R4_BAD = record(4, "cap-accept", [req("e", 3, 2, cap_trim=-1)])  # cap-accept without cap_trim
+# Absent fields, as a server writes them (omit_defaults): no graph key, no timings. A ReqDetail's fields but
+# rid, confidence and survival are required; the last two are dumped together or not at all.
+R3 = record(3, "compact", [req("d", 4, 1)], graph_key=-1, step_gpu_ms=None, step_cpu_ms=None, draft_gpu_ms=None,
+            target_verify_gpu_ms=None)  # fmt: skip
+NO_CONFIDENCE = record(12, "static", [req("z", 5, 1, confidence=None, survival=None)])
+# Bad input no SGLang build writes (its cap_trim is a required int, 0 or more): quarantined with the field named.
+R4_BAD = record(4, "cap-accept", [req("e", 3, 2, cap_trim=-1)])
 
 
 def test_poller_dedups_survives_clear_and_restart(store):
     polls = [
-        server_info([R1, R2], []),
-        server_info([R1, R2, R3], [record(10, "static", [req("x", 5, 4)])]),
-        server_info([], []),  # buffer cleared
-        server_info([R1], [record(11, "static", [req("y", 5, 0)])]),  # rank 0 restarted
-        server_info([R1, R4_BAD], []),
+        server_info([R1, R2], [], rank_key=True),
+        server_info([R1, R2, R3], [record(10, "static", [req("x", 5, 4)])], rank_key=True),
+        server_info([], [], rank_key=True),  # buffer cleared
+        server_info([R1], [record(11, "static", [req("y", 5, 0)])], rank_key=True),  # rank 0 restarted
+        server_info([R1, R4_BAD], [NO_CONFIDENCE], rank_key=True),
     ]
     ingestor = Ingestor(store)
     with scripted_server("/server_info", polls) as url:
         poller = SGLangPoller(url, ingestor, name="sg", clear_buffer=False)
         results = [poller.poll_once() for _ in polls]
     assert [r.steps if r else None for r in results] == [2, 2, None, 2, 0]
-    assert results[4].quarantined == 1
-    assert results[4].prepared.quarantined[0].problems[0].field == "requests[0].full_accept"
+    assert results[4].quarantined == 2
+    problems = [[p.field for p in q.problems] for q in results[4].prepared.quarantined]
+    assert problems == [["requests[0].full_accept"], ["requests[0].confidence", "requests[0].survival"]]
     assert poller.restarts == 1
     steps = store.query("SELECT replica_id, step_id FROM steps ORDER BY replica_id, step_id").to_pylist()
     assert [(s["replica_id"], s["step_id"]) for s in steps] == [
@@ -61,8 +58,7 @@ def test_poller_dedups_survives_clear_and_restart(store):
     assert (rows["b"]["window"], rows["b"]["full_accept"]) == (2, None)  # compact, censored
     assert (rows["c"]["mode"], rows["c"]["full_accept"], rows["c"]["cap_trim"]) == ("cap_accept", 3, 2)
     assert rows["a"]["committed_tokens"] == [1, 7]  # step 2's row for "a": one accepted draft + bonus
-    assert rows["d"]["committed_tokens"] == [-1, -1]
-    assert rows["d"]["confidence"] == pytest.approx([0.9, 0.8, 0.7, 0.6])
+    assert rows["d"]["committed_tokens"] == [1, 7]
     step3 = store.query("SELECT tier_rows, verify_rows, step_ms FROM steps WHERE step_id = 3").to_pylist()[0]
     assert step3 == {"tier_rows": 4, "verify_rows": 4, "step_ms": 0.0}
 
@@ -149,7 +145,7 @@ def test_synthetic_acceptance_is_quarantined_with_its_reason(store):
 
 
 def test_the_buffer_is_cleared_after_each_commit_and_new_records_still_flow(store):
-    server = Server(ranks=2)
+    server = Server(ranks=2, rank_key=True)
     server.push(0, R1)
     server.push(1, record(7, "compact", [req("x", 5, 4)]))
     with running(server) as url:
@@ -160,6 +156,50 @@ def test_the_buffer_is_cleared_after_each_commit_and_new_records_still_flow(stor
         server.push(0, R2)
         assert poller.poll_once().steps == 1
     assert len(server.posted) == 2 and poller.restarts == 0
+
+
+def test_dp_ranks_are_told_by_the_rank_they_name_not_by_their_place_in_the_reply(store):
+    # SGLang lists the ranks' replies as they arrive: here reversed on every other poll. Rank 0 counts from
+    # 1000 and rank 1 from 10, both anonymous requests in pool slot 0 at their own prefixes.
+    def anonymous(prefix, correct):
+        return req(None, 3, correct, req_pool_index=0, prefix_len=prefix)
+
+    server = Server(ranks=2, rank_key=True, arrival=lambda n: [1, 0] if n % 2 else [0, 1])
+    with running(server) as url:
+        poller = SGLangPoller(url, Ingestor(store), name="sg")
+        for k in range(4):
+            server.push(0, record(1000 + k, "compact", [anonymous(10 + 2 * k, 1)]))
+            server.push(1, record(10 + k, "compact", [anonymous(500 + 3 * k, 2)]))
+            assert poller.poll_once().steps == 2
+    assert poller.restarts == 0
+    rows = store.query("SELECT replica_id, step_id, request_id FROM requests ORDER BY ALL").to_pylist()
+    assert [(r["replica_id"], r["step_id"]) for r in rows] == [("sg/dp0", 1000 + k) for k in range(4)] + [
+        ("sg/dp1", 10 + k) for k in range(4)
+    ]
+    assert {r["request_id"] for r in rows} == {"~pool0.1"}  # each rank's slot held one request throughout
+
+
+def test_ranks_that_cannot_be_told_apart_are_refused_with_nothing_ingested_or_cleared(store):
+    # As every SGLang release answers a server with two DP ranks: no element says which rank it is.
+    server = Server(ranks=2)
+    server.push(0, R1)
+    server.push(1, record(7, "compact", [req("x", 5, 4)]))
+    with running(server) as url:
+        poller = SGLangPoller(url, Ingestor(store), name="sg")
+        with pytest.raises(ValueError, match=r"internal_states\[0\].*names no dp_rank.*arrive"):
+            poller.poll_once()
+    assert store.counts()["steps"] == 0 and server.posted == [] and server.buffers[0] == [R1]
+
+    # A lone rank needs no name, nor does one without records; a named rank must be a non-negative integer,
+    # and named once.
+    def element(**key):
+        return {"dspark_info_record": {"records": [R1], **key}}
+
+    assert dp_ranks([element()]) == [0]
+    assert dp_ranks([{}, {"dspark_info_record": {"records": []}}, element(dp_rank=2)]) == [None, None, 2]
+    for bad, message in ((["1", 0], r"\[0\]\.dp_rank: '1'"), ([0, 0], r"\[1\]\.dp_rank: rank 0 appears twice")):
+        with pytest.raises(ValueError, match=message):
+            dp_ranks([element(dp_rank=r) for r in bad])
 
 
 def test_a_server_that_refuses_the_clear_is_read_whole_from_then_on(store):

@@ -14,7 +14,7 @@ from tests.conftest import R1, R2, T0, ingest_synthetic
 def test_each_source_states_the_gates_it_feeds_and_those_it_cannot(store):
     assert sources(store, Window(), Slice()) == []
     ingest_synthetic(store, 10, T0, replica="own")
-    server = Server(ranks=2)
+    server = Server(ranks=2, rank_key=True)
     server.push(0, R1)
     server.push(1, R2)
     with running(server) as url:
