@@ -7,41 +7,42 @@ import json
 import math
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from sparkgate.collectors.vllm import VLLMScraper, parse_counters, read_responses, response_curve, survival_curve
 from tests.collectors.loopback import scripted_server
 
-METRICS_1 = """# TYPE vllm:spec_decode_num_drafts counter
-vllm:spec_decode_num_drafts_total{model_name="m"} 100
-# TYPE vllm:spec_decode_num_draft_tokens counter
-vllm:spec_decode_num_draft_tokens_total{model_name="m"} 300
-# TYPE vllm:spec_decode_num_accepted_tokens counter
-vllm:spec_decode_num_accepted_tokens_total{model_name="m"} 150
-# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter
-vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="0"} 80
-vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="1"} 50
-vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="2"} 20
-"""
+
+def exposition(drafts, draft_tokens, accepted, per_position, engines=1) -> str:
+    """/metrics as vLLM writes its spec-decode counters, each engine adding the same counts: families and
+    labels of ``SpecDecodingProm`` (vllm-project/vllm ``vllm/v1/spec_decode/metrics.py`` @ ee4ceaae), label
+    names ``["model_name", "engine"]`` with one value set per engine index (``PrometheusStatLogger``,
+    ``vllm/v1/metrics/loggers.py`` @ a6f0308c), rendered by prometheus_client (``_total`` and ``_created``)."""
+    registry, labels = CollectorRegistry(), ["model_name", "engine"]
+    families = {
+        "vllm:spec_decode_num_drafts": drafts,
+        "vllm:spec_decode_num_draft_tokens": draft_tokens,
+        "vllm:spec_decode_num_accepted_tokens": accepted,
+    }
+    per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "per position", labels + ["position"],
+                      registry=registry)  # fmt: skip
+    for name, value in families.items():
+        counter = Counter(name, name, labels, registry=registry)
+        for engine in range(engines):
+            counter.labels("m", str(engine)).inc(value)
+    for engine in range(engines):
+        for pos, value in enumerate(per_position):
+            per_pos.labels("m", str(engine), str(pos)).inc(value)
+    return generate_latest(registry).decode()
+
+
+METRICS_1 = exposition(100, 300, 150, [80, 50, 20])
 
 
 def test_vllm_counters_to_survival_curve_with_intervals_and_reset():
     assert survival_curve(parse_counters(METRICS_1)).survival == [0.8, 0.5, 0.2]
-    later = (
-        METRICS_1.replace(" 100\n", " 200\n")
-        .replace(" 300\n", " 600\n")
-        .replace(" 150\n", " 240\n")
-        .replace('"0"} 80', '"0"} 150')
-        .replace('"1"} 50', '"1"} 80')
-        .replace('"2"} 20', '"2"} 30')
-    )
-    restarted = (
-        METRICS_1.replace(" 100\n", " 10\n")
-        .replace(" 300\n", " 30\n")
-        .replace(" 150\n", " 15\n")
-        .replace('"0"} 80', '"0"} 8')
-        .replace('"1"} 50', '"1"} 5')
-        .replace('"2"} 20', '"2"} 2')
-    )
+    later = exposition(200, 600, 240, [150, 80, 30])
+    restarted = exposition(10, 30, 15, [8, 5, 2])
     with scripted_server("/metrics", [METRICS_1, later, restarted], content_type="text/plain") as url:
         scraper = VLLMScraper(url)
         first, second, third = scraper.scrape(), scraper.scrape(), scraper.scrape()
@@ -51,13 +52,20 @@ def test_vllm_counters_to_survival_curve_with_intervals_and_reset():
     assert third.drafts == 10 and third.survival == pytest.approx([0.8, 0.5, 0.2])
 
 
+def test_the_engines_of_a_data_parallel_server_add_up_and_created_series_are_not_counts():
+    one, two = parse_counters(METRICS_1), parse_counters(exposition(100, 300, 150, [80, 50, 20], engines=2))
+    assert "_created" in METRICS_1 and 'engine="0"' in METRICS_1
+    assert (two.drafts, two.accepted) == (2 * one.drafts, 2 * one.accepted)
+    assert survival_curve(two).survival == survival_curve(one).survival == [0.8, 0.5, 0.2]
+
+
 # vllm-project/vllm vllm/v1/core/sched/scheduler.py @ 00024d314514900f361ad072af6931e403b7f589: one draft per
 # request per step, num_draft_tokens = len(scheduled_spec_token_ids), so a request scheduled fewer tokens adds
 # fewer; vllm/v1/spec_decode/metrics.py @ ee4ceaae5953d367d8edd2132fd86d6c42506e1e: accepted_per_pos[i] += 1
 # for i < num_accepted, every draft counts in num_drafts. vllm/v1/worker/gpu/spec_decode/adaptive_verification.py
 # @ 057929c3632766486896597cf27e1425fd838e63: adaptive verification keeps scheduling the full length and counts
 # trimmed slots as rejections.
-SHORT_DRAFTS = METRICS_1.replace(" 300\n", " 240\n")  # 100 drafts of up to 3 positions, 240 tokens scheduled
+SHORT_DRAFTS = exposition(100, 240, 150, [80, 50, 20])  # 100 drafts of up to 3 positions, 240 tokens scheduled
 
 
 def test_a_curve_whose_drafts_did_not_all_reach_the_deep_positions_is_marked_censored():
