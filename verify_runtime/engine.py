@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sparkgate.collectors.request_records import RequestRecord
-from sparkgate.collectors.schema import RequestRow, StepRecord
+from sparkgate.collectors.schema import StepRecord
 from sparkgate.policies.contract import Contract, hardware_text
 from sparkgate.policies.cost_profile import hardware_fingerprint
 from sparkgate.policies.window import FixedWindow, WindowContext, WindowPolicy
@@ -27,9 +27,10 @@ from .acceptance import AcceptInput, accept, draft_accepts, next_accept_prob
 from .drafters import DraftContext, Drafter, temperature_probs
 from .kv_cache import KVCache
 from .model import EOS, Transformer, model_version
-from .modes import labels, mode_codes, verify_plan
+from .modes import mode_codes, verify_plan
 from .request_log import request_record
 from .rng import ACCEPT, SAMPLE, uniform
+from .step_log import StepCosts, StepOutcome, request_rows, step_record
 from .tiers import TierGrid
 from .timing import StageClock
 from .verify import TargetRunner
@@ -312,77 +313,36 @@ class Engine:
         drafts = draft.tokens.tolist()
         clock.mark()
 
-        rows = []
-        committed_at = time.time()
-        suggested, windows = decision.windows.tolist(), limit.tolist()
-        conf_rows, surv_rows = confidence.tolist(), survival.tolist()
+        committed_at, starts, committed = time.time(), [], []
         for i, r in enumerate(reqs):
-            committed = drafts[i][: accepted[i]] + [nxt[i]]
-            position = len(r.history)  # where draft 1 and the first committed token go
+            starts.append(len(r.history))  # where draft 1 and the first committed token go
+            committed.append(drafts[i][: accepted[i]] + [nxt[i]])
             self.cache.commit(r.slot, accepted[i] + 1)
             self._keep_hidden(r, out.hidden[i, : accepted[i] + 1])
-            r.history.extend(committed)
-            r.output.extend(committed)
+            r.history.extend(committed[i])
+            r.output.extend(committed[i])
             r.commit_ts.append(committed_at)
             r.commit_len.append(len(r.output))
             r.first_mode = r.first_mode or modes[i]
             r.spans_epochs = r.spans_epochs or r.epoch != self.config.epoch
-            window, full_accept, cap_trim = labels(modes[i], windows[i], accepted[i], full[i], gamma)
-            rows.append(
-                RequestRow(
-                    request_id=r.request_id,
-                    mode=modes[i],
-                    task=r.task,
-                    temperature=r.temperature,
-                    window_suggested=suggested[i],
-                    window=window,
-                    accepted=accepted[i],
-                    full_accept=full_accept,
-                    cap_trim=cap_trim,
-                    confidence=conf_rows[i],
-                    survival=surv_rows[i],
-                    committed_tokens=committed,
-                    draft_tokens=drafts[i],
-                    position=position,
-                    next_accept_prob=next_prob[i] if full_accept is None else None,
-                )
-            )
+        outcome = StepOutcome(modes, decision.windows.tolist(), limit.tolist(), accepted, full, committed, drafts,
+                              starts, confidence.tolist(), survival.tolist(), next_prob)  # fmt: skip
+        rows = request_rows(reqs, outcome, gamma)
         self._retire()
         clock.mark()
 
-        draft_ms, schedule_ms, verify_ms, accept_ms, commit_ms = clock.durations_ms()
         predict = getattr(self.policy, "table_step_ms", None)  # only a cost-aware policy serves a table
-        record = StepRecord(
-            replica_id=self.config.replica_id,
-            step_id=self.step_id,
-            ts=time.time(),
-            batch_size=len(reqs),
-            gamma=gamma,
-            verify_rows=sum(lens),
-            tier_rows=out.tier.tier_rows,
-            tier=out.tier.tier,
-            graph_hit=out.tier.graph_hit,
-            miss_reason=out.tier.miss_reason,
-            draft_ms=draft_ms,
-            schedule_ms=schedule_ms,
-            verify_ms=verify_ms,
-            accept_ms=accept_ms + commit_ms,
-            step_ms=draft_ms + schedule_ms + verify_ms + accept_ms + commit_ms,
+        costs = StepCosts(
+            stage_ms=clock.durations_ms(),
+            lens=lens,
+            tier=out.tier,
+            host_syncs=syncs if dev.type == "cuda" else 0,
+            cpu_ms=(time.process_time() - cpu_start) * 1000,
             predicted_step_ms=_as_float(decision.predicted_step_ms),
             table_step_ms=None if predict is None else predict(len(reqs), sum(lens)),
-            host_syncs=syncs if dev.type == "cuda" else 0,
-            phase=self.config.phase,
-            policy_revision=self.config.policy_revision,
-            model_version=self.model_version,
-            drafter_version=self.drafter.version,
-            sts_version=self.config.sts_version,
-            cost_table_version=self.config.cost_table_version,
-            requests=rows,
-            contract=self.contract_fingerprint(),
-            epoch=self.config.epoch,
-            arm=self.config.arm,
-            step_cpu_ms=(time.process_time() - cpu_start) * 1000,
         )
+        versions = (self.model_version, self.drafter.version)
+        record = step_record(self.config, self.step_id, time.time(), costs, rows, versions, self.contract_fingerprint())
         self.step_id += 1
         if self.sink is not None:
             self.sink(record)
