@@ -21,7 +21,7 @@ about |δ| once σ_b ≪ |δ|. Its standard error comes from resampling both sid
 
 The noise term is exact only where r_b − s_b has mean zero: a real shift hides most of the noise, so D
 reads a drift low, as the debiased ECE reads a gap low. The fail side is bounded from D; the pass side
-from the first sum alone (at least the shift in expectation), as ``calibration.debiased_ece`` does.
+from the first sum alone (at least the shift in expectation), as ``calibration_gates.debiased_ece`` does.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ import math
 
 import numpy as np
 
-from .calibration import KindStats, bounded, resample_weights, resampled_sums
+from .calibration import KindStats, resample_weights, resampled_sums
+from .calibration_gates import bounded
 from .measurement import Measurement
 
 

@@ -30,15 +30,9 @@ from sparkgate.policies.gate import ESTIMATED_SUFFIX
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES, CheckKind
 
 from . import queries
-from .calibration import (
-    Calibration,
-    KindStats,
-    debiased_ece,
-    drift_ece,
-    null_ece,
-    worst_replica_debiased_ece,
-)
+from .calibration import Calibration, KindStats, null_ece
 from .calibration_drift import curve_drift, worst_replica_curve_drift
+from .calibration_gates import debiased_ece, drift_ece, worst_replica_debiased_ece
 from .compact_calibration import compact_ece
 from .measurement import Measurement
 from .queries import Slice, Window

@@ -40,7 +40,7 @@ from sparkgate.policies.vocabulary import (
 )
 
 from . import contract, ledger, lookback, promql, rollout
-from .calibration import look_index
+from .calibration_gates import look_index
 from .comparison import Design, Epochs, Groups, comparisons, reference_window, window_start
 from .evaluate import evaluate, optional_reads
 from .exporter import ControllerMetrics

@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkgate.collectors.schema import MODES
-from sparkgate.controller.calibration import WINDOWED, Calibration, KindStats, drift_ece
+from sparkgate.controller.calibration import WINDOWED, Calibration, KindStats
 from sparkgate.controller.calibration_drift import curve_drift, worst_replica_curve_drift
+from sparkgate.controller.calibration_gates import drift_ece
 from sparkgate.controller.gates import judge
 from sparkgate.policies.binning import REQUEST_GROUPS
 from sparkgate.policies.gate import Gate
