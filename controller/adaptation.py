@@ -18,7 +18,7 @@ from sparkgate.policies.rollout import RolloutPolicy
 from . import adaptive_gates, cost_updates, served_steps
 from .measurement import Measurement
 from .queries import Window
-from .rollout import RolloutState
+from .rollout_state import RolloutState
 
 
 def measurements(

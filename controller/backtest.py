@@ -28,7 +28,8 @@ from sparkgate.policies.rollout import load_rollout_policy
 from sparkgate.policies.vocabulary import CHANGES_POLICY, Action
 
 from . import ledger, rollout
-from .rollout import Decision, RolloutState, TransitionError
+from .rollout import TransitionError
+from .rollout_state import Decision, RolloutState, apply
 from .supervisor import Controller
 
 
@@ -41,7 +42,7 @@ class Replay(Controller):
 
     def _commit(self, state: RolloutState | None, decision: Decision) -> RolloutState:
         self.decisions.append(decision)
-        self.state = rollout.apply(state, decision)
+        self.state = apply(state, decision)
         return self.state
 
     def _until(self, now: float) -> float | None:

@@ -14,7 +14,7 @@ from sparkgate.policies.vocabulary import Outcome
 
 from .gates import Verdict
 from .metrics import Evaluation
-from .rollout import Decision, RolloutState
+from .rollout_state import Decision, RolloutState
 
 VERDICT_CODES: dict[str, float] = {
     Outcome.PASS: 1.0,

@@ -14,7 +14,7 @@ from sparkgate.collectors.store import Store
 from sparkgate.policies.rollout import RolloutPolicy
 from sparkgate.policies.vocabulary import CHANGES_POLICY
 
-from .rollout import Decision, RolloutState, replay, stage_of
+from .rollout_state import Decision, RolloutState, replay, stage_of
 
 _COLUMNS = "decided_at, revision, phase_from, phase_to, compact_fraction, action, outcome, reasons, operator, contract"
 

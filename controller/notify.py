@@ -27,7 +27,7 @@ from sparkgate.policies.rollout import Webhook
 from sparkgate.policies.vocabulary import CHANGES_POLICY
 
 from .gates import verdict_table
-from .rollout import Decision
+from .rollout_state import Decision
 
 log = logging.getLogger(__name__)
 QUEUE_LIMIT = 1000

@@ -49,7 +49,7 @@ from .measurement import Measurement
 from .metrics import Evaluation
 from .queries import SameContract, Slice, Window
 from .references import References
-from .rollout import Decision, RolloutState
+from .rollout_state import Decision, RolloutState, apply, stage_counters
 from .window_cache import WindowCache
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ class Controller:
     def _commit(self, state: RolloutState | None, decision: Decision) -> RolloutState:
         """Persist ``decision`` first, then adopt it (the caller holds the lock, or is the constructor)."""
         ledger.record(self.store, decision)
-        new = rollout.apply(state, decision)
+        new = apply(state, decision)
         self.state = new
         if self.exporter is not None:
             self.exporter.decision(decision)
@@ -347,7 +347,7 @@ class Controller:
         state = self.state
         return {
             "policy": self.policy_payload().model_dump(mode="json"),
-            **rollout.stage_counters(self.policy, state, self.clock()),
+            **stage_counters(self.policy, state, self.clock()),
             "contract": state.contract,
             "ladder": [{"phase": s.phase, "compact_fraction": s.compact_fraction} for s in self.policy.stages()],
             "gates": [v.to_dict() for v in self.last_verdicts],

@@ -19,7 +19,7 @@ import pandas as pd
 import streamlit as st
 
 from sparkgate.collectors.schema import MODES
-from sparkgate.controller import ledger, rollout
+from sparkgate.controller import ledger, rollout_state
 from sparkgate.controller.evaluate import evaluate
 from sparkgate.controller.queries import SLICE_COLUMNS, Slice, Window, slice_values
 from sparkgate.policies.rollout import RolloutPolicy
@@ -74,7 +74,7 @@ def ledger_view(_source, token: str, policy: RolloutPolicy) -> dict:
     except LookupError:  # the ledger's stage is not in the policy file given to the dashboard
         state = None
     # As of the newest judged interval: a stored run is read long after it ended.
-    status = None if state is None else rollout.stage_counters(policy, state, state.last_conclusive_at)
+    status = None if state is None else rollout_state.stage_counters(policy, state, state.last_conclusive_at)
     return {"decisions": decisions, "status": status}
 
 

@@ -8,7 +8,8 @@ import streamlit as st
 
 from sparkgate.controller.address import DEFAULT_URL
 from sparkgate.controller.measurement import span
-from sparkgate.controller.rollout import RolloutState, TransitionError, command
+from sparkgate.controller.rollout import TransitionError, command
+from sparkgate.controller.rollout_state import RolloutState
 from sparkgate.dashboards import charts, data, steps
 from sparkgate.dashboards.context import current, when
 from sparkgate.policies.vocabulary import CHANGES_POLICY, OPERATOR_ACTIONS, Action

@@ -19,7 +19,7 @@ from sparkgate.controller import cost_report, ledger
 from sparkgate.controller.evaluate import evaluate
 from sparkgate.controller.measurement import span
 from sparkgate.controller.queries import Window
-from sparkgate.controller.rollout import Decision
+from sparkgate.controller.rollout_state import Decision
 from sparkgate.controller.window_sums import COMPACT_COUNTS
 from sparkgate.policies.rollout import RolloutPolicy
 from sparkgate.policies.vocabulary import CHANGES_POLICY, COMPARISON_METRICS, Action, Outcome, Phase

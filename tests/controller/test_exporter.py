@@ -8,7 +8,8 @@ from sparkgate.collectors.metrics import Metrics
 from sparkgate.controller.evaluate import evaluate
 from sparkgate.controller.exporter import ControllerMetrics
 from sparkgate.controller.gates import judge, judge_all
-from sparkgate.controller.rollout import apply, command, start
+from sparkgate.controller.rollout import command, start
+from sparkgate.controller.rollout_state import apply
 from sparkgate.policies.gate import Gate
 from sparkgate.policies.rollout import parse_rollout_policy
 from tests.conftest import T0, ingest_synthetic

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
-from sparkgate.controller.rollout import apply, command, decide, replay, start
+from sparkgate.controller.rollout import command, decide, start
+from sparkgate.controller.rollout_state import apply, replay
 from sparkgate.policies.rollout import parse_rollout_policy
 
 POLICY = parse_rollout_policy({"canary_steps": [0.1, 0.5], "consecutive_passes": 3})

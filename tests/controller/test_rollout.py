@@ -13,16 +13,8 @@ from sparkgate.controller import ledger
 from sparkgate.controller.contract import ContractReading
 from sparkgate.controller.gates import judge_all, judge_baseline
 from sparkgate.controller.measurement import Measurement
-from sparkgate.controller.rollout import (
-    RolloutState,
-    TransitionError,
-    apply,
-    command,
-    decide,
-    fall_back,
-    stage_of,
-    start,
-)
+from sparkgate.controller.rollout import TransitionError, command, decide, fall_back, start
+from sparkgate.controller.rollout_state import RolloutState, apply, stage_of
 from sparkgate.policies.rollout import parse_rollout_policy
 from sparkgate.policies.vocabulary import Phase
 

@@ -8,7 +8,8 @@ from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
 from sparkgate.controller.gates import judge_all
 from sparkgate.controller.measurement import Measurement
-from sparkgate.controller.rollout import TransitionError, apply, command, decide, publish_table, start
+from sparkgate.controller.rollout import TransitionError, command, decide, publish_table, start
+from sparkgate.controller.rollout_state import apply
 from sparkgate.policies.adaptive import ADAPTIVE_METRICS, TABLE_METRICS
 from sparkgate.policies.rollout import parse_rollout_policy
 from sparkgate.policies.vocabulary import COMPARISON_METRICS, Action, Phase

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sparkgate.collectors.store import Store
-from sparkgate.controller import ledger, rollout
+from sparkgate.controller import ledger, rollout, rollout_state
 from sparkgate.controller.gates import judge_all, judge_baseline
 from sparkgate.controller.measurement import Measurement
 from sparkgate.demo.command import demo_policy
@@ -21,7 +21,7 @@ def _walk(store: Store, policy, start: float):
     now = start
     decision = rollout.start(policy, now)
     decisions = [decision]
-    state = rollout.apply(None, decision)
+    state = rollout_state.apply(None, decision)
     good = {
         g.metric: Measurement(0.9 if "util" in g.metric or "tokens" in g.metric else 0.0, 10_000) for g in policy.gates
     }
@@ -31,14 +31,14 @@ def _walk(store: Store, policy, start: float):
         verdicts = [judge_baseline(policy, 10_000)] if phase == "baseline" else judge_all(policy.gates_for(phase), good)
         decision = rollout.decide(policy, state, verdicts, now)
         decisions.append(decision)
-        state = rollout.apply(state, decision)
+        state = rollout_state.apply(state, decision)
     fault_at = now + 0.5
     bad = {**good, "survival_ece": Measurement(0.4, 5_000)}
     while state.phase != "fallback":
         now += policy.evaluation_interval_s
         decision = rollout.decide(policy, state, judge_all(policy.gates_for("compact"), bad), now)
         decisions.append(decision)
-        state = rollout.apply(state, decision)
+        state = rollout_state.apply(state, decision)
     for d in decisions:
         ledger.record(store, d)
     return fault_at, now
