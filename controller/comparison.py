@@ -61,6 +61,17 @@ policy up within its poll interval):
   several-fold with the batch, so unmatched epochs would compare load, not arms;
   ``comparison.step_time: cpu`` reads the replica's CPU time per step instead of
   wall time, for replicas that share a CPU (on a GPU wall time is the cost);
+- ``tokens_per_s_ratio`` is adjusted for what each epoch's drafts promised (regression adjustment,
+  as CUPED does with a pre-period metric): committed tokens per step vary with how far the drafts run
+  far more than with CPU time (on the demo fleet a pair's log ratio has sd 0.27, of which the drafts'
+  acceptance is most), and the drafted block's predicted accepted length, ``1 + Σ S_k`` over all γ
+  positions, is fixed before the arm picks a window, under the one contract (and so the one survival
+  calibration) the window is judged on. With ``z`` a pair's log ratio of mean predicted length per
+  step, matched bucket by bucket as d is, the pair's adjusted ``d − θ z`` keeps d's center (the arm
+  order is a coin flip, so z is symmetric about zero) and sheds the part of its noise the drafts
+  explain; ``θ`` is the regression of d on z through zero over the window's other pairs (leave one
+  out, so no pair's own noise sets its own θ). Windows with a request that carries no survival are
+  not adjusted, and the method says which was done;
 - ``p99_tpot_ratio``, ``p99_ttft_ratio``, ``goodput_ratio``: request records served
   wholly inside the epoch and not cancelled (goodput: those within both SLOs;
   both epochs of a pair last as long, so the ratio of counts per replica of the arm
@@ -70,7 +81,7 @@ policy up within its poll interval):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -86,6 +97,8 @@ from .queries import LOAD_BUCKET_SQL
 BAD_WHEN_HIGH = frozenset({"p99_step_ratio", "p99_tpot_ratio", "p99_ttft_ratio"})
 # The one unit of a group design.
 GROUPS = "groups"
+# per_pair's cells of the covariate that tokens_per_s_ratio is adjusted for (not a metric of its own).
+PREDICTED = "predicted_tokens"
 
 
 @dataclass(frozen=True)
@@ -180,10 +193,13 @@ def per_pair(store: Store, design: Design, spec: Comparison) -> dict[str, dict]:
     steps = store.query(
         f"""WITH s AS (SELECT s.replica_id, s.step_id, s.{cost} AS cost, {LOAD_BUCKET_SQL} AS bucket, {select}
                        FROM steps s WHERE {where}),
-        c AS (SELECT r.replica_id, r.step_id, sum(r.accepted + 1) AS tokens FROM requests r
-              JOIN s ON r.replica_id = s.replica_id AND r.step_id = s.step_id GROUP BY ALL)
+        c AS (SELECT r.replica_id, r.step_id, sum(r.accepted + 1) AS tokens,
+                     sum(coalesce(list_sum(r.survival), 0) + 1) AS predicted,
+                     bool_and(r.survival IS NOT NULL) AS has_predicted
+              FROM requests r JOIN s ON r.replica_id = s.replica_id AND r.step_id = s.step_id GROUP BY ALL)
         SELECT s.unit, s.pair, s.cmp_arm, s.bucket, count(*) AS steps,
-               quantile_cont(s.cost, 0.99) AS p99_step, sum(c.tokens) / (sum(s.cost) / 1000) AS tokens_per_s
+               quantile_cont(s.cost, 0.99) AS p99_step, sum(c.tokens) / (sum(s.cost) / 1000) AS tokens_per_s,
+               CASE WHEN bool_and(c.has_predicted) THEN avg(c.predicted) END AS predicted
         FROM s JOIN c ON c.replica_id = s.replica_id AND c.step_id = s.step_id
         WHERE s.cmp_arm IS NOT NULL GROUP BY ALL""",
         params,
@@ -205,6 +221,13 @@ def per_pair(store: Store, design: Design, spec: Comparison) -> dict[str, dict]:
     for metric, c in (("p99_step_ratio", "p99_step"), ("tokens_per_s_ratio", "tokens_per_s")):
         keyed = [((r["unit"], r["pair"], r["cmp_arm"], r["bucket"]), r[c], r["steps"]) for r in steps]
         out[metric] = {key: (float(value), weight) for key, value, weight in keyed if value is not None}
+    if all(r["predicted"] is not None for r in steps if r["tokens_per_s"] is not None):
+        cells = out["tokens_per_s_ratio"]
+        out[PREDICTED] = {
+            (r["unit"], r["pair"], r["cmp_arm"], r["bucket"]): (float(r["predicted"]), r["steps"])
+            for r in steps
+            if (r["unit"], r["pair"], r["cmp_arm"], r["bucket"]) in cells
+        }
     return out
 
 
@@ -227,6 +250,26 @@ def paired(per_pair: dict) -> dict[str, np.ndarray]:
         weights = sum(w for _, w in parts)
         out.setdefault(unit, []).append(sum(d * w for d, w in parts) / weights)
     return {unit: np.array(d) for unit, d in out.items()}
+
+
+def adjusted(d: dict[str, np.ndarray], z: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
+    """Per unit, ``d - θ_i z`` pair by pair (the module docstring): ``θ_i`` the regression through zero of d
+    on z over every unit's pairs but pair i. ``z`` holds the covariate's paired log ratios, pair for pair
+    as ``d``. Returns the adjusted ratios and the θ of all the pairs (0 when z never varies)."""
+    units = list(d)
+    if set(z) != set(units):
+        raise ValueError(f"ratios of units {sorted(units)} against the covariate's of {sorted(z)}")
+    if not units:
+        return {}, 0.0
+    flat_d, flat_z = np.concatenate([d[u] for u in units]), np.concatenate([z[u] for u in units])
+    if flat_d.shape != flat_z.shape:
+        raise ValueError(f"{len(flat_d)} pairs of ratios against {len(flat_z)} of the covariate")
+    dz, zz = float(flat_d @ flat_z), float(flat_z @ flat_z)
+    others = zz - flat_z**2
+    theta = np.divide(dz - flat_d * flat_z, others, out=np.zeros_like(flat_d), where=others > 1e-12)
+    flat = flat_d - theta * flat_z
+    split = np.cumsum([len(d[u]) for u in units])[:-1]
+    return dict(zip(units, np.split(flat, split), strict=True)), (dz / zz if zz > 1e-12 else 0.0)
 
 
 def fleet(by_unit: dict[str, np.ndarray], bad_when_high: bool, level: float) -> Measurement:
@@ -290,12 +333,26 @@ def comparisons(
 ) -> dict[str, Measurement]:
     """Every comparison metric's estimate, bounds and pair count over the window; with the ``reference``
     window (the one before it), every metric's drift from it too."""
-    recent = {metric: paired(values) for metric, values in per_pair(store, design, spec).items()}
+    recent, note = _paired(store, design, spec)
     out = {metric: fleet(d, metric in BAD_WHEN_HIGH, spec.level) for metric, d in recent.items()}
+    tokens = out["tokens_per_s_ratio"]
+    out["tokens_per_s_ratio"] = replace(tokens, method=f"{tokens.method}; {note}" if tokens.method else None)
     if reference is not None:
-        before = {metric: paired(values) for metric, values in per_pair(store, reference, spec).items()}
+        before, _ = _paired(store, reference, spec)
         out.update({name: drift(recent[m], before[m], spec.level) for name, m in DRIFT_METRICS.items()})
     return out
+
+
+def _paired(store: Store, design: Design, spec: Comparison) -> tuple[dict[str, dict[str, np.ndarray]], str]:
+    """Per metric and unit, the window's paired log ratios (tokens per second adjusted where every request
+    carries its survival), and what was done to tokens per second."""
+    cells = per_pair(store, design, spec)
+    predicted = cells.pop(PREDICTED, None)
+    out = {metric: paired(values) for metric, values in cells.items()}
+    if predicted is None:
+        return out, "not adjusted for the drafts' predicted length: a request in the window carries no survival"
+    out["tokens_per_s_ratio"], theta = adjusted(out["tokens_per_s_ratio"], paired(predicted))
+    return out, f"adjusted for the drafts' predicted length (θ {theta:.2f} over the window, leave-one-out per pair)"
 
 
 def reference_window(design: Design, spec: Comparison) -> Design | None:

@@ -12,12 +12,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sparkgate.collectors.request_ingest import prepare_requests
+from sparkgate.collectors.synth import RowModel, synthetic_wire
 from sparkgate.controller.comparison import (
+    PREDICTED,
     Epochs,
     Groups,
+    adjusted,
     comparisons,
     fleet,
     measure,
+    paired,
+    per_pair,
     reference_window,
     window_start,
 )
@@ -27,7 +32,7 @@ from sparkgate.policies.intervals import sign_interval
 from sparkgate.policies.rollout import Comparison
 from sparkgate.policies.switchback import Switchback
 from sparkgate.policies.vocabulary import Arm
-from tests.conftest import T0, ingest_synthetic, ingest_wire, request_record, synthetic_steps
+from tests.conftest import T0, ingest_synthetic, ingest_wire, request_record, synthetic_steps, with_columns
 
 
 @pytest.mark.parametrize("level", [0.9, 0.95])
@@ -231,3 +236,65 @@ def test_replica_groups_compare_treatment_servers_with_control_servers_slice_by_
     assert step_ratio.samples == 10 and step_ratio.low == step_ratio.high == pytest.approx(12.5 / 10.0)
     assert "treatment group against control group" in step_ratio.method
     assert found["tokens_per_s_ratio"].value == pytest.approx(0.8, rel=0.1)
+
+
+def test_the_adjustment_subtracts_each_pairs_covariate_times_the_other_pairs_regression():
+    d, z = {"r0": np.array([1.0, 2.0]), "r1": np.array([3.0])}, {"r0": np.ones(2), "r1": np.ones(1)}
+    out, theta = adjusted(d, z)
+    # Pair 1's θ from pairs 2 and 3 (Σdz / Σz² = 5 / 2), and so on.
+    assert out["r0"] == pytest.approx([1 - 2.5, 2 - 2.0]) and out["r1"] == pytest.approx([3 - 1.5])
+    assert theta == pytest.approx(2.0)
+    flat, theta = adjusted(d, {"r0": np.zeros(2), "r1": np.zeros(1)})  # a covariate that never varies
+    assert theta == 0.0 and all((flat[u] == d[u]).all() for u in d)
+    assert adjusted({}, {}) == ({}, 0.0)
+    with pytest.raises(ValueError, match="2 pairs of ratios against 1 of the covariate"):
+        adjusted({"r0": np.ones(2)}, {"r0": np.ones(1)})
+    with pytest.raises(ValueError, match="units"):
+        adjusted({"r0": np.ones(1)}, {"r1": np.ones(1)})
+
+
+@pytest.mark.parametrize("explained", [0.0, 0.8])
+def test_the_adjusted_interval_covers_the_effect_at_its_level_and_narrows_by_what_the_covariate_explains(explained):
+    # d = effect + θ z + noise, z symmetric about zero (the arm order is a coin flip); the demo's pairs have
+    # z's sd near 0.23 and d's near 0.27, about 0.8 of d's variance explained.
+    rng = np.random.default_rng(7)
+    effect, runs, covered, widths = math.log(0.97), 400, 0, []
+    for _ in range(runs):
+        n = int(rng.integers(20, 60))
+        z = rng.normal(0, 0.23, n) * rng.choice([-1, 1], n)
+        d = effect + (z if explained else 0.0) + rng.normal(0, 0.27 * math.sqrt(1 - explained), n)
+        plain = measure(d, 0.95)
+        fixed = measure(adjusted({"r0": d}, {"r0": z})[0]["r0"], 0.95)
+        covered += fixed.low <= math.exp(effect) <= fixed.high
+        widths.append(math.log(fixed.high / fixed.low) / math.log(plain.high / plain.low))
+    assert covered / runs >= 0.95 - 0.03  # the level, less the sampling error of 400 runs
+    if explained:  # the noise left is √(1 - 0.8) of d's, less what θ's estimate costs
+        assert np.median(widths) < 0.55
+    else:  # a covariate that explains nothing costs about nothing
+        assert np.median(widths) < 1.05
+
+
+def test_tokens_per_second_is_adjusted_for_the_predicted_length_of_the_drafts_it_read(store):
+    # A/A, every step as long in both arms: tokens per second differ between epochs by the drafts' acceptance
+    # alone, which their survivals predict. Static rows (each verifies its whole draft) whose drafts are either
+    # easy or hard, as a real drafter's are from one context to the next.
+    schedule, spec, wires = Switchback(3, 1.0, T0), Comparison(epoch_s=1.0, burn_in_s=0.2), []
+    model = RowModel(mode_weights=(1.0, 0.0, 0.0, 0.0), confidence_rows=np.array([[0.95] * 7, [0.4] * 7]))
+    for epoch in range(60):
+        arm = str(schedule.arm("r0", epoch))
+        wire = synthetic_wire(8, 1, 7, "r0", first_step=100 * epoch, seed=epoch, ts=schedule.start(epoch) + 0.3,
+                              model=model)  # fmt: skip
+        wires.append(with_columns(wire, epoch=epoch, arm=arm, policy_revision=3, step_ms=10.0))
+    ingest_wire(store, pa.concat_tables(wires))
+    design = Epochs(revision=3, origin=T0, since=T0)
+    cells = per_pair(store, design, spec)
+    requests = pa.concat_tables(wires).column("requests").combine_chunks()
+    survival = requests.values.field("survival").to_numpy(zero_copy_only=False)
+    expected = np.mean([1 + sum(s) for s in survival])
+    assert np.mean([v for v, _ in cells[PREDICTED].values()]) == pytest.approx(expected)
+    assert cells[PREDICTED].keys() == cells["tokens_per_s_ratio"].keys()
+    plain = measure(paired(cells["tokens_per_s_ratio"])["r0"], 0.95)
+    found = comparisons(store, design, spec)["tokens_per_s_ratio"]
+    assert found.samples == 30 and found.low <= 1.0 <= found.high
+    assert math.log(found.high / found.low) < 0.8 * math.log(plain.high / plain.low)
+    assert "adjusted for the drafts' predicted length (θ" in found.method
