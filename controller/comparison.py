@@ -66,12 +66,14 @@ policy up within its poll interval):
   far more than with CPU time (on the demo fleet a pair's log ratio has sd 0.27, of which the drafts'
   acceptance is most), and the drafted block's predicted accepted length, ``1 + Σ S_k`` over all γ
   positions, is fixed before the arm picks a window, under the one contract (and so the one survival
-  calibration) the window is judged on. With ``z`` a pair's log ratio of mean predicted length per
-  step, matched bucket by bucket as d is, the pair's adjusted ``d − θ z`` keeps d's center (the arm
-  order is a coin flip, so z is symmetric about zero) and sheds the part of its noise the drafts
-  explain; ``θ`` is the regression of d on z through zero over the window's other pairs (leave one
-  out, so no pair's own noise sets its own θ). Windows with a request that carries no survival are
-  not adjusted, and the method says which was done;
+  calibration) the window is judged on. With ``z`` a pair's log ratio of that length's mean per request
+  row (per row, not per step: how many requests a step holds is load, which an arm can move), matched
+  bucket by bucket as d is, the pair's adjusted ``d − θ z`` keeps d's center (the arm order is a coin
+  flip, so z is symmetric about zero) and sheds the part of its noise the drafts explain; ``θ`` is the
+  regression of d on z through zero over the window's other pairs (leave one out, so no pair's own
+  noise sets its own θ). A window where z's own signed-rank interval leaves zero (the arms drafted
+  differently, so the adjustment would take a real effect away) or where a request carries no survival
+  is not adjusted, and the method says which was done;
 - ``p99_tpot_ratio``, ``p99_ttft_ratio``, ``goodput_ratio``: request records served
   wholly inside the epoch and not cancelled (goodput: those within both SLOs;
   both epochs of a pair last as long, so the ratio of counts per replica of the arm
@@ -194,12 +196,12 @@ def per_pair(store: Store, design: Design, spec: Comparison) -> dict[str, dict]:
         f"""WITH s AS (SELECT s.replica_id, s.step_id, s.{cost} AS cost, {LOAD_BUCKET_SQL} AS bucket, {select}
                        FROM steps s WHERE {where}),
         c AS (SELECT r.replica_id, r.step_id, sum(r.accepted + 1) AS tokens,
-                     sum(coalesce(list_sum(r.survival), 0) + 1) AS predicted,
+                     sum(coalesce(list_sum(r.survival), 0) + 1) AS predicted, count(*) AS rows,
                      bool_and(r.survival IS NOT NULL) AS has_predicted
               FROM requests r JOIN s ON r.replica_id = s.replica_id AND r.step_id = s.step_id GROUP BY ALL)
         SELECT s.unit, s.pair, s.cmp_arm, s.bucket, count(*) AS steps,
                quantile_cont(s.cost, 0.99) AS p99_step, sum(c.tokens) / (sum(s.cost) / 1000) AS tokens_per_s,
-               CASE WHEN bool_and(c.has_predicted) THEN avg(c.predicted) END AS predicted
+               CASE WHEN bool_and(c.has_predicted) THEN sum(c.predicted) / sum(c.rows) END AS predicted
         FROM s JOIN c ON c.replica_id = s.replica_id AND c.step_id = s.step_id
         WHERE s.cmp_arm IS NOT NULL GROUP BY ALL""",
         params,
@@ -351,7 +353,16 @@ def _paired(store: Store, design: Design, spec: Comparison) -> tuple[dict[str, d
     out = {metric: paired(values) for metric, values in cells.items()}
     if predicted is None:
         return out, "not adjusted for the drafts' predicted length: a request in the window carries no survival"
-    out["tokens_per_s_ratio"], theta = adjusted(out["tokens_per_s_ratio"], paired(predicted))
+    z = paired(predicted)
+    # The adjustment keeps d's center only while the arm leaves the covariate alone; a window whose drafts
+    # differ between the arms (an engine whose arms draft differently) is judged unadjusted.
+    balance = measure(np.concatenate(list(z.values())), spec.level) if z else Measurement(None, 0)
+    if balance.low is not None and balance.high is not None and not balance.low <= 1.0 <= balance.high:
+        return out, (
+            f"not adjusted: the drafts' predicted length differs between the arms "
+            f"(×{balance.value:.3f} [{balance.low:.3f}, {balance.high:.3f}])"
+        )
+    out["tokens_per_s_ratio"], theta = adjusted(out["tokens_per_s_ratio"], z)
     return out, f"adjusted for the drafts' predicted length (θ {theta:.2f} over the window, leave-one-out per pair)"
 
 

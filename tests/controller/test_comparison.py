@@ -274,27 +274,47 @@ def test_the_adjusted_interval_covers_the_effect_at_its_level_and_narrows_by_wha
         assert np.median(widths) < 1.05
 
 
-def test_tokens_per_second_is_adjusted_for_the_predicted_length_of_the_drafts_it_read(store):
-    # A/A, every step as long in both arms: tokens per second differ between epochs by the drafts' acceptance
-    # alone, which their survivals predict. Static rows (each verifies its whole draft) whose drafts are either
-    # easy or hard, as a real drafter's are from one context to the next.
+def _drafted_epochs(store, models) -> tuple[Epochs, Comparison, list[pa.Table]]:
+    """60 one-second epochs of replica r0, every step 10 ms in both arms, two requests a step; each arm's rows
+    drawn as ``models[arm]`` draws them."""
     schedule, spec, wires = Switchback(3, 1.0, T0), Comparison(epoch_s=1.0, burn_in_s=0.2), []
-    model = RowModel(mode_weights=(1.0, 0.0, 0.0, 0.0), confidence_rows=np.array([[0.95] * 7, [0.4] * 7]))
     for epoch in range(60):
         arm = str(schedule.arm("r0", epoch))
-        wire = synthetic_wire(8, 1, 7, "r0", first_step=100 * epoch, seed=epoch, ts=schedule.start(epoch) + 0.3,
-                              model=model)  # fmt: skip
+        wire = synthetic_wire(8, 2, 7, "r0", first_step=100 * epoch, seed=epoch, ts=schedule.start(epoch) + 0.3,
+                              model=models[arm])  # fmt: skip
         wires.append(with_columns(wire, epoch=epoch, arm=arm, policy_revision=3, step_ms=10.0))
     ingest_wire(store, pa.concat_tables(wires))
-    design = Epochs(revision=3, origin=T0, since=T0)
+    return Epochs(revision=3, origin=T0, since=T0), spec, wires
+
+
+# Static rows (each verifies its whole draft) whose drafts are either easy or hard, as a real drafter's are from
+# one context to the next.
+EASY_OR_HARD = RowModel(mode_weights=(1.0, 0.0, 0.0, 0.0), confidence_rows=np.array([[0.95] * 7, [0.4] * 7]))
+
+
+def test_tokens_per_second_is_adjusted_for_the_predicted_length_of_the_drafts_it_read(store):
+    # A/A: tokens per second differ between epochs by the drafts' acceptance alone, which their survivals predict.
+    design, spec, wires = _drafted_epochs(store, {"treatment": EASY_OR_HARD, "control": EASY_OR_HARD})
     cells = per_pair(store, design, spec)
-    requests = pa.concat_tables(wires).column("requests").combine_chunks()
-    survival = requests.values.field("survival").to_numpy(zero_copy_only=False)
-    expected = np.mean([1 + sum(s) for s in survival])
-    assert np.mean([v for v, _ in cells[PREDICTED].values()]) == pytest.approx(expected)
+    # The covariate is each epoch's mean over its request rows (not its steps: how many requests a step holds
+    # is load, which an arm can move).
+    rows = [w.column("requests").combine_chunks().values.field("survival").to_pylist() for w in wires]
+    expected = sorted(np.mean([1 + sum(s) for s in epoch]) for epoch in rows)
+    assert sorted(v for v, _ in cells[PREDICTED].values()) == pytest.approx(expected)
     assert cells[PREDICTED].keys() == cells["tokens_per_s_ratio"].keys()
     plain = measure(paired(cells["tokens_per_s_ratio"])["r0"], 0.95)
     found = comparisons(store, design, spec)["tokens_per_s_ratio"]
     assert found.samples == 30 and found.low <= 1.0 <= found.high
     assert math.log(found.high / found.low) < 0.8 * math.log(plain.high / plain.low)
     assert "adjusted for the drafts' predicted length (θ" in found.method
+
+
+def test_a_window_whose_arms_draft_differently_is_judged_unadjusted(store):
+    # The treatment's drafts run longer: adjusting for them would take its real gain away.
+    easy = RowModel(mode_weights=(1.0, 0.0, 0.0, 0.0), confidence_rows=np.array([[0.95] * 7, [0.9] * 7]))
+    design, spec, _ = _drafted_epochs(store, {"treatment": easy, "control": EASY_OR_HARD})
+    found = comparisons(store, design, spec)["tokens_per_s_ratio"]
+    plain = measure(paired(per_pair(store, design, spec)["tokens_per_s_ratio"])["r0"], spec.level)
+    assert "not adjusted: the drafts' predicted length differs between the arms" in found.method
+    assert (found.value, found.low, found.high) == (plain.value, plain.low, plain.high)
+    assert found.low > 1.0
