@@ -85,6 +85,7 @@ class Plan:
     fault_timeout_intervals: int = 70
     shift_intervals: int = 12  # a load shift: intervals adaptive must hold through (and refit in)
     linger_intervals: int = 2  # traffic kept flowing after the last transition, so it shows in the figures
+    hold_s: float = 0.0  # longer than the linger: the top of the ladder measured for longer (more switchback pairs)
     deadline_s: float = 540.0  # the whole run, so a wedged machine never leaves the demo hanging
 
 
@@ -241,18 +242,22 @@ def _scenario(fleet: Fleet, watch: Watch, plan: Plan, fault: str, size: FaultSiz
                 and now - fault_at > plan.fault_timeout_intervals * plan.interval_s
             ):
                 return fault_at, f"the gates did not catch the {fault} fault", False
-        elif now - settled_at >= plan.linger_intervals * plan.interval_s:
+        elif now - settled_at >= max(plan.linger_intervals * plan.interval_s, plan.hold_s):
             return fault_at, outcome, ok
 
 
-def run_demo(out: Path, fault: str, quick: bool, policy_path: Path | None, size: FaultSize = FaultSize()) -> dict:
-    """One demo run; returns the JSON summary (``ok`` says whether it went as the scenario says)."""
+def run_demo(
+    out: Path, fault: str, quick: bool, policy_path: Path | None, size: FaultSize = FaultSize(), hold_s: float = 0.0
+) -> dict:
+    """One demo run; returns the JSON summary (``ok`` says whether it went as the scenario says). ``hold_s``
+    keeps the fleet running that long after the scenario settles (the deadline grows by as much)."""
     started = time.time()
     prepare_out(out)
     policy = demo_policy(policy_path, quick)
     policy_file = out / "rollout.yaml"
     policy_file.write_text(yaml.safe_dump(policy.to_dict(), sort_keys=False))
-    plan = Plan(policy.evaluation_interval_s, period_s=20.0 if quick else 30.0, deadline_s=320.0 if quick else 540.0)
+    period_s, deadline_s = (20.0, 320.0) if quick else (30.0, 540.0)
+    plan = Plan(policy.evaluation_interval_s, period_s, hold_s=hold_s, deadline_s=deadline_s + hold_s)
     db = out / "demo.duckdb"
     fault_at, outcome, ok = None, "interrupted", False
     with Fleet(out / "logs") as fleet:
@@ -360,7 +365,15 @@ def run_demo(out: Path, fault: str, quick: bool, policy_path: Path | None, size:
     type=click.FloatRange(min=0, min_open=True),
     help="How much slower the slow-verify fault makes treatment verification (0.25: 25%).",
 )
-def demo(fault, quick, as_json, out, policy_path, drift_temperature, slow_verify_extra):
+@click.option(
+    "--hold-s",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Keep the fleet running this many seconds after the scenario settles: the last stage's "
+    "switchback comparisons gather that many more pairs (the run's deadline grows by as much).",
+)
+def demo(fault, quick, as_json, out, policy_path, drift_temperature, slow_verify_extra, hold_s):
     """Run a local fleet through the whole rollout, inject a fault, and show the automatic fallback."""
 
     def interrupt(*_):
@@ -368,7 +381,8 @@ def demo(fault, quick, as_json, out, policy_path, drift_temperature, slow_verify
 
     signal.signal(signal.SIGTERM, interrupt)  # a terminated demo still stops its fleet
     try:
-        summary = run_demo(out.resolve(), fault, quick, policy_path, FaultSize(drift_temperature, slow_verify_extra))
+        size = FaultSize(drift_temperature, slow_verify_extra)
+        summary = run_demo(out.resolve(), fault, quick, policy_path, size, hold_s)
     except FleetError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:

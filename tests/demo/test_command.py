@@ -52,3 +52,38 @@ def test_the_demo_passes_each_fault_size_as_the_replica_flag_of_its_name_with_th
     assert {name: flags[name] for name in asdict(FaultSize())} == asdict(FaultSize())
     refused = CliRunner().invoke(replica, ["--controller", "http://127.0.0.1:1", "--slow-verify-extra", "0"])
     assert refused.exit_code != 0 and "--slow-verify-extra" in refused.output
+
+
+class _Clock:
+    """time.time and time.sleep of a run whose sleeps pass at once."""
+
+    def __init__(self, start: float):
+        self.now = start
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.mark.parametrize(("hold_s", "lasts_s"), [(0.0, 6.0), (60.0, 60.0)])
+def test_a_run_that_reached_the_top_keeps_the_fleet_running_its_linger_or_its_hold(monkeypatch, hold_s, lasts_s):
+    # A fleet and a controller that stand still at the top of the ladder with every pass in (test doubles: the
+    # loop is what is tested; tests/demo/test_e2e.py runs the real fleet).
+    from types import SimpleNamespace
+
+    from sparkgate.demo import command
+
+    policy = demo_policy(None, quick=False)
+    clock = _Clock(1000.0)
+    monkeypatch.setattr(command, "time", clock)
+    top = len(policy.stages()) - 1
+    status = {"policy": {"phase": "adaptive"}, "stage": top, "passes": policy.consecutive_passes, "entered_at": 0.0}
+    watch = SimpleNamespace(t0=1000.0, policy=policy, poll=lambda: status)
+    plan = command.Plan(policy.evaluation_interval_s, 30.0, hold_s=hold_s, deadline_s=540.0 + hold_s)
+    fault_at, outcome, ok = command._scenario(SimpleNamespace(check=lambda: None), watch, plan, "none", None)
+    assert (fault_at, outcome, ok) == (None, "adaptive held with no fault", True)
+    # Settled at the first poll (0.5 s in); then the linger (2 intervals of 3 s) or the hold, whichever is longer.
+    assert policy.evaluation_interval_s == 3.0
+    assert clock.now - 1000.0 == pytest.approx(0.5 + lasts_s)
