@@ -220,16 +220,12 @@ def per_pair(store: Store, design: Design, spec: Comparison) -> dict[str, dict]:
         metric: {(r["unit"], r["pair"], r["cmp_arm"], None): (float(r[c]), 1) for r in requests if r[c] is not None}
         for metric, c in columns.items()
     }
+    keyed = [((r["unit"], r["pair"], r["cmp_arm"], r["bucket"]), r) for r in steps]
     for metric, c in (("p99_step_ratio", "p99_step"), ("tokens_per_s_ratio", "tokens_per_s")):
-        keyed = [((r["unit"], r["pair"], r["cmp_arm"], r["bucket"]), r[c], r["steps"]) for r in steps]
-        out[metric] = {key: (float(value), weight) for key, value, weight in keyed if value is not None}
-    if all(r["predicted"] is not None for r in steps if r["tokens_per_s"] is not None):
-        cells = out["tokens_per_s_ratio"]
-        out[PREDICTED] = {
-            (r["unit"], r["pair"], r["cmp_arm"], r["bucket"]): (float(r["predicted"]), r["steps"])
-            for r in steps
-            if (r["unit"], r["pair"], r["cmp_arm"], r["bucket"]) in cells
-        }
+        out[metric] = {key: (float(r[c]), r["steps"]) for key, r in keyed if r[c] is not None}
+    timed = [(key, r) for key, r in keyed if r["tokens_per_s"] is not None]
+    if all(r["predicted"] is not None for _, r in timed):
+        out[PREDICTED] = {key: (float(r["predicted"]), r["steps"]) for key, r in timed}
     return out
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from sparkgate.demo.command import DEMO_POLICY, demo_policy, prepare_out
 from sparkgate.policies.rollout import load_rollout_policy
+from tests.conftest import Clock
 
 
 def test_the_demo_policy_loads_and_walks_the_whole_ladder():
@@ -54,14 +55,11 @@ def test_the_demo_passes_each_fault_size_as_the_replica_flag_of_its_name_with_th
     assert refused.exit_code != 0 and "--slow-verify-extra" in refused.output
 
 
-class _Clock:
-    """time.time and time.sleep of a run whose sleeps pass at once."""
-
-    def __init__(self, start: float):
-        self.now = start
+class _Sleeper(Clock):
+    """The ``time`` module of a run whose sleeps pass at once."""
 
     def time(self) -> float:
-        return self.now
+        return self()
 
     def sleep(self, seconds: float) -> None:
         self.now += seconds
@@ -76,7 +74,7 @@ def test_a_run_that_reached_the_top_keeps_the_fleet_running_its_linger_or_its_ho
     from sparkgate.demo import command
 
     policy = demo_policy(None, quick=False)
-    clock = _Clock(1000.0)
+    clock = _Sleeper(1000.0)
     monkeypatch.setattr(command, "time", clock)
     top = len(policy.stages()) - 1
     status = {"policy": {"phase": "adaptive"}, "stage": top, "passes": policy.consecutive_passes, "entered_at": 0.0}
