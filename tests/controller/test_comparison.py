@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkgate.collectors.request_ingest import prepare_requests
@@ -198,8 +198,43 @@ def test_a_fleet_wide_regression_no_single_replica_can_show_fails_on_the_pooled_
     combined = fleet(by_replica, bad_when_high=False, level=0.95)
     assert judge(gate, combined).outcome == "fail"
     assert combined.value == pytest.approx(0.905, rel=0.03) and combined.samples == 21
-    assert combined.low is None  # a replica's 7 pairs are too few for its own interval: the gate cannot pass
+    # A replica's 7 pairs are too few for its own interval; the good side is the pooled interval's.
+    pooled = measure(np.concatenate(list(by_replica.values())), 0.975)
+    assert combined.low == pooled.low < combined.high
     assert "pooled (21 pairs" in combined.method and "the bad-side bound pooled's" in combined.method
+
+
+def test_a_fleet_whose_pooled_interval_clears_the_margin_passes_before_any_replica_alone_could():
+    rng = np.random.default_rng(4)
+    # No effect, sd 0.1, 40 pairs per replica: each replica's interval at 1 - 0.05/6 reaches below 0.97,
+    # the 120 pooled pairs' at 0.975 do not.
+    by_replica = {f"r{i}": rng.normal(0.0, 0.1, 40) for i in range(3)}
+    gate = Gate(metric="tokens_per_s_ratio", threshold=0.97, direction="at_least", min_samples=5)
+    assert all(judge(gate, measure(d, 1 - 0.05 / 6)).outcome == "inconclusive" for d in by_replica.values())
+    combined = fleet(by_replica, bad_when_high=False, level=0.95)
+    assert judge(gate, combined).outcome == "pass"
+    assert combined.low == measure(np.concatenate(list(by_replica.values())), 0.975).low
+    assert "the good-side bound the pooled interval's" in combined.method
+
+
+def test_one_replica_wholly_on_the_bad_side_fails_the_gate_even_while_the_pooled_interval_clears():
+    rng = np.random.default_rng(5)
+    healthy = {f"r{i}": rng.normal(math.log(1.1), 0.01, 30) for i in range(4)}
+    slow = {"r4": rng.normal(math.log(0.9), 0.01, 30)}
+    gate = Gate(metric="tokens_per_s_ratio", threshold=0.97, direction="at_least", min_samples=5)
+    assert judge(gate, measure(np.concatenate([*healthy.values(), *slow.values()]), 0.975)).outcome == "pass"
+    combined = fleet({**healthy, **slow}, bad_when_high=False, level=0.95)
+    assert judge(gate, combined).outcome == "fail"
+    assert combined.low == combined.high == measure(slow["r4"], 1 - 0.05 / 10).high  # held back to the bad bound
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.floats(-1, 1), min_size=0, max_size=12), min_size=2, max_size=4),
+       st.booleans())  # fmt: skip
+def test_the_fleets_good_bound_never_lies_beyond_its_bad_bound(units, bad_when_high):
+    m = fleet({f"r{i}": np.array(d) for i, d in enumerate(units)}, bad_when_high, 0.95)
+    if m.low is not None and m.high is not None:
+        assert m.low <= m.high
 
 
 def test_on_aa_fleets_the_pooled_and_per_replica_intervals_together_fail_no_more_than_one_side_of_the_level():
