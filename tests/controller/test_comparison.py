@@ -217,6 +217,18 @@ def test_a_fleet_whose_pooled_interval_clears_the_margin_passes_before_any_repli
     assert "the good-side bound the pooled interval's" in combined.method
 
 
+def test_a_fleet_whose_effect_sits_at_the_threshold_passes_no_more_often_than_one_side_of_the_pooled_level():
+    rng = np.random.default_rng(6)
+    gate = Gate(metric="tokens_per_s_ratio", threshold=0.97, direction="at_least", min_samples=6)
+    runs, passed = 2000, 0
+    for _ in range(runs):
+        # Every replica exactly at the threshold, heavy-tailed symmetric noise: any pass is a wrong one.
+        by_replica = {f"r{i}": math.log(0.97) + rng.standard_t(3, size=int(rng.integers(6, 30))) * 0.1
+                      for i in range(3)}  # fmt: skip
+        passed += judge(gate, fleet(by_replica, bad_when_high=False, level=0.95)).outcome == "pass"
+    assert passed / runs <= 0.0125 + 0.008  # one side of the pooled 97.5% interval, and 2,000 runs' error
+
+
 def test_one_replica_wholly_on_the_bad_side_fails_the_gate_even_while_the_pooled_interval_clears():
     rng = np.random.default_rng(5)
     healthy = {f"r{i}": rng.normal(math.log(1.1), 0.01, 30) for i in range(4)}
