@@ -162,8 +162,9 @@ def render() -> None:
             st.altair_chart(charts.comparison_intervals(compared), width="stretch")
             st.caption(
                 "Treatment over control measured at the same time: switchback epochs of the same replicas (a bar "
-                "spans the worst bounds of the pooled and each replica's interval over their epoch pairs, beside "
-                "the pooled estimate; the method names the interval a failing bound is from), or for a fleet "
+                "spans the pooled interval's good-side bound and the worst bad-side bound of the pooled and each "
+                "replica's interval over their epoch pairs, beside the pooled estimate; the method names the "
+                "interval a failing bound is from), or for a fleet "
                 "split by server the "
                 "treatment servers against the control servers, slice by slice. A gate passes only when the whole "
                 "bar is on the good side of its threshold (red tick) and fails only when the whole bar is on the "
