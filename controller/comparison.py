@@ -38,15 +38,15 @@ bound is the pooled interval's, held back to the bad bound: a pass claims the
 fleet's effect clears the threshold, which is what the pooled interval
 measures (at ``1 - (1 - level) / 2``, so a fleet whose effect is on the bad side
 passes less often than one comparison at ``level`` would). Requiring every
-replica's Bonferroni interval to clear as well, as this did before, asked each
-replica to show the margin alone: on the demo fleet the tokens/s gate needed
-about 1,300 pairs (15 minutes of adaptive) where the pooled interval needs 300.
-A replica with too few pairs for its own interval does not keep the pooled
-interval from failing or passing the gate. ``samples`` is the fleet's pairs. The estimate is the pooled one, the fleet's
-effect (the worst replica's center is biased away from one even when nothing
-differs); the bounds are a decision rule over R + 1 intervals, so when one
-replica alone is off they need not hold the pooled estimate, and the method
-names the interval the bad-side bound is from.
+replica's Bonferroni interval to clear as well would ask each replica to show
+the margin alone: on the demo fleet the tokens/s gate would need about 1,300
+pairs (15 minutes of adaptive) where the pooled interval needs 300. A replica
+with too few pairs for its own interval does not keep the pooled interval from
+failing or passing the gate. ``samples`` is the fleet's pairs. The estimate is
+the pooled one, the fleet's effect (the worst replica's center is biased away
+from one even when nothing differs); the bounds are a decision rule over R + 1
+intervals, so when one replica alone is off they need not hold the pooled
+estimate, and the method names the interval the bad-side bound is from.
 
 Fleets split by replica (the SGLang actuator gives each server one setting for the
 stage) are compared as groups instead (``Groups``): a pair is a slice of
