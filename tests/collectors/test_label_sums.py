@@ -11,9 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkgate.collectors import label_sums
+from sparkgate.collectors.schema import MODES, STATUSES
 from sparkgate.collectors.store import Store, stage
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import from_wire
+from sparkgate.policies.vocabulary import FULL_BLOCK_MODES, WINDOWED_MODES
 
 
 def _cells(store: Store) -> dict[str, list]:
@@ -162,3 +164,57 @@ def test_a_staging_thread_that_failed_mid_batch_leaves_no_rows_for_the_next(monk
     monkeypatch.setattr(label_sums, "_requests_sql", real)
     again = label_sums.batch_sums(second.prepared.labels, second.prepared.requests, second.prepared.flat.steps)
     assert {t: rows.to_pylist() for t, rows in again.items()} == {t: rows.to_pylist() for t, rows in sums.items()}
+
+
+def test_sums_hold_what_a_count_of_the_stored_rows_in_python_gives():
+    """An oracle apart from the sums' SQL (the recount above shares it): each table's figures, summed over
+    the keys Python cannot recompute (the fine bin, the request group's hash), recounted row by row."""
+    with Store(":memory:") as store:
+        for i in range(4):  # requests continue across batches: recovery moves labels out of censored cells
+            for replica, phase in (("a", "shadow"), ("b", "canary")):
+                store.ingest(from_wire(_wire(25, 25 * i, i, replica, phase, 1e9 + i * 25 * 0.7)), "test")
+        labels = store.query(
+            "SELECT l.ts, l.replica_id::VARCHAR AS replica_id, l.step_id, l.request_id::VARCHAR AS request_id, "
+            "l.mode::VARCHAR AS mode, l.depth, l.status::VARCHAR AS status, l.survival, l.confidence, l.label, "
+            "l.probability, s.phase FROM depth_labels l JOIN steps s USING (replica_id, step_id)"
+        ).to_pylist()
+        requests = store.query(
+            'SELECT ts, replica_id, step_id, request_id, mode, "window", accepted, window_suggested FROM requests'
+        ).to_pylist()
+        assert {r["status"] for r in labels} >= {"accepted", "rejected", "not_at_risk", "recovered"}
+        codes = {m: i for i, m in enumerate(MODES)} | {s: i for i, s in enumerate(STATUSES)}
+
+        def cell(r, *names) -> tuple:
+            coded = [codes[r[k]] if k in ("mode", "status") else r[k] for k in names]
+            return (int(r["ts"] // label_sums.SUM_BUCKET_S), *coded)
+
+        def check(sql: str, rows: list[dict], key, value) -> None:
+            """``sql``'s rows (keys, then n and a sum) against a count and a sum of ``rows`` per key."""
+            stored = {tuple(r.values())[:-2]: tuple(r.values())[-2:] for r in store.query(sql).to_pylist()}
+            counted: dict[tuple, list] = {}
+            for r in rows:
+                figures = counted.setdefault(key(r), [0, 0.0])
+                figures[0] += 1
+                figures[1] += value(r)
+            assert stored == {k: (n, pytest.approx(v)) for k, (n, v) in counted.items()}, sql
+
+        having = "GROUP BY ALL HAVING sum(n) <> 0"
+        keyed = "bucket, replica_id, phase, mode, depth"
+        check(f"SELECT {keyed}, status, sum(n), sum(sum_s) FROM label_status_sums {having}", labels,
+              lambda r: cell(r, "replica_id", "phase", "mode", "depth", "status"), lambda r: r["survival"])  # fmt: skip
+        observed = [r for r in labels if r["status"] not in ("censored", "estimated")]
+        at_risk = [r for r in labels if r["status"] in ("accepted", "rejected")]
+        windows = {(q["replica_id"], q["step_id"], q["request_id"]):
+                   q["window_suggested"] if q["mode"] == "shadow" else q["window"] for q in requests}  # fmt: skip
+        windowed = [r for r in observed if r["mode"] in WINDOWED_MODES
+                    and r["depth"] <= windows[(r["replica_id"], r["step_id"], r["request_id"])]]  # fmt: skip
+        for kind, rows, p in ((0, observed, "survival"), (1, at_risk, "confidence"), (2, windowed, "survival")):
+            check(f"SELECT {keyed}, y, sum(n), sum(sum_p) FROM label_fine_sums WHERE kind = {kind} {having}", rows,
+                  lambda r: (*cell(r, "replica_id", "phase", "mode", "depth"), bool(r["label"])),
+                  lambda r, p=p: r[p])  # fmt: skip
+        gated = [r for r in observed if r["mode"] in FULL_BLOCK_MODES]
+        check(f"SELECT bucket, replica_id, phase, depth, sum(n), sum(sum_y) FROM label_group_sums WHERE kind = 0 "
+              f"{having}", gated, lambda r: cell(r, "replica_id", "phase", "depth"),
+              lambda r: float(bool(r["label"])))  # fmt: skip
+        check(f"SELECT bucket, replica_id, mode, x, y, sum(n), 0.0 FROM request_sums WHERE hist = 0 {having}",
+              requests, lambda q: cell(q, "replica_id", "mode", "window", "accepted"), lambda q: 0.0)  # fmt: skip

@@ -71,4 +71,7 @@ def test_records_built_from_any_commit_timeline_are_valid(gaps):
                          commit_offsets_ms=offsets, commit_tokens=tokens, output_tokens=sum(tokens))  # fmt: skip
     assert validate(obj) == []
     tpot = RequestRecord(**obj).tpot_ms
-    assert tpot is None if sum(tokens) == tokens[0] else tpot >= 0
+    if sum(tokens) == tokens[0]:
+        assert tpot is None  # one commit: no token after the first commit's
+    else:  # the time from the first commit to the last, over the tokens after the first commit's
+        assert tpot == pytest.approx(sum(gap for gap, _ in gaps[1:]) / sum(tokens[1:]))

@@ -111,6 +111,7 @@ def test_detailed_responses_resolve_the_censoring_of_short_drafts():
     assert curve.censored is None and curve.drafts == 3 and curve.acceptance_rate == pytest.approx(5 / 7)
     naive = [sum(a >= k for a in (1, 1, 3)) / 3 for k in (1, 2, 3)]
     assert naive == pytest.approx([1.0, 1 / 3, 1 / 3])  # what dividing by every step would have said
+    assert curve.survival != pytest.approx(naive)
 
 
 def test_summary_responses_are_exact_only_when_every_step_proposed_every_draft():

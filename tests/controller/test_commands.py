@@ -6,6 +6,7 @@ import json
 import threading
 
 import httpx
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -45,7 +46,17 @@ def test_report_prints_per_depth_ece_utilization_misses_latency_and_throughput(d
     assert result.exit_code == 0, result.output
     body = json.loads(result.output)
     assert set(body["calibration"]["survival"]) == {str(d) for d in range(1, 8)}
-    assert all(v["samples"] > 0 and v["ece"] >= 0 for v in body["calibration"]["survival"].values())
+    # Each depth's ECE is the plug-in one (15 equal-width bins) of the full-block modes' observed labels,
+    # recomputed here from the stored rows.
+    with Store(db) as store:
+        rows = store.query("SELECT depth, survival, label FROM depth_labels WHERE label IS NOT NULL AND "
+                           "mode::VARCHAR IN ('static', 'shadow', 'cap_accept')").to_pylist()  # fmt: skip
+    for depth, figures in body["calibration"]["survival"].items():
+        p = np.array([r["survival"] for r in rows if r["depth"] == int(depth)])
+        y = np.array([r["label"] for r in rows if r["depth"] == int(depth)], dtype=float)
+        bins = np.minimum((p * 15).astype(int), 14)
+        ece = sum((bins == b).mean() * abs(p[bins == b].mean() - y[bins == b].mean()) for b in set(bins.tolist()))
+        assert figures["samples"] == len(p) > 0 and figures["ece"] == pytest.approx(ece, abs=1e-12)
     assert body["utilization"]["upper_bound"]["samples"] > 0
     assert body["tiers"]["miss_rate"] == 0.0 and body["throughput"]["steps"] == 40
     assert body["latency"]["32-63"]["steps"] == 40 and body["gates"]["survival_ece"]["samples"] > 0

@@ -66,5 +66,17 @@ def test_recovered_greedy_traffic_gives_the_store_gate_a_value(tmp_path):
     with Store(tmp_path / "events.duckdb") as store:
         ingest_in(store, sim.records, list(range(len(sim.records))), [])
         measured = evaluate(store, resamples=10).measurements("compact")
+        rows = store.query("SELECT depth, survival, label FROM depth_labels WHERE mode = 'compact' "
+                           "AND label IS NOT NULL").to_pylist()  # fmt: skip
     m = measured["compact_survival_ece"]
     assert m.value is not None and m.samples > 0, m  # only the requests' last steps stay censored
+    # The worst depth's plug-in ECE (15 equal-width bins) of the compact labels observed or recovered,
+    # recounted from the stored rows; samples: the fewest of any depth.
+    eces, sizes = [], []
+    for depth in sorted({r["depth"] for r in rows}):
+        p = np.array([r["survival"] for r in rows if r["depth"] == depth])
+        y = np.array([r["label"] for r in rows if r["depth"] == depth], dtype=float)
+        bins = np.minimum((p * N_BINS).astype(int), N_BINS - 1)
+        eces.append(sum(abs(p[bins == b].sum() - y[bins == b].sum()) for b in set(bins.tolist())) / len(p))
+        sizes.append(len(p))
+    assert m.value == pytest.approx(max(eces)) and m.samples == min(sizes)

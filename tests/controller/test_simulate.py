@@ -14,7 +14,7 @@ from sparkgate.cli import main
 from sparkgate.collectors.synth import worst_depth_ece
 from sparkgate.controller.simulate import run_seed, run_seeds, summarize
 from sparkgate.controller.simulate_fleet import SCENARIOS, Fleet, drift_scale
-from sparkgate.policies.rollout import parse_rollout_policy
+from sparkgate.policies.rollout import DEFAULT_PATH, parse_rollout_policy
 from sparkgate.policies.vocabulary import Arm, Phase
 
 # Calibration, tier and consistency gates: what this fleet model feeds quickly (comparisons need many
@@ -56,17 +56,17 @@ def test_a_healthy_fleet_climbs_and_a_drift_on_every_replica_is_caught_after_its
     assert found["detection_delay_intervals"]["p95"] <= 5
 
 
-def test_the_command_prints_the_rates_as_json(tmp_path):
-    import yaml
-
-    path = tmp_path / "policy.yaml"
-    path.write_text(yaml.safe_dump(POLICY))
-    result = CliRunner().invoke(main, ["simulate", "--policy", str(path), "--scenario", "none", "--seeds", "1",
+def test_the_command_prints_the_rates_as_json():
+    # The shipped policy on the fleet fitted to the runtime (the command's default; this file's POLICY is
+    # tuned to the calibrated FLEET, and the fitted one's worst depth is beyond its 0.025).
+    result = CliRunner().invoke(main, ["simulate", "--policy", str(DEFAULT_PATH), "--scenario", "none", "--seeds", "1",
                                        "--max-intervals", "6", "--json", "--workers", "1"])  # fmt: skip
     assert result.exit_code == 0, result.output
     body = json.loads(result.output.strip().splitlines()[-1])
     assert body["scenario"] == "none" and body["seeds"] == 1 and "inconclusive_share" in body
-    assert isinstance(body["failed_intervals"], int) and 0 <= body["failed_share"] <= 1
+    # A healthy fleet over six intervals: judged, never failed, never rolled back.
+    assert body["failed_intervals"] == 0 and body["failed_share"] == 0 and body["rollback_rate"] == 0
+    assert 0 <= body["inconclusive_share"] < 1
 
 
 def test_the_operating_curve_trades_false_rollbacks_for_detection_and_is_drawn(tmp_path):

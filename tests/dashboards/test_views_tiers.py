@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from sparkgate.collectors import cost_tables
 from sparkgate.collectors.cost_tables import TableEntry
 from sparkgate.collectors.store import Store
+from sparkgate.dashboards import cost_tables as dashboards_cost_tables
 from tests.conftest import T0
 from tests.controller.timed_steps import STATIC, ingest_timed, scaled
 from tests.dashboards.known_store import MISSES, SHADOW_STEPS, metrics, run_app, snapshot_args
@@ -40,3 +43,9 @@ def test_tiers_shows_the_cost_table_versions_and_each_arms_error(monkeypatch, tm
     versions = next(d.value for d in app.dataframe if "error_candidate" in d.value.columns)
     assert versions["version"].tolist() == ["static-a", "static-a+a1"]
     assert any("treatment arm serves the fitted tables" in c.value for c in app.caption)
+    # The per-arm error the page draws: control steps, predicted by the static table, ran 1.6x its
+    # prediction (error 0.6 / 1.6); treatment steps ran as the fitted table predicts them (only the noise).
+    with Store(db) as store:
+        frame = dashboards_cost_tables.by_bucket(store, "t", T0 - 1, T0 + 60, 3600.0, "cpu")
+    error = dict(zip(frame["arm"], frame["prediction_error"]))
+    assert error["control"] == pytest.approx(0.6 / 1.6, abs=0.03) and error["treatment"] < 0.06

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 from sparkgate.collectors.request_records import validate
@@ -46,3 +47,13 @@ def test_the_sweep_reports_curves_the_slo_and_the_ratio_with_its_coverage(target
         assert low <= out["sustained_ratio"] <= high
     else:
         assert out["sustained_ratio"] is None and out["interval_coverage"] is None
+    # An SLO nothing misses: every round of both arms sustains the heaviest rate, whatever the machine's
+    # load, so the ratio and its interval are always there to check.
+    loose = run_goodput(target, ModelDrafter(target, noise=1.5), table, replace(sweep, tpot_slo_ms=1e9), progress=False,
+                        prompts=prompts)  # fmt: skip
+    assert loose["sustained"] == [{"static": 400.0, "cost_aware": 400.0}] * 2
+    assert (loose["sustained_ratio"], loose["sustained_ratio_interval"], loose["interval_coverage"]) == (
+        1.0,
+        [1.0, 1.0],
+        0.5,
+    )

@@ -1,10 +1,24 @@
 """``sparkgate generate``: one prompt through one verify mode."""
 
+import json
+
+import pytest
 from click.testing import CliRunner
 
 from sparkgate.cli import main
+from sparkgate.verify_runtime.cli import decode, encode
+from sparkgate.verify_runtime.defaults import default_target
+from tests.verify_runtime.reference import greedy_decode
 
 
-def test_generate_prints_a_continuation():
-    out = CliRunner().invoke(main, ["generate", "--prompt", "def f(x):", "--max-new-tokens", "5", "--mode", "compact"])
+@pytest.mark.parametrize("mode", ["static", "compact"])
+def test_generate_prints_the_targets_greedy_continuation(mode):
+    # Greedy speculative decoding is lossless: any verify mode prints what the target alone decodes.
+    prompt = "def f(x):"
+    out = CliRunner().invoke(main, ["generate", "--prompt", prompt, "--max-new-tokens", "5", "--mode", mode])
     assert out.exit_code == 0, out.output
+    expected = decode(greedy_decode(default_target(0), encode(prompt), 5))
+    assert out.stdout == expected + "\n"
+    summary = json.loads(out.stderr.strip().splitlines()[-1])
+    # Static verifies the whole block (γ 7), compact the fixed window (3); the steps commit at least the output.
+    assert summary["mean_window"] == {"static": 7.0, "compact": 3.0}[mode] and summary["committed_tokens"] >= 5

@@ -30,6 +30,10 @@ def test_pooled_calibration_matches_the_rows(evaluated):
     report, records, sts = evaluated
     blocks = Blocks.from_records([r for recs in records.values() for r in recs])
     assert report["pooled"]["acceptance"] == acceptance(blocks)
+    # Survival by hand: of every static block, the share whose full acceptance reaches depth k.
+    full = [row.full_accept for recs in records.values() for rec in recs for row in rec.requests]
+    by_hand = [sum(f >= k for f in full) / len(full) for k in range(1, 8)]
+    assert report["pooled"]["acceptance"]["survival"] == pytest.approx(by_hand, abs=5e-5)  # reported to 4 places
     calib = report["pooled"]["calibration"]
     for name in ("before", "after"):
         assert all(u >= e - 1e-9 for u, e in zip(calib[name]["ece_upper"], calib[name]["ece"]))

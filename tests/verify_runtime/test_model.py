@@ -14,9 +14,24 @@ from sparkgate.verify_runtime.model import (
 from tests.conftest import tiny_model
 
 
+def _attend_repeated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention written out, each K/V head repeated for the query heads it serves: [B, L, H, D]."""
+    group = q.shape[-2] // k.shape[-2]
+    k, v = k.repeat_interleave(group, dim=-2), v.repeat_interleave(group, dim=-2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / q.shape[-1] ** 0.5
+    length = q.shape[1]
+    scores = scores.masked_fill(~torch.ones(length, length, dtype=torch.bool).tril(), -torch.inf)
+    return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v)
+
+
 def test_grouped_query_attention_and_arg_checks():
-    model = tiny_model(seed=3)
+    model = tiny_model(seed=3).double()
     assert model.args.n_kv_heads < model.args.n_heads
+    # Query heads share K/V heads in groups: the dense forward is the one that repeats them explicitly.
+    tokens = torch.randint(0, model.args.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(9).expand_as(tokens)
+    reference = model.hidden(tokens, positions, [_attend_repeated] * len(model.layers))
+    torch.testing.assert_close(forward_full(model, tokens)[0], reference)
     with pytest.raises(ValueError, match="n_heads=4 is not divisible by n_kv_heads=3"):
         ModelArgs(dim=32, n_heads=4, n_kv_heads=3)
 

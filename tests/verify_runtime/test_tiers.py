@@ -5,7 +5,7 @@ from sparkgate.verify_runtime.tiers import TierGrid, parse_tiers
 
 def test_round_up_to_smallest_tier():
     grid = TierGrid((8, 16, 32))
-    assert grid.select(1) == grid.select(8)
+    assert [(c.tier, c.tier_rows, c.graph_hit) for c in (grid.select(1), grid.select(8))] == [(0, 8, True)] * 2
     choice = grid.select(9)
     assert (choice.tier, choice.tier_rows, choice.graph_hit, choice.miss_reason) == (1, 16, True, None)
     assert grid.select(32).tier_rows == 32
