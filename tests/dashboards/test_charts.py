@@ -84,6 +84,45 @@ def test_reliability_frames_carry_intervals_and_every_chart_builds():
             pd.DataFrame({"measure": ["TTFT", "TPOT"], "arm": ["control"] * 2, "ms": [100.0, 20.0], "requests": [3, 3]})
         ),
     ]
-    for chart in built:
+    # What each chart draws: its marks, and the (channel, field) pairs they encode.
+    drawn = {
+        "reliability": ({"bar", "circle", "line", "rule"}, {("x", "mean_p"), ("y", "freq_y"), ("y", "freq_lo"),
+                        ("y2", "freq_hi"), ("y", "count"), ("x", "p"), ("y", "p")}),
+        "lines": ({"line", "rule"}, {("x", "start"), ("y", "ece"), ("color", "depth"), ("y", "threshold")}),
+        "timeline": ({"bar", "point"}, {("x", "start"), ("x2", "end"), ("y", "phase"), ("x", "time")}),
+        "bars": ({"bar"}, {("x", "tier"), ("y", "steps")}),
+        "curves": ({"line"}, {("x", "depth"), ("y", "value"), ("color", "task"), ("strokeDash", "source")}),
+        "step_cost": ({"circle", "line", "rule"}, {("x", "verify_rows"), ("y", "p50_ms"), ("y", "p10_ms"),
+                      ("y2", "p90_ms"), ("y", "predicted_ms")}),
+        "comparison_intervals": ({"point", "rule", "tick"}, {("y", "gate"), ("x", "value"), ("x", "low"),
+                                 ("x2", "high"), ("x", "threshold"), ("color", "verdict")}),
+        "switchback": ({"bar"}, {("y", "replica_id"), ("x", "start"), ("x2", "end"), ("color", "arm")}),
+        "latency_distributions": ({"line"}, {("x", "ms"), ("y", "requests"), ("color", "arm")}),
+    }  # fmt: skip
+    for name, chart in zip(drawn, built, strict=True):
         spec = chart.to_dict()
         assert spec["$schema"].startswith("https://vega.github.io/schema/vega-lite/")
+        marks, fields = _drawn(spec)
+        assert (marks, fields >= drawn[name][1]) == (drawn[name][0], True), name
+    rows = [r for chart in built[:2] for data in chart.to_dict()["datasets"].values() for r in data]
+    assert {"threshold": 0.05} in rows  # the ECE threshold is drawn as a rule at its value
+    compared = next(iter(built[6].to_dict()["datasets"].values()))
+    assert [(r["gate"], r["low"], r["value"], r["high"], r["threshold"]) for r in compared] == [
+        ("p99_tpot_ratio", 0.97, 1.02, 1.08, 1.1)
+    ]
+
+
+def _drawn(spec: dict) -> tuple[set[str], set[tuple[str, str]]]:
+    """A spec's mark types and encoded (channel, field) pairs, through its layers, concatenations and facets."""
+    marks, fields = set(), set()
+    if "mark" in spec:
+        marks.add(spec["mark"] if isinstance(spec["mark"], str) else spec["mark"]["type"])
+    for channel, encoding in spec.get("encoding", {}).items():
+        if isinstance(encoding, dict) and "field" in encoding:
+            fields.add((channel, encoding["field"]))
+    parts = [*spec.get("layer", []), *spec.get("hconcat", []), *spec.get("vconcat", [])]
+    for part in [*parts, *([spec["spec"]] if "spec" in spec else [])]:
+        more_marks, more_fields = _drawn(part)
+        marks |= more_marks
+        fields |= more_fields
+    return marks, fields
