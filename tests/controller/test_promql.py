@@ -1,68 +1,72 @@
-"""PromQL gate values from a loopback stand-in for Prometheus's HTTP API."""
+"""PromQL gate values from a real Prometheus server's HTTP API (Debian's ``prometheus``, which .ci/run
+installs): the replies are Prometheus's own, every result type and error included."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import time
+
+import httpx
 import pytest
 
 from sparkgate.controller.promql import PromQLError, query
-from tests.collectors.loopback import stand_in
+from sparkgate.demo.fleet import answers, free_port
+
+PROMETHEUS = shutil.which("prometheus")
+pytestmark = pytest.mark.skipif(
+    PROMETHEUS is None, reason="needs Debian's prometheus binary (apt-get install prometheus), which .ci/run installs"
+)
 
 
-def test_promql_takes_the_worst_sample_of_a_vector():
-    def prometheus(path, body):
-        if "up" in path:
-            return 200, {
-                "status": "success",
-                "data": {
-                    "resultType": "vector",
-                    "result": [
-                        {"metric": {"i": "a"}, "value": [0, "0.5"]},
-                        {"metric": {"i": "b"}, "value": [0, "1.5"]},
-                    ],
-                },
-            }
-        if "scalar" in path:
-            return 200, {"status": "success", "data": {"resultType": "scalar", "result": [0, "3"]}}
-        return 400, {"status": "error", "errorType": "bad_data", "error": "parse error"}
-
-    with stand_in(prometheus) as (url, seen):
-        m = query(url, "up")
-        assert (m.value, m.samples) == (1.5, 2)
-        assert query(url, "scalar(1)").value == 3.0
-        with pytest.raises(PromQLError, match="bad_data: parse error"):
-            query(url, "rate(")
-        assert seen[0][0].startswith("/api/v1/query?query=up")
+def _labelled(value: str, i: str) -> str:
+    """A one-sample vector of ``value`` (a PromQL expression) labelled ``i``: samples of one vector."""
+    return f'label_replace(vector({value}), "i", "{i}", "", "")'
 
 
-def vector(*values):
-    return 200, {
-        "status": "success",
-        "data": {
-            "resultType": "vector",
-            "result": [{"metric": {"i": str(i)}, "value": [0, v]} for i, v in enumerate(values)],
-        },
-    }
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory):
+    """A Prometheus server with nothing to scrape: its query API evaluates expressions over no series."""
+    root = tmp_path_factory.mktemp("prometheus")
+    (root / "prometheus.yml").write_text("global: {evaluation_interval: 1s}\n")
+    port = free_port()
+    argv = [PROMETHEUS, f"--config.file={root / 'prometheus.yml'}", f"--storage.tsdb.path={root / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]  # fmt: skip
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while not answers(f"{url}/-/ready"):
+            assert server.poll() is None and time.monotonic() < deadline, "prometheus did not become ready"
+            time.sleep(0.2)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
-def test_an_empty_or_non_finite_result_has_no_value():
-    answers = {"empty": vector(), "odd": vector("NaN", "+Inf", "0.25"), "none": vector("NaN")}
+def test_promql_takes_the_worst_sample_of_a_vector(prometheus):
+    m = query(prometheus, f"{_labelled('0.5', 'a')} or {_labelled('1.5', 'b')}")
+    assert (m.value, m.samples) == (1.5, 2)
+    assert query(prometheus, "scalar(vector(3))").value == 3.0  # a scalar result
+    with pytest.raises(PromQLError, match="bad_data: .*parse error"):
+        query(prometheus, "rate(")
 
-    def prometheus(path, body):
-        return answers[path.split("query=")[1]]
 
-    with stand_in(prometheus) as (url, _):
-        empty, odd, none = (query(url, q) for q in ("empty", "odd", "none"))
+def test_an_empty_or_non_finite_result_has_no_value(prometheus):
+    empty = query(prometheus, "vector(1) > 2")
+    odd = query(prometheus, " or ".join(_labelled(v, i) for v, i in (("0/0", "a"), ("1/0", "b"), ("0.25", "c"))))
+    none = query(prometheus, "vector(0/0)")
     assert (empty.value, empty.samples) == (None, 0)
     assert (odd.value, odd.samples) == (0.25, 1)  # NaN and Inf samples are dropped, never the worst case
     assert (none.value, none.samples) == (None, 0)
 
 
-def test_unusable_answers_raise_naming_the_query():
-    def prometheus(path, body):
-        return 200, {"status": "success", "data": {"resultType": "matrix", "result": []}}
-
-    matrix = r"promql 'up\[5m\]': result type 'matrix'"
-    with stand_in(prometheus) as (url, _), pytest.raises(PromQLError, match=matrix):
-        query(url, "up[5m]")
+def test_unusable_answers_raise_naming_the_query(prometheus):
+    # Prometheus answers a range selector with a matrix: a gate needs one value per series.
+    body = httpx.get(f"{prometheus}/api/v1/query", params={"query": "vector(1)[5m:1m]"}).json()
+    assert body["data"]["resultType"] == "matrix"
+    with pytest.raises(PromQLError, match=r"promql 'vector\(1\)\[5m:1m\]': result type 'matrix'"):
+        query(prometheus, "vector(1)[5m:1m]")
     with pytest.raises(PromQLError, match="promql 'up'"):
         query("http://127.0.0.1:9", "up", timeout_s=2.0)  # nothing listens there
