@@ -1,4 +1,4 @@
-"""Event schema v2 (docs/design.md §4): the typed step records shared by producer and consumer.
+"""Event schema v3 (docs/design.md §4): the typed step records shared by producer and consumer.
 
 One ``StepRecord`` per verify step per replica, holding one ``RequestRow`` per
 request in the batch. Field names are the wire names (JSON / Arrow).
