@@ -9,8 +9,12 @@ dspark_observability.py``): records are msgspec structs dumped with
 - Time: records carry no timestamp; each is stamped with the time of the poll
   that read it (``ts``), so figures are as fine as the poll interval.
 - Rows: ``num_verify_tokens`` and ``verify_tokens_graph_key`` are both the padded
-  graph tier; the verified rows are ``sum(reqs[].verify_len)``. SGLang does not report whether a step
-  replayed a graph: its steps carry ``tier`` -2 (``TIER_UNREPORTED``), so tier gates stay inconclusive.
+  graph tier of the planned layout; in compact the verified rows are ``sum(reqs[].verify_len)``. A
+  ``cap-accept`` step verifies every request's whole block (``DSparkVerifyPlanner.should_run_compact``
+  is true in compact mode only; ``dspark_verify_planner.py``), its ``verify_len`` the window acceptance
+  is capped at, so its rows and tier are ``γ + 1`` per request, as a cap-accept row of sparkgate's own
+  runtime counts them. SGLang does not report whether a step replayed a graph: its steps carry ``tier``
+  -2 (``TIER_UNREPORTED``), so tier gates stay inconclusive.
 - Calibration: the server applies its STS temperatures before it dumps
   ``confidence``; records say so (``sts_version`` ``calibrated-at-source``), and
   ``sparkgate calibrate`` refuses to fit on them.
@@ -44,10 +48,12 @@ dspark_observability.py``): records are msgspec structs dumped with
   arrive (``tokenizer_communicator_mixin.py``'s ``handle_recv`` appends them),
   and no element names its rank. An element's rank is the ``dp_rank`` its
   ``dspark_info_record`` (or the element) carries; a lone element is rank 0.
-  A reply with several ranks' records and no ``dp_rank`` cannot be attributed:
-  nothing of it is ingested or cleared, and the poll fails with that reason
-  (the controller counts it as a collector error), since a list position
-  would file one rank's records, cursors and pool slots under another's.
+  A reply of several ranks whose records name no ``dp_rank`` cannot be attributed,
+  even when only one element carries records: in builds where every DP rank dumps,
+  an idle rank's empty buffer leaves the busy one's place meaningless. Nothing of
+  it is ingested or cleared, and the poll fails with that reason (the controller
+  counts it as a collector error), since a list position would file one rank's
+  records, cursors and pool slots under another's.
 - De-duplication: per (server, rank) the highest ``forward_ct`` taken is kept;
   a poll takes only records above it, so an unchanged buffer adds nothing and a
   cleared buffer (no records) is harmless.
@@ -186,10 +192,15 @@ def convert_record(
     reqs = record.get("reqs") or []
     ids = request_ids if request_ids is not None else [str(r.get("rid")) for r in reqs]
     lengths = [_present(r.get("verify_len")) for r in reqs]
-    # num_verify_tokens is the padded tier (it equals verify_tokens_graph_key); rows are the requests' own.
+    # num_verify_tokens is the planned layout's padded tier (it equals verify_tokens_graph_key); compact's
+    # rows are the requests' own, cap-accept's the whole blocks it ran (its windows only cap acceptance).
     padded = _present(record.get("verify_tokens_graph_key")) or _present(record.get("num_verify_tokens"))
-    verify_rows = sum(lengths) if reqs and None not in lengths else padded or 0
-    tier_rows = padded if isinstance(padded, int) and padded >= verify_rows else verify_rows
+    mode = _MODES.get(record.get("mode") or default_mode or "")
+    if mode == "cap_accept" and reqs and isinstance(gamma, int):
+        verify_rows = tier_rows = len(reqs) * (gamma + 1)
+    else:
+        verify_rows = sum(lengths) if reqs and None not in lengths else padded or 0
+        tier_rows = padded if isinstance(padded, int) and padded >= verify_rows else verify_rows
 
     def ms(name: str) -> float:
         return float(_present(record.get(name)) or 0.0)

@@ -14,9 +14,12 @@ order so a server keeps its arm:
   runs the scheduler, so uncensored labels keep flowing for the calibration gates
   even at compact fraction 1 (a one-server fleet has no second server to spare:
   it runs the scheduler, and its calibration gates stay inconclusive);
-- in fallback every server verifies ``fallback_window / gamma`` of the window; a
-  fallback window of 0 is sent as the smallest positive fraction, which SGLang's
-  planner floors to a zero draft budget.
+- in fallback every server gets ``fallback_window / gamma``: SGLang's scheduler
+  turns a forced fraction into one draft budget for the batch, ``int(x × bs ×
+  max verify length)`` slots shared out to the requests' likeliest positions
+  (``schedule_verify_lens_topk``), so its requests verify ``fallback_window``
+  drafts on average, not each exactly; a fallback window of 0 is sent as the
+  smallest positive fraction, which that floors to a zero budget.
 
 The servers that run the scheduler are the treatment group and those held at 1.0
 the control (``arms``): the comparison gates compare the two groups slice by slice
@@ -38,7 +41,7 @@ from sparkgate.policies.payload import PolicyPayload
 from sparkgate.policies.vocabulary import Arm, Phase
 
 FORCE_KEY = "dspark_force_budget_frac"
-# Below 1 / (batch × γ) for any batch a server runs: the planner's int(frac × bs × γ) is 0.
+# Below 1 / (batch × max verify length) for any batch a server runs: the planner's budget is then 0.
 MIN_FRACTION = 1e-6
 
 

@@ -86,6 +86,22 @@ def test_rows_are_the_requests_own_and_the_tier_is_the_padded_graph_key(store):
     assert tier_gate.value is None and tier_gate.samples == 0
 
 
+def test_a_cap_accept_step_counts_the_whole_blocks_it_verified(store):
+    # SGLang runs the compact layout in compact mode only (DSparkVerifyPlanner.should_run_compact, in
+    # python/sglang/srt/speculative/dspark_components/dspark_verify_planner.py
+    # @ 00f7df640f18605b5714a5cd8e2bde9087789e7a):
+    # cap-accept verifies every request's γ + 1 rows and caps acceptance at the planned verify_len, which
+    # the dump reports with the planned layout's graph key.
+    server = Server()
+    server.push(0, record(1, "cap-accept", [req("a", 3, 1), req("b", 2, 1, req_pool_index=1)], graph_key=8))
+    with running(server) as url:
+        SGLangPoller(url, Ingestor(store), name="sg").poll_once()
+    step = store.query("SELECT gamma, verify_rows, tier_rows FROM steps").to_pylist()[0]
+    assert step == {"gamma": 4, "verify_rows": 2 * 5, "tier_rows": 2 * 5}  # two requests of γ + 1 rows
+    windows = store.query('SELECT "window" FROM requests ORDER BY request_id').column(0).to_pylist()
+    assert windows == [2, 1]  # the windows are still the planned ones, for the scheduler's figures
+
+
 def test_records_carry_the_contract_the_server_was_launched_with(store):
     """The fingerprint comes from the launch arguments /server_info carries at its top level: the same server
     gives the same one poll after poll, a relaunch with another drafter or STS file a new one, and a new cost
