@@ -120,7 +120,7 @@ def prune(db: str, older_than_days: float) -> None:
     "--vllm-adaptive",
     is_flag=True,
     help="The vLLM servers trim drafts after scheduling (adaptive verification, or a variable-length drafter "
-    "such as n-gram on the GPU model runner): mark their per-position curves censored.",
+    "such as n-gram on the GPU model runner): mark their per-position and per-response curves censored.",
 )
 @click.option(
     "--vllm-responses",
@@ -161,7 +161,7 @@ def collect(
     one JSON line per server and poll."""
     for path in vllm_responses:
         try:
-            click.echo(json.dumps({"vllm_responses": path, **read_responses(path).to_dict()}))
+            click.echo(json.dumps({"vllm_responses": path, **read_responses(path, vllm_adaptive).to_dict()}))
         except ValueError as exc:
             raise click.ClickException(str(exc)) from exc
     if not sglang_urls and not vllm_urls and not trtllm_urls:

@@ -24,9 +24,11 @@ Per request (``response_curve``): a server started with
 ``metrics.speculative_decoding`` of each completion (the final chunk when
 streaming), ``per_step_accepted`` and ``per_step_drafted``: per verify step, the
 drafts accepted (no bonus token) and the drafts proposed. That resolves the
-censoring the counters cannot: a step that proposed d drafts and accepted a < d
-observed depths 1..a+1 (the prefix failed at a+1, so deeper labels are 0); one
-that accepted all d < k observed 1..d and is censored beyond. ``S_k`` is then the
+censoring of short drafts that the counters cannot (not trimming after
+scheduling, whose slots were scheduled and so count as proposed: ``adaptive``
+says so here too): a step that proposed d drafts and accepted a < d observed
+depths 1..a+1 (the prefix failed at a+1, so deeper labels are 0); one that
+accepted all d < k observed 1..d and is censored beyond. ``S_k`` is then the
 product-limit (Kaplan-Meier) estimate over steps, exact when no step is
 censored. ``summary`` responses carry only ``acceptance_histogram`` (steps by
 drafts accepted): exact when every step proposed all k drafts
@@ -112,6 +114,14 @@ def parse_counters(text: str) -> Counters:
     return Counters(totals[DRAFTS], totals[DRAFT_TOKENS], totals[ACCEPTED], per_position)
 
 
+# Why a curve of a server that trims drafts after scheduling is a lower bound: the trimmed slots were
+# scheduled, so they count as drafted, and are then rejected.
+TRIMMED = (
+    "drafts are trimmed after scheduling (adaptive verification, variable-length drafts): "
+    "deep positions are under-counted"
+)
+
+
 def survival_curve(counters: Counters, adaptive: bool = False) -> SurvivalCurve:
     """The curve of an interval's counters (positions are 0-based in vLLM: position k-1 is depth k)."""
     depths = max(counters.per_position, default=-1) + 1
@@ -119,10 +129,7 @@ def survival_curve(counters: Counters, adaptive: bool = False) -> SurvivalCurve:
     survival = [counters.per_position.get(k, 0.0) / drafts if drafts else 0.0 for k in range(depths)]
     censored = None
     if adaptive:
-        censored = (
-            "drafts are trimmed after scheduling (adaptive verification, variable-length drafts): "
-            "deep positions are under-counted"
-        )
+        censored = TRIMMED
     elif drafts and counters.draft_tokens < drafts * depths:
         censored = (
             f"{counters.draft_tokens:g} draft tokens over {drafts:g} drafts of up to {depths} positions: "
@@ -177,27 +184,32 @@ def _steps(spec: dict[str, Any], line: int) -> list[tuple[int, int]] | None:
     return list(zip(drafted, accepted))
 
 
-def response_curve(responses: Iterable[Any]) -> SurvivalCurve:
+def response_curve(responses: Iterable[Any], adaptive: bool = False) -> SurvivalCurve:
     """The survival curve of decoded vLLM responses (one per request; those without speculative metrics,
-    n > 1 or no speculation, are skipped). Raises ``ValueError`` naming the line of a malformed one."""
+    n > 1 or no speculation, are skipped). Raises ``ValueError`` naming the line of a malformed one.
+
+    A ``summary`` response's histogram enters as steps that proposed all k drafts, which is exact when its
+    steps did and a lower bound otherwise (said in ``censored``), so detailed and summary responses of one
+    file are one estimate. The curve ends before the first depth no step reached while some prefix still
+    survived: nothing observed it. ``adaptive``: the server trims drafts after scheduling, and a step's
+    drafts are the scheduled ones (``Scheduler``'s ``num_draft_tokens``), so trimmed slots read as
+    rejections here too."""
     at_risk: dict[int, int] = {}
     failed: dict[int, int] = {}
-    hist: list[int] = []
     steps = drafts = accepted_total = 0
     k = 0
-    exact_hist = True
+    exact_summaries = True
     for line, response in enumerate(responses, 1):
         spec = _speculative(response, line)
         if spec is None:
             continue
-        k = max(k, int(spec.get("num_spec_tokens") or 0))
+        width = int(spec.get("num_spec_tokens") or 0)
+        k = max(k, width)
         per_step = _steps(spec, line)
         if per_step is None:
             counts = spec.get("acceptance_histogram") or []
-            width = max(len(hist), len(counts))  # responses of one server share k + 1 buckets; pad to be safe
-            hist = [x + y for x, y in zip(hist + [0] * (width - len(hist)), counts + [0] * (width - len(counts)))]
-            exact_hist &= spec.get("num_draft_tokens") == spec.get("num_spec_steps", 0) * spec.get("num_spec_tokens", 0)
-            per_step = []
+            per_step = [(width, a) for a, count in enumerate(counts) for _ in range(int(count))]
+            exact_summaries &= spec.get("num_draft_tokens") == spec.get("num_spec_steps", 0) * width
         for d, a in per_step:
             for depth in range(1, min(a + 1, d) + 1):
                 at_risk[depth] = at_risk.get(depth, 0) + 1
@@ -206,27 +218,28 @@ def response_curve(responses: Iterable[Any]) -> SurvivalCurve:
         steps += int(spec.get("num_spec_steps") or 0)
         drafts += int(spec.get("num_draft_tokens") or 0)
         accepted_total += int(spec.get("num_accepted_draft_tokens") or 0)
-    survival, running, censored = [], 1.0, None
-    if at_risk:
-        for depth in range(1, k + 1):
-            n = at_risk.get(depth, 0)
-            running *= 1 - failed.get(depth, 0) / n if n else 1.0
-            survival.append(running)
-    elif hist:
-        total = sum(hist)
-        survival = [sum(hist[j:]) / total for j in range(1, len(hist))]
-        if not exact_hist:
-            censored = "summary metrics only, and some steps proposed fewer drafts: deep positions are a lower bound"
+    survival, running, reasons = [], 1.0, []
+    for depth in range(1, k + 1 if at_risk else 1):
+        n = at_risk.get(depth, 0)
+        if not n and running > 0:  # once no prefix survives, deeper depths are 0 without being reached
+            reasons.append(f"no step reached depth {depth}: the curve ends at depth {depth - 1}")
+            break
+        running *= 1 - failed.get(depth, 0) / n if n else 1.0
+        survival.append(running)
+    if not exact_summaries:
+        reasons.insert(0, "summary metrics whose steps proposed fewer drafts: deep positions are a lower bound")
+    if adaptive:
+        reasons.insert(0, TRIMMED)
     return SurvivalCurve(
         float(steps),
         survival,
         accepted_total / drafts if drafts else None,
         accepted_total / steps if steps else None,
-        censored,
+        "; ".join(reasons) or None,
     )
 
 
-def read_responses(path: str) -> SurvivalCurve:
+def read_responses(path: str, adaptive: bool = False) -> SurvivalCurve:
     """``response_curve`` of a JSONL file of saved vLLM responses."""
     with open(path, encoding="utf-8") as lines:
         decoded = []
@@ -236,4 +249,4 @@ def read_responses(path: str) -> SurvivalCurve:
                     decoded.append(json.loads(text))
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"{path}: line {line}: not JSON ({exc.msg})") from exc
-    return response_curve(decoded)
+    return response_curve(decoded, adaptive)

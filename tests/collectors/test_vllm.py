@@ -114,6 +114,19 @@ def test_detailed_responses_resolve_the_censoring_of_short_drafts():
     assert curve.survival != pytest.approx(naive)
 
 
+def test_a_depth_no_step_reached_ends_the_curve_and_summaries_join_detailed_steps():
+    # Every step drafted 1 of k = 3 and accepted it: depth 1 survives, deeper ones were never observed.
+    short = response_curve([spec([1, 1], [1, 1])])
+    assert short.survival == pytest.approx([1.0]) and "no step reached depth 2" in short.censored
+    # A summary response's full-width steps are steps of the same estimate, not dropped beside detailed ones.
+    mixed = response_curve([spec([1], [3]), spec([3], [3], detailed=False)])
+    assert mixed.survival == pytest.approx([1.0, 0.5, 0.5]) and mixed.censored is None
+    assert mixed == response_curve([spec([1], [3]), spec([3], [3])])
+    # A server that trims drafts after scheduling reports trimmed slots as drafted and rejected.
+    trimmed = response_curve([spec([1], [3])], adaptive=True)
+    assert trimmed.survival == pytest.approx([1.0, 0.0, 0.0]) and "trimmed after scheduling" in trimmed.censored
+
+
 def test_summary_responses_are_exact_only_when_every_step_proposed_every_draft():
     full = response_curve([spec([0, 2, 3], [3, 3, 3], detailed=False)])
     assert full.survival == pytest.approx([2 / 3, 2 / 3, 1 / 3]) and full.censored is None
