@@ -6,8 +6,12 @@ Read from NVIDIA/TensorRT-LLM (``tensorrt_llm/serve/openai_server.py``,
 per-iteration stats and *drains* them, so each read holds only the iterations since the last one. An
 iteration carries ``timestamp`` (local time, no zone), ``iter``, ``iterLatencyMS`` and, with speculative
 decoding on, ``specDecodingStats = {numDraftTokens, numAcceptedTokens, numRequestsWithDraftTokens,
-acceptanceLength, iterLatencyMS, draftOverhead}`` (null without it). The PyTorch backend fills them only
-with ``enable_iter_perf_stats: true``.
+acceptanceLength, iterLatencyMS, draftOverhead}`` (null without it), where ``draftOverhead`` is the
+drafting's ``iterLatencyMS`` over the iteration's. The PyTorch backend fills them only with
+``enable_iter_perf_stats: true``, and on every iteration once speculation is on, with zero counts where
+no request drafted (a prefill): the draft overhead is over the iterations that drafted, weighted by their
+time. A build that buffers iterations client-side also writes ``statsSequence`` and
+``statsDroppedFrames``; a read whose rows say frames were dropped under-counts, and says so.
 
 Under attention data parallelism an iteration is one row per rank (``attentionDpRank``), each a copy of
 the same iteration's report with that rank's batch counts: the speculative-decoding stats and the
@@ -34,6 +38,7 @@ class AcceptanceSummary:
 
     iterations: int
     spec_iterations: int  # iterations that carried specDecodingStats
+    drafting_iterations: int  # of those, the ones where some request drafted
     attention_dp_ranks: int  # distinct attentionDpRank values read (a row without one is rank 0)
     first_timestamp: str | None
     last_timestamp: str | None
@@ -42,7 +47,10 @@ class AcceptanceSummary:
     requests_with_drafts: int
     acceptance_rate: float | None  # accepted / draft tokens
     mean_acceptance_length: float | None  # tokens committed per request-step that drafted
-    draft_overhead: float | None  # mean share of iteration time spent drafting
+    draft_overhead: float | None  # share of the drafting iterations' time spent drafting
+    # The largest statsDroppedFrames a row carried: at least that many frames of iteration stats were dropped
+    # before this read, whether the engine counts them per frame or in total (None: it does not report them).
+    dropped_frames: int | None
     p50_iter_ms: float | None
     p99_iter_ms: float | None
 
@@ -61,8 +69,8 @@ def summarize(iterations: list[Any]) -> AcceptanceSummary:
     """Sum the speculative-decoding stats of a ``/metrics`` reply; ValueError naming the bad field."""
     if not isinstance(iterations, list):
         raise ValueError(f"/metrics: expected a JSON list of iteration stats, got {type(iterations).__name__}")
-    drafts = accepted = requests = 0.0
-    overheads, latencies, stamps, spec, ranks = [], [], [], 0, set()
+    drafts = accepted = requests = drafting_ms = drafting_iteration_ms = 0.0
+    latencies, stamps, spec, drafting, ranks, dropped = [], [], 0, 0, set(), None
     for i, stats in enumerate(iterations):
         where = f"[{i}]"
         if not isinstance(stats, dict):
@@ -71,7 +79,10 @@ def summarize(iterations: list[Any]) -> AcceptanceSummary:
         ranks.add(rank)
         if rank != 0:
             continue
-        latencies.append(_number(stats, "iterLatencyMS", where))
+        latency = _number(stats, "iterLatencyMS", where)
+        latencies.append(latency)
+        if "statsDroppedFrames" in stats:
+            dropped = max(dropped or 0, int(_number(stats, "statsDroppedFrames", where)))
         if isinstance(stats.get("timestamp"), str):
             stamps.append(stats["timestamp"])
         sd = stats.get("specDecodingStats")
@@ -82,12 +93,18 @@ def summarize(iterations: list[Any]) -> AcceptanceSummary:
         spec += 1
         drafts += _number(sd, "numDraftTokens", f"{where}.specDecodingStats")
         accepted += _number(sd, "numAcceptedTokens", f"{where}.specDecodingStats")
-        requests += _number(sd, "numRequestsWithDraftTokens", f"{where}.specDecodingStats")
-        overheads.append(_number(sd, "draftOverhead", f"{where}.specDecodingStats"))
+        drafted = _number(sd, "numRequestsWithDraftTokens", f"{where}.specDecodingStats")
+        overhead = _number(sd, "draftOverhead", f"{where}.specDecodingStats")
+        requests += drafted
+        if drafted > 0:
+            drafting += 1
+            drafting_ms += overhead * latency
+            drafting_iteration_ms += latency
     ordered = sorted(latencies)
     return AcceptanceSummary(
         iterations=len(latencies),  # one per iteration counted
         spec_iterations=spec,
+        drafting_iterations=drafting,
         attention_dp_ranks=len(ranks),
         first_timestamp=stamps[0] if stamps else None,
         last_timestamp=stamps[-1] if stamps else None,
@@ -96,7 +113,8 @@ def summarize(iterations: list[Any]) -> AcceptanceSummary:
         requests_with_drafts=int(requests),
         acceptance_rate=accepted / drafts if drafts else None,
         mean_acceptance_length=(accepted + requests) / requests if requests else None,
-        draft_overhead=statistics.fmean(overheads) if overheads else None,
+        draft_overhead=drafting_ms / drafting_iteration_ms if drafting_iteration_ms else None,
+        dropped_frames=dropped,
         p50_iter_ms=statistics.median(ordered) if ordered else None,
         p99_iter_ms=ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else None,
     )

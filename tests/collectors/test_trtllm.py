@@ -8,8 +8,11 @@ Read from NVIDIA/TensorRT-LLM:
 - ``cpp/tensorrt_llm/executor/jsonSerialization.cpp`` @ 092229bb6e1ce6e7f0db2ba010b7fdaf654e1549: the field
   names of ``IterationStats`` and ``SpecDecodingStats`` (numDraftTokens, numAcceptedTokens,
   numRequestsWithDraftTokens, acceptanceLength, iterLatencyMS, draftOverhead);
-- ``tensorrt_llm/executor/iteration_stats.py`` @ b11790149e0e12e52ea82ed7a4d51b51ea98dce6: specDecodingStats
-  is null without speculative decoding, and acceptanceLength = (accepted + requests) / requests; under
+- ``tensorrt_llm/executor/iteration_stats.py`` @ b11790149e0e12e52ea82ed7a4d51b51ea98dce6: the row's fields
+  (``_iteration_report``, ``_materialize_frame``: maxBatchSize*/maxNumTokens* zeros, staticBatchingStats,
+  schedulerMode, statsSequence, statsDroppedFrames); specDecodingStats is null without speculative
+  decoding, acceptanceLength = (accepted + requests) / requests (0 when no request drafted), and
+  draftOverhead = its iterLatencyMS / the iteration's (0 for an iteration of no latency); under
   attention DP, ``_materialize_frame`` emits one row per rank payload, each ``dict(base)`` of the same
   iteration report (so the same specDecodingStats and iterLatencyMS) with ``attentionDpRank`` set, that
   rank's inflightBatchingStats, and (rank != 0) the queue and completion counts zeroed;
@@ -29,10 +32,16 @@ from sparkgate.collectors.trtllm import TRTLLMScraper, summarize
 from tests.collectors.loopback import QuietHandler, serving
 
 
-def iteration(i: int, drafts: int, accepted: int, requests: int, latency: float = 20.0, spec: bool = True) -> dict:
+def iteration(
+    i: int, drafts: int, accepted: int, requests: int, latency: float = 20.0, spec: bool = True,
+    draft_ms: float = 4.0, dropped: int = 0,
+) -> dict:  # fmt: skip
+    """One iteration's row as ``_iteration_report`` and ``_materialize_frame`` write it (no attention DP)."""
     sd = {"numDraftTokens": drafts, "numAcceptedTokens": accepted, "numRequestsWithDraftTokens": requests,
-          "acceptanceLength": (accepted + requests) / requests if requests else 0.0, "iterLatencyMS": 4.0,
-          "draftOverhead": 0.2}  # fmt: skip
+          "acceptanceLength": (accepted + requests) / requests if requests else 0.0, "iterLatencyMS": draft_ms,
+          "draftOverhead": draft_ms / latency if latency > 0 else 0.0}  # fmt: skip
+    limits = ("maxBatchSizeStatic", "maxBatchSizeTunerRecommended", "maxBatchSizeRuntime", "maxNumTokensStatic",
+              "maxNumTokensTunerRecommended", "maxNumTokensRuntime")  # fmt: skip
     return {
         "timestamp": f"12-01-2026 09:30:{i:02d}.000000",
         "iter": i,
@@ -43,12 +52,24 @@ def iteration(i: int, drafts: int, accepted: int, requests: int, latency: float 
         "numQueuedRequests": 0,
         "numCompletedRequests": 0,
         "maxNumActiveRequests": 64,
+        **dict.fromkeys(limits, 0),
         "gpuMemUsage": 1,
         "cpuMemUsage": 1,
         "pinnedMemUsage": 0,
         "kvCacheStats": {"maxNumBlocks": 100, "freeNumBlocks": 90, "usedNumBlocks": 10},
+        "staticBatchingStats": {
+            "numScheduledRequests": 0,
+            "numContextRequests": 0,
+            "numCtxTokens": 0,
+            "numGenTokens": 0,
+            "emptyGenSlots": 0,
+        },
         "inflightBatchingStats": {"numScheduledRequests": requests, "numContextRequests": 0},
         "specDecodingStats": sd if spec else None,
+        "schedulerMode": "non_overlap",
+        "statsSequence": i,
+        "statsDroppedFrames": dropped,
+        "attentionDpRank": 0,
     }
 
 
@@ -82,7 +103,9 @@ def test_each_read_summarises_only_the_iterations_since_the_last():
     assert first.acceptance_rate == pytest.approx(15 / 24)
     assert first.mean_acceptance_length == pytest.approx((15 + 8) / 8)  # TensorRT-LLM's own definition
     assert (first.first_timestamp, first.last_timestamp) == ("12-01-2026 09:30:01.000000", "12-01-2026 09:30:03.000000")
-    assert first.p50_iter_ms == 20.0 and first.draft_overhead == pytest.approx(0.2)
+    # Drafting's share of the drafting iterations' time: (4 + 4) ms of (20 + 30) ms.
+    assert first.p50_iter_ms == 20.0 and first.draft_overhead == pytest.approx(8 / 50)
+    assert (first.drafting_iterations, first.dropped_frames) == (2, 0)
     assert empty.iterations == 0 and empty.acceptance_rate is None and empty.p99_iter_ms is None
     assert (third.draft_tokens, third.accepted_tokens, third.mean_acceptance_length) == (8, 2, 2.0)
 
@@ -98,6 +121,17 @@ def dp_rows(row: dict, ranks: int) -> list[dict]:
                         newActiveRequestsQueueLatencyMS=0)  # fmt: skip
         rows.append(copy)
     return rows
+
+
+def test_iterations_where_no_request_drafted_leave_the_draft_overhead_alone_and_drops_are_reported():
+    # With speculation on every iteration carries specDecodingStats; a prefill drafts nothing (zero counts).
+    drafting = [iteration(1, 12, 6, 4, latency=20.0, draft_ms=5.0), iteration(2, 12, 9, 4, latency=30.0, draft_ms=3.0)]
+    prefill = iteration(3, 0, 0, 0, latency=200.0, draft_ms=0.0, dropped=7)
+    summary = summarize([*drafting, prefill])
+    assert (summary.spec_iterations, summary.drafting_iterations) == (3, 2)
+    assert summary.draft_overhead == pytest.approx((5.0 + 3.0) / 50.0)  # not the mean of 0.25, 0.1 and 0
+    assert summary.mean_acceptance_length == pytest.approx((15 + 8) / 8) and summary.dropped_frames == 7
+    assert summarize([{k: v for k, v in prefill.items() if k != "statsDroppedFrames"}]).dropped_frames is None
 
 
 def test_attention_dp_ranks_count_each_iteration_once():
