@@ -163,7 +163,8 @@ def run(rows: int, rowwise_rows: int, http_rows: int, clients: int, batch_steps:
 
 
 @click.command("ingest")
-@click.option("--rows", default=2_000_000, show_default=True, help="Depth-label rows through the batch path.")
+@click.option("--rows", default=2_000_000, show_default=True, type=click.IntRange(min=1),
+              help="Depth-label rows through the batch path.")  # fmt: skip
 @click.option("--rowwise-rows", default=20_000, show_default=True, help="Rows for the executemany baseline.")
 @click.option("--http-rows", default=None, type=int, help="Rows over HTTP [default: --rows].")
 @click.option("--clients", default=4, show_default=True, help="Concurrent HTTP clients.")

@@ -61,7 +61,8 @@ def _ingest_file(ingestor: Ingestor, path: str, stream: IO[bytes], batch_lines: 
 
 @click.command()
 @click.option("--db", required=True, type=click.Path(dir_okay=False), help="DuckDB file (created if missing).")
-@click.option("--batch-lines", default=10_000, show_default=True, help="Records per transaction.")
+@click.option("--batch-lines", default=10_000, show_default=True, type=click.IntRange(min=1),
+              help="Records per transaction.")  # fmt: skip
 @click.option("--strict", is_flag=True, help="Exit 1 when any record was quarantined.")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, allow_dash=True))
 def ingest(db: str, batch_lines: int, strict: bool, paths: tuple[str, ...]) -> None:
@@ -130,8 +131,9 @@ def prune(db: str, older_than_days: float) -> None:
     help="JSONL of saved vLLM responses with per-request spec-decode metrics: print their survival curve once.",
 )
 @click.option("--trtllm", "trtllm_urls", multiple=True, help="trtllm-serve base URL (repeatable).")
-@click.option("--interval", default=1.0, show_default=True, help="Seconds between polls.")
-@click.option("--polls", default=0, show_default=True, help="Stop after this many polls (0: run until interrupted).")
+@click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0), help="Seconds between polls.")
+@click.option("--polls", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Stop after this many polls (0: run until interrupted).")  # fmt: skip
 @click.option("--snapshot-dir", type=click.Path(file_okay=False), help="Publish a Parquet snapshot after each poll.")
 @click.option(
     "--clear-buffer/--keep-buffer",

@@ -15,6 +15,13 @@ import time
 import duckdb
 
 from sparkgate.collectors import label_sums
+from sparkgate.policies.errors import InputError
+
+
+class StoreOpenError(InputError):
+    """The path is not a store this sparkgate can open: not a DuckDB file, locked by another process, another
+    application's database, or a newer sparkgate's store. Nothing was written to it."""
+
 
 MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (
@@ -199,13 +206,21 @@ def current_version(con: duckdb.DuckDBPyConnection) -> int:
 def migrate(con: duckdb.DuckDBPyConnection) -> int:
     """Apply every pending migration; returns the resulting version.
 
-    Raises ``RuntimeError`` for a store written by a newer sparkgate, which this
-    code cannot read correctly.
+    Raises ``StoreOpenError``, having written nothing, for another application's database (tables but no
+    ``schema_migrations``: ours are not added beside them) and for a store written by a newer sparkgate,
+    which this code cannot read correctly.
     """
+    tables = con.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_catalog = current_database() ORDER BY 1"
+    ).fetchall()
+    names = [name for (name,) in tables]
+    if names and "schema_migrations" not in names:
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        raise StoreOpenError(f"not a sparkgate store (it holds other tables: {shown}); nothing was changed")
     version = current_version(con)
     latest = MIGRATIONS[-1][0]
     if version > latest:
-        raise RuntimeError(f"store schema version {version} is newer than this sparkgate ({latest})")
+        raise StoreOpenError(f"store schema version {version} is newer than this sparkgate ({latest})")
     for number, description, sql in MIGRATIONS:
         if number <= version:
             continue

@@ -38,7 +38,7 @@ import pyarrow as pa
 from sparkgate.collectors import label_sums, reports, snapshots
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.batch import Prepared, prepare
-from sparkgate.collectors.migrations import migrate
+from sparkgate.collectors.migrations import StoreOpenError, migrate
 from sparkgate.collectors.recovery import recover
 from sparkgate.collectors.request_ingest import PreparedRequests
 from sparkgate.collectors.snapshots import EVENT_TABLES, EVENT_TIME
@@ -109,7 +109,7 @@ def stage(parsed: Parsed, sums_from: int | None = None) -> Staged:
 
 
 class Store:
-    """A DuckDB file holding the event tables; migrates it on open."""
+    """A DuckDB file holding the event tables; migrates it on open (``StoreOpenError`` when it cannot)."""
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None):
         """``threads`` caps DuckDB's worker threads (None: one per core), for processes that share cores."""
@@ -120,10 +120,17 @@ class Store:
         # checkpoints once its log passes FILE_CHECKPOINT: a 1,000-step batch logs about 15 MB, so DuckDB's
         # default (16 MB) checkpointed every other commit.
         config["checkpoint_threshold"] = "1TB" if str(self.path) == ":memory:" else FILE_CHECKPOINT
-        self._con = duckdb.connect(str(self.path), config=config)
+        try:
+            self._con = duckdb.connect(str(self.path), config=config)
+        except duckdb.IOException as exc:  # not a DuckDB file, a directory, no such folder, locked by a process
+            raise StoreOpenError(f"{self.path}: {str(exc).splitlines()[0].removeprefix('IO Error: ')}") from exc
         self._lock = threading.Lock()
         self._sums = label_sums.Keeper()
-        self.version = migrate(self._con)
+        try:
+            self.version = migrate(self._con)
+        except StoreOpenError as exc:
+            self._con.close()
+            raise StoreOpenError(f"{self.path}: {exc}") from None
 
     def close(self) -> None:
         with self._lock:

@@ -28,12 +28,13 @@ from typing import Any
 
 import yaml
 
+from sparkgate.policies.errors import InputError
 from sparkgate.policies.payload import WRITER_TOKEN_ENV
 
 log = logging.getLogger(__name__)
 
 
-class WritersError(ValueError):
+class WritersError(InputError):
     """A bad writers file; the message names the entry and the key."""
 
 

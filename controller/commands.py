@@ -93,7 +93,7 @@ def poll_forever(
     help="Rollout policy YAML.",
 )
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=DEFAULT_PORT, show_default=True)
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535))
 @token_option
 @click.option(
     "--writers",

@@ -129,7 +129,8 @@ def _measure_fresh(args: list[str]) -> dict[str, float]:
 
 
 @click.command("dashboard")
-@click.option("--labels", default=10_000_000, show_default=True, help="Depth labels in the synthetic store.")
+@click.option("--labels", default=10_000_000, show_default=True, type=click.IntRange(min=1),
+              help="Depth labels in the synthetic store.")  # fmt: skip
 @click.option(
     "--keep",
     type=click.Path(file_okay=False),

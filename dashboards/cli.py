@@ -55,7 +55,7 @@ def streamlit_command(app_args: list[str], host: str = "127.0.0.1", port: int = 
     help="Rollout policy YAML (ladder and gate thresholds).",
 )
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8501, show_default=True)
+@click.option("--port", default=8501, show_default=True, type=click.IntRange(0, 65535))
 @click.option(
     "--behind-auth-proxy",
     is_flag=True,

@@ -28,13 +28,14 @@ import numpy as np
 import torch
 
 from sparkgate.policies.binning import EDGES, N_BINS
+from sparkgate.policies.errors import InputError
 
 _INNER_EDGES = torch.tensor(EDGES[1:-1], dtype=torch.float64)
 DEFAULT_GRID = torch.logspace(math.log10(0.05), math.log10(20.0), 241, dtype=torch.float64)
 _EPS = 1e-6
 
 
-class STSFormatError(ValueError):
+class STSFormatError(InputError):
     """A malformed STS file or object; the message names the field and value."""
 
 

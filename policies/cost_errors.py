@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from sparkgate.policies.errors import InputError
 
-class CostTableError(ValueError):
+
+class CostTableError(InputError):
     """A malformed cost table; the message names the field and the value."""
 
 

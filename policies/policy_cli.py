@@ -31,11 +31,11 @@ def schema() -> None:
 def check(path: Path) -> None:
     """Validate a policy file: exit 0 when valid, else name every problem and exit 1."""
     try:
-        found = problems(read_yaml(path))
-    except RolloutPolicyError as exc:
+        found = [f"{path}: {line}" for line in problems(read_yaml(path))]
+    except RolloutPolicyError as exc:  # not YAML, or not text: the message names the file already
         found = exc.problems
     if found:
         for line in found:
-            click.echo(f"{path}: {line}", err=True)
+            click.echo(line, err=True)
         raise SystemExit(1)
     click.echo(f"{path}: ok")

@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from sparkgate.policies.adaptive import Adaptive
+from sparkgate.policies.errors import InputError
 from sparkgate.policies.fields import (
     FROZEN,
     LADDER_PHASES,
@@ -41,7 +42,7 @@ from sparkgate.policies.vocabulary import LADDER, Phase
 DEFAULT_PATH = Path(__file__).with_name("default_rollout.yaml")
 
 
-class RolloutPolicyError(ValueError):
+class RolloutPolicyError(InputError):
     """A bad rollout policy; the message starts with the key path. ``problems`` holds every one found."""
 
     def __init__(self, problems: list[str] | str):
@@ -334,6 +335,8 @@ def read_yaml(path: str | Path) -> Any:
         return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise RolloutPolicyError(f"{path}: not valid YAML ({exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise RolloutPolicyError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from exc
 
 
 def load_rollout_policy(path: str | Path = DEFAULT_PATH) -> RolloutPolicy:

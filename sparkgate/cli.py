@@ -14,6 +14,9 @@ from typing import Any
 
 import click
 
+from sparkgate.policies.cli_types import finite_numbers
+from sparkgate.policies.errors import InputError
+
 Commands = dict[str, click.Command]
 
 
@@ -161,7 +164,7 @@ class LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         entry = self.registry.get(name)
-        return None if entry is None else entry.load()[name]
+        return None if entry is None else finite_numbers(entry.load()[name])
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # Static help keeps `--help` from importing torch for every subcommand.
@@ -169,7 +172,22 @@ class LazyGroup(click.Group):
             formatter.write_dl([(name, self.registry[name].help) for name in sorted(self.registry)])
 
 
-@click.group(cls=LazyGroup, registry=COMMANDS)
+class CommandLine(LazyGroup):
+    """The console script: bad input a command names (``policies.errors.InputError``, or a file it cannot
+    read or write) is printed as that one line, exit 1, instead of a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except InputError as exc:
+            raise click.ClickException(str(exc)) from None
+        except OSError as exc:
+            if exc.filename is None:  # a socket or a process, not a path the user gave: a bug's traceback
+                raise
+            raise click.ClickException(f"{exc.filename}: {exc.strerror or exc}") from None
+
+
+@click.group(cls=CommandLine, registry=COMMANDS)
 @click.version_option(package_name="sparkgate")
 def main() -> None:
     """sparkgate: stage confidence-scheduled speculative decoding safely."""

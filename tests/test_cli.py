@@ -50,3 +50,29 @@ def test_help_lists_the_runtime_commands():
     assert out.exit_code == 0
     for name in ("demo", "generate", "bench"):
         assert name in out.output
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["simulate", "--policy", "POLICY", "--scenario", "latency", "--regression", "nan"], "'nan' is not a finite"),
+        (["prune", "--db", "DB", "--older-than-days", "inf"], "'inf' is not a finite"),
+        (["ingest", "--db", "DB", "--batch-lines", "0"], "--batch-lines"),
+        (["bench", "e2e", "--batches", "8,0"], "'0' in '8,0' is not an integer >= 1"),
+        (["report", "--db", "TEXT"], "not a valid DuckDB database file"),
+        (["export", "--db", "DB", "--out", "TEXT/sub"], "TEXT"),
+    ],
+)
+def test_bad_input_is_one_line_naming_it_and_no_traceback(tmp_path, argv, named):
+    from sparkgate.collectors.store import Store
+    from sparkgate.policies.rollout import DEFAULT_PATH
+
+    Store(tmp_path / "s.duckdb").close()
+    text = tmp_path / "notes.txt"
+    text.write_text("not a database\n")
+    paths = {"POLICY": str(DEFAULT_PATH), "DB": str(tmp_path / "s.duckdb"), "TEXT": str(text)}
+    argv = [paths.get(a, a).replace("TEXT", str(text)) for a in argv]
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code in (1, 2) and named.replace("TEXT", str(text)) in result.output, result.output
+    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
+    assert text.read_text() == "not a database\n"

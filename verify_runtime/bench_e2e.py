@@ -52,6 +52,7 @@ import torch
 
 from sparkgate.collectors.metrics import peak_rss_mb
 from sparkgate.collectors.schema import StepRecord
+from sparkgate.policies.cli_types import CountList
 from sparkgate.policies.cost_model import CostTable
 from sparkgate.policies.window import (
     CostAwareScheduler,
@@ -254,7 +255,7 @@ def share_target(batch: int) -> float | None:
 
 
 @click.command("e2e")
-@click.option("--batches", default="1,8,32,64", show_default=True)
+@click.option("--batches", default="1,8,32,64", show_default=True, type=CountList())
 @click.option("--gamma", default=7, show_default=True)
 @click.option("--short-window", default=2, show_default=True)
 @click.option("--waves", default=2, show_default=True, help="Requests per batch slot (continuous batching refills).")
@@ -320,7 +321,7 @@ def bench_e2e(
     target = default_target().to(device)
     drafter = default_drafter(target)
     table, table_source = default_cost_table(target, drafter, cost_table_path, graphs=graphs)
-    batch_sizes = tuple(int(b) for b in batches.split(",") if b.strip())
+    batch_sizes = batches
     results = run_e2e(
         target,
         drafter,

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 import torch
 
+from sparkgate.policies.cli_types import CountList
 from sparkgate.policies.cost_model import save_cost_table
 
 from .defaults import default_drafter, default_target
@@ -26,10 +27,6 @@ from .profiler import (
 from .tiers import DEFAULT_TIERS, TierGrid, parse_tiers
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(","))
-
-
 def _floats(text: str) -> tuple[float, ...]:
     return tuple(float(x) for x in text.split(","))
 
@@ -37,7 +34,7 @@ def _floats(text: str) -> tuple[float, ...]:
 @click.command()
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True, help="Cost-table JSON to write.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="PNG (default: beside --out).")
-@click.option("--batch-sizes", default=",".join(map(str, DEFAULT_BATCHES)), show_default=True)
+@click.option("--batch-sizes", default=",".join(map(str, DEFAULT_BATCHES)), show_default=True, type=CountList())
 @click.option(
     "--fractions",
     default=",".join(map(str, DEFAULT_FRACTIONS)),
@@ -45,7 +42,8 @@ def _floats(text: str) -> tuple[float, ...]:
     help="Budget fractions of the B×γ drafts to force.",
 )
 @click.option("--gamma", default=7, show_default=True)
-@click.option("--repeats", default=5, show_default=True, help="Recorded steps per shape (the median is kept).")
+@click.option("--repeats", default=5, show_default=True, type=click.IntRange(min=1),
+              help="Recorded steps per shape (the median is kept).")  # fmt: skip
 @click.option(
     "--context",
     default=DEFAULT_CONTEXT,
@@ -75,7 +73,7 @@ def profile(out_path, plot_path, batch_sizes, fractions, gamma, repeats, context
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--tiers") from None
     try:
-        batches, fracs = _ints(batch_sizes), _floats(fractions)
+        batches, fracs = batch_sizes, _floats(fractions)
     except ValueError as exc:
         raise click.BadParameter(f"expected comma-separated numbers ({exc})") from None
     if any(not 0 <= f <= 1 for f in fracs):

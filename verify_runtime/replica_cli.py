@@ -139,7 +139,7 @@ def warm_engine(
 )
 @click.option("--requests", "count", default=0, show_default=True, help="Requests to serve (0: until stopped).")
 @click.option("--max-new-tokens", default=48, show_default=True)
-@click.option("--max-batch", default=16, show_default=True)
+@click.option("--max-batch", default=16, show_default=True, type=click.IntRange(min=1))
 @click.option(
     "--cancel-fraction",
     default=0.0,
@@ -207,7 +207,8 @@ def warm_engine(
     default=None,
     help="Where the cost-table fault writes the foreign table.",
 )
-@click.option("--metrics-port", type=int, default=None, help="Serve /metrics on 127.0.0.1 at this port.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve /metrics on 127.0.0.1 at this port.")  # fmt: skip
 @click.option(
     "--spool-dir",
     type=click.Path(file_okay=False, path_type=Path),

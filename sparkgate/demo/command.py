@@ -252,8 +252,8 @@ def run_demo(
     """One demo run; returns the JSON summary (``ok`` says whether it went as the scenario says). ``hold_s``
     keeps the fleet running that long after the scenario settles (the deadline grows by as much)."""
     started = time.time()
+    policy = demo_policy(policy_path, quick)  # a bad policy file is refused before the last run's out is emptied
     prepare_out(out)
-    policy = demo_policy(policy_path, quick)
     policy_file = out / "rollout.yaml"
     policy_file.write_text(yaml.safe_dump(policy.to_dict(), sort_keys=False))
     period_s, deadline_s = (20.0, 320.0) if quick else (30.0, 540.0)

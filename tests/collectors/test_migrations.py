@@ -6,7 +6,7 @@ import duckdb
 import pytest
 
 from sparkgate.collectors import migrations
-from sparkgate.collectors.migrations import MIGRATIONS, current_version, migrate
+from sparkgate.collectors.migrations import MIGRATIONS, StoreOpenError, current_version, migrate
 from sparkgate.collectors.store import Store
 
 
@@ -24,8 +24,27 @@ def test_refuses_a_store_from_a_newer_version(tmp_path):
     con = duckdb.connect(str(path))
     con.execute("INSERT INTO schema_migrations VALUES (999, 'future', 0)")
     con.close()
-    with pytest.raises(RuntimeError, match="999"):
+    with pytest.raises(StoreOpenError, match=r"new.duckdb: store schema version 999 is newer"):
         Store(path)
+
+
+def test_what_is_not_a_store_is_refused_by_name_and_left_as_it_was(tmp_path):
+    foreign = tmp_path / "other.duckdb"
+    con = duckdb.connect(str(foreign))
+    con.execute("CREATE TABLE orders (id INTEGER)")
+    con.close()
+    with pytest.raises(StoreOpenError, match=r"other.duckdb: not a sparkgate store \(it holds other tables: orders\)"):
+        Store(foreign)
+    con = duckdb.connect(str(foreign))
+    assert con.execute("SELECT table_name FROM information_schema.tables").fetchall() == [("orders",)]
+    con.close()
+    text = tmp_path / "notes.duckdb"
+    text.write_text("not a database\n")
+    with pytest.raises(StoreOpenError, match="notes.duckdb: .*not a valid DuckDB database file"):
+        Store(text)
+    assert text.read_text() == "not a database\n"
+    with pytest.raises(StoreOpenError, match="No such file or directory"):
+        Store(tmp_path / "no-such-folder" / "x.duckdb")
 
 
 def test_versions_count_up_from_one_so_order_is_the_order_of_the_tuple():

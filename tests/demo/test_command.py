@@ -41,6 +41,21 @@ def test_prepare_out_refuses_a_directory_it_did_not_make(tmp_path):
     assert not (out / "old.duckdb").exists()
 
 
+def test_a_bad_policy_is_refused_before_the_last_runs_output_is_emptied(tmp_path):
+    from click.testing import CliRunner
+
+    from sparkgate.cli import main
+
+    out = tmp_path / "demo"
+    prepare_out(out)
+    (out / "demo.duckdb").write_text("the last run's store")
+    policy = tmp_path / "typo.yaml"
+    policy.write_text("gama: 4\n")
+    result = CliRunner().invoke(main, ["demo", "--quick", "--out", str(out), "--policy", str(policy)])
+    assert result.exit_code == 1 and "typo.yaml: gama: unknown key" in result.output
+    assert "Traceback" not in result.output and (out / "demo.duckdb").read_text() == "the last run's store"
+
+
 def test_the_demo_passes_each_fault_size_as_the_replica_flag_of_its_name_with_the_replica_default():
     from click.testing import CliRunner
 

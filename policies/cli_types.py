@@ -1,0 +1,73 @@
+"""Command-line value types every layer's commands share: what a number on the command line may be.
+
+``finite_numbers`` is applied by the console script to every command it loads, so no option takes NaN or
+infinity for a number (a NaN passes every range check, and a sleep, a threshold or a rate of NaN runs on
+as if it were a value).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import click
+
+
+class _Finite:
+    """Mixed into a click float type: a non-finite value fails, naming the option."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)  # type: ignore[misc]
+        if isinstance(number, float) and not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)  # type: ignore[attr-defined]
+        return number
+
+
+class FiniteFloat(_Finite, click.types.FloatParamType):
+    pass
+
+
+class FiniteFloatRange(_Finite, click.FloatRange):
+    pass
+
+
+def finite_numbers(command: click.Command) -> click.Command:
+    """``command`` (and a group's subcommands, as they are defined) with every float parameter refusing NaN
+    and infinity; ranges keep their bounds and their help."""
+    for param in command.params:
+        kind = param.type
+        if isinstance(kind, click.FloatRange) and not isinstance(kind, _Finite):
+            param.type = FiniteFloatRange(kind.min, kind.max, kind.min_open, kind.max_open, kind.clamp)
+        elif type(kind) is click.types.FloatParamType:
+            param.type = FiniteFloat()
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            finite_numbers(sub)
+    return command
+
+
+class CountList(click.ParamType):  # type: ignore[type-arg]
+    """A comma-separated list of integers of at least ``low`` (batch sizes, tiers): a tuple, or a usage
+    error naming the item that is not."""
+
+    name = "list"
+
+    def __init__(self, low: int = 1):
+        self.low = low
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, ...]:
+        if isinstance(value, tuple):
+            return value
+        items = [part.strip() for part in str(value).split(",") if part.strip()]
+        if not items:
+            self.fail(f"{value!r}: expected integers >= {self.low}, separated by commas.", param, ctx)
+        out = []
+        for item in items:
+            try:
+                number = int(item)
+            except ValueError:
+                number = None
+            if number is None or number < self.low:
+                self.fail(f"{item!r} in {value!r} is not an integer >= {self.low}.", param, ctx)
+            out.append(number)
+        return tuple(out)
