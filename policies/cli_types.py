@@ -47,8 +47,8 @@ def finite_numbers(command: click.Command) -> click.Command:
 
 
 class CountList(click.ParamType):  # type: ignore[type-arg]
-    """A comma-separated list of integers of at least ``low`` (batch sizes, tiers): a tuple, or a usage
-    error naming the item that is not."""
+    """A comma-separated list of integers of at least ``low`` (batch sizes): a tuple, or a usage error
+    naming the item that is not."""
 
     name = "list"
 

@@ -74,12 +74,18 @@ def test_a_new_poller_resumes_after_what_is_stored(store):
 # Contract tests against a stand-in that answers as SGLang's own code does (tests/collectors/sglang_stand_in.py).
 
 
-def test_rows_are_the_requests_own_and_the_tier_is_the_padded_graph_key(store):
+def _stored_step(store, step: dict, columns: str) -> dict:
+    """``columns`` of the one step a server holding ``step`` gives a poll."""
     server = Server()
-    server.push(0, record(1, "compact", [req("a", 5, 2), req("b", 3, 2, req_pool_index=1)], graph_key=16))
+    server.push(0, step)
     with running(server) as url:
         SGLangPoller(url, Ingestor(store), name="sg").poll_once()
-    step = store.query("SELECT verify_rows, tier_rows, tier, sts_version FROM steps").to_pylist()[0]
+    return store.query(f"SELECT {columns} FROM steps").to_pylist()[0]
+
+
+def test_rows_are_the_requests_own_and_the_tier_is_the_padded_graph_key(store):
+    compact = record(1, "compact", [req("a", 5, 2), req("b", 3, 2, req_pool_index=1)], graph_key=16)
+    step = _stored_step(store, compact, "verify_rows, tier_rows, tier, sts_version")
     assert step == {"verify_rows": 8, "tier_rows": 16, "tier": TIER_UNREPORTED, "sts_version": CALIBRATED_AT_SOURCE}
     # SGLang reports no graph replays: the tier gate has nothing to judge, rather than a miss rate of 0.
     tier_gate = evaluate(store).measurements("compact")["tier_miss_rate"]
@@ -92,11 +98,8 @@ def test_a_cap_accept_step_counts_the_whole_blocks_it_verified(store):
     # @ 00f7df640f18605b5714a5cd8e2bde9087789e7a):
     # cap-accept verifies every request's γ + 1 rows and caps acceptance at the planned verify_len, which
     # the dump reports with the planned layout's graph key.
-    server = Server()
-    server.push(0, record(1, "cap-accept", [req("a", 3, 1), req("b", 2, 1, req_pool_index=1)], graph_key=8))
-    with running(server) as url:
-        SGLangPoller(url, Ingestor(store), name="sg").poll_once()
-    step = store.query("SELECT gamma, verify_rows, tier_rows FROM steps").to_pylist()[0]
+    capped = record(1, "cap-accept", [req("a", 3, 1), req("b", 2, 1, req_pool_index=1)], graph_key=8)
+    step = _stored_step(store, capped, "gamma, verify_rows, tier_rows")
     assert step == {"gamma": 4, "verify_rows": 2 * 5, "tier_rows": 2 * 5}  # two requests of γ + 1 rows
     windows = store.query('SELECT "window" FROM requests ORDER BY request_id').column(0).to_pylist()
     assert windows == [2, 1]  # the windows are still the planned ones, for the scheduler's figures
