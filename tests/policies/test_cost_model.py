@@ -1,4 +1,5 @@
 import json
+import math
 import re
 
 import pytest
@@ -194,6 +195,7 @@ def test_step_seconds_is_vectorised_and_matches_scalar_predictions():
     vector = table.step_seconds(8, rows)
     scalar = [table.predict_step_ms(8, int(r)) / 1000 for r in rows]
     assert vector.tolist() == pytest.approx(scalar)
+    assert all(math.isfinite(v) and v > 0 for v in vector.tolist())
     # By hand: rows run padded to their tier (16 or 48), beyond the largest eagerly as they are; each step
     # costs the largest probe's at or below the rows run (1,000, 950, 500 and 480 steps/s at 8, 16, 32, 64).
     expected = {1: 1 / 950, 16: 1 / 950, 17: 1 / 500, 48: 1 / 500, 49: 1 / 500, 63: 1 / 500, 64: 1 / 480, 129: 1 / 480}
