@@ -26,8 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from sparkgate.policies import yaml_text
 from sparkgate.policies.errors import InputError
 from sparkgate.policies.payload import WRITER_TOKEN_ENV
 
@@ -113,9 +112,11 @@ def load_writers(path: str | Path | None, environ: Mapping[str, str] | None = No
         token = env.get(WRITER_TOKEN_ENV, "")
         return [Writer("default", token)] if token else []
     try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        raw = yaml_text.load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml_text.YAMLTextError) as exc:
         raise WritersError(f"{path}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise WritersError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     entries = raw.get("writers") if isinstance(raw, dict) else None
     if not isinstance(entries, list) or not entries:
         raise WritersError(f"{path}: expected `writers:` with a list of writers")

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     Field,
@@ -25,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from sparkgate.policies import yaml_text
 from sparkgate.policies.adaptive import Adaptive
 from sparkgate.policies.errors import InputError
 from sparkgate.policies.fields import (
@@ -332,8 +332,8 @@ def parse_rollout_policy(raw: Mapping[str, Any] | None) -> RolloutPolicy:
 def read_yaml(path: str | Path) -> Any:
     """Decoded YAML of a policy file; RolloutPolicyError naming the file when it is not YAML."""
     try:
-        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
+        return yaml_text.load(Path(path).read_text(encoding="utf-8"))
+    except yaml_text.YAMLTextError as exc:
         raise RolloutPolicyError(f"{path}: not valid YAML ({exc})") from exc
     except UnicodeDecodeError as exc:
         raise RolloutPolicyError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from exc

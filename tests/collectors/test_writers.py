@@ -115,6 +115,12 @@ def test_writers_come_from_the_environment_or_a_file_never_the_file_itself(tmp_p
     ]
     with pytest.raises(WritersError, match=r"writers\[0\].token_env: environment variable FLEET_A is not set"):
         load_writers(spec, {})
+    spec.write_text("writers:\n  - {name: a, token_env: FLEET_A, token_env: FLEET_B}\n")
+    with pytest.raises(WritersError, match=r"writers\.yaml: line 2, column 35: key 'token_env' appears twice"):
+        load_writers(spec, {"FLEET_A": "a", "FLEET_B": "b"})
+    spec.write_bytes(b"writers: \xff\n")
+    with pytest.raises(WritersError, match=r"writers\.yaml: not UTF-8 text"):
+        load_writers(spec, {})
     spec.write_text("writers:\n  - {name: x, token: inline-secret}\n")
     with pytest.raises(WritersError, match=r"writers\[0\]: give exactly one of token_env and token_file"):
         load_writers(spec, {})

@@ -116,3 +116,11 @@ def test_bad_file_errors_name_the_file(tmp_path):
     broken.write_text("gates: [\n")
     with pytest.raises(RolloutPolicyError, match=r"broken\.yaml: not valid YAML"):
         load_rollout_policy(broken)
+
+
+def test_a_policy_naming_a_key_twice_is_refused_naming_the_file_and_line(tmp_path):
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("gates: []\nobserve_fraction: 0.5\ngates: [{name: x}]\n")
+    refused = r"twice\.yaml: not valid YAML \(line 3, column 1: key 'gates' appears twice \(first on line 1\)\)$"
+    with pytest.raises(RolloutPolicyError, match=refused):
+        load_rollout_policy(twice)
