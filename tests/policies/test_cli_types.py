@@ -1,0 +1,78 @@
+"""Command-line number types: no float option takes NaN or infinity, ranges keep their bounds and help,
+and a count list names the item that is not a count."""
+
+from __future__ import annotations
+
+import click
+import pytest
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sparkgate.policies.cli_types import CountList, FiniteFloat, FiniteFloatRange, finite_numbers
+
+
+def _group() -> click.Group:
+    @click.group()
+    def group() -> None:
+        pass
+
+    @group.command()
+    @click.option("--rate", type=float, default=1.0)
+    @click.option("--share", type=click.FloatRange(min=0, min_open=True), default=0.5, show_default=True)
+    @click.option("--count", type=int, default=1)
+    def run(rate: float, share: float, count: int) -> None:
+        click.echo(f"{rate} {share} {count}")
+
+    return finite_numbers(group)
+
+
+@pytest.mark.parametrize(
+    ("option", "text"),
+    [("--rate", t) for t in ("nan", "NaN", "inf", "-inf", "Infinity", "1e999")]
+    + [("--share", t) for t in ("nan", "inf", "1e999")],  # NaN and +inf pass a lower bound alone
+)
+def test_no_float_option_of_a_subcommand_takes_a_non_finite_number(option, text):
+    result = CliRunner().invoke(_group(), ["run", option, text])
+    assert result.exit_code == 2 and f"Invalid value for '{option}': '{text}' is not a finite number." in result.output
+
+
+def test_finite_options_keep_their_values_bounds_and_help():
+    group = _group()
+    assert (
+        CliRunner().invoke(group, ["run", "--rate", "-2.5", "--share", "1e300", "--count", "3"]).output
+        == "-2.5 1e+300 3\n"
+    )
+    assert "is not in the range x>0" in CliRunner().invoke(group, ["run", "--share", "0"]).output
+    params = {p.name: p.type for p in group.commands["run"].params}
+    assert isinstance(params["rate"], FiniteFloat) and isinstance(params["share"], FiniteFloatRange)
+    assert (params["share"].min, params["share"].min_open, params["share"].max) == (0, True, None)
+    assert type(params["count"]) is click.types.IntParamType  # integers are finite already
+    assert "x>0" in CliRunner().invoke(group, ["run", "--help"]).output
+
+
+def test_wrapping_twice_changes_nothing():
+    group = _group()
+    types = [p.type for p in group.commands["run"].params]
+    finite_numbers(group)
+    assert [p.type for p in group.commands["run"].params] == types
+
+
+@given(st.lists(st.integers(min_value=2, max_value=10**6), min_size=1, max_size=6))
+def test_a_count_list_reads_every_item_in_order(counts):
+    assert CountList(low=2).convert(" , ".join(map(str, counts)) + ",", None, None) == tuple(counts)
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("8,0", "'0' in '8,0' is not an integer >= 1."),
+        ("8,x", "'x' in '8,x' is not an integer >= 1."),
+        ("4,2.5", "'2.5' in '4,2.5' is not an integer >= 1."),
+        (" , ", "' , ': expected integers >= 1, separated by commas."),
+    ],
+)
+def test_a_count_list_names_the_item_that_is_not_a_count(text, named):
+    with pytest.raises(click.BadParameter) as caught:
+        CountList().convert(text, None, None)
+    assert caught.value.message == named
