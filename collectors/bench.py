@@ -42,7 +42,7 @@ import httpx
 import pyarrow as pa
 
 from sparkgate.collectors.ingest import Ingestor
-from sparkgate.collectors.ingest_api import ingest_app, serve_in_thread
+from sparkgate.collectors.ingest_api import DEFAULT_MAX_BODY, ingest_app, serve_in_thread
 from sparkgate.collectors.labels import explode
 from sparkgate.collectors.metrics import peak_rss_mb
 from sparkgate.collectors.store import Store, stage
@@ -51,6 +51,9 @@ from sparkgate.collectors.wire import flatten, from_wire, to_ipc
 
 GAMMA, BATCH = 7, 32
 _ROWS_PER_STEP = GAMMA * BATCH
+# An NDJSON step of these records is about 19.7 kB (21 kB leaves a margin): a body of more steps than this
+# passes the endpoint's limit, is refused, and its rows would be reported lost.
+MAX_BODY_STEPS = DEFAULT_MAX_BODY // 21_000
 # Body encoding per HTTP arm: (content type, wire table -> body bytes).
 _BODIES = {
     "ndjson": ("application/x-ndjson", lambda wire: b"".join(json.dumps(r).encode() + b"\n" for r in wire.to_pylist())),
@@ -165,11 +168,14 @@ def run(rows: int, rowwise_rows: int, http_rows: int, clients: int, batch_steps:
 @click.command("ingest")
 @click.option("--rows", default=2_000_000, show_default=True, type=click.IntRange(min=1),
               help="Depth-label rows through the batch path.")  # fmt: skip
-@click.option("--rowwise-rows", default=20_000, show_default=True, help="Rows for the executemany baseline.")
-@click.option("--http-rows", default=None, type=int, help="Rows over HTTP [default: --rows].")
-@click.option("--clients", default=4, show_default=True, help="Concurrent HTTP clients.")
-@click.option("--batch-steps", default=4000, show_default=True, help="Steps per transaction on the batch path.")
-@click.option("--body-steps", default=1000, show_default=True, help="Steps per HTTP body (one transaction each).")
+@click.option("--rowwise-rows", default=20_000, show_default=True, type=click.IntRange(min=1),
+              help="Rows for the executemany baseline.")  # fmt: skip
+@click.option("--http-rows", default=None, type=click.IntRange(min=1), help="Rows over HTTP [default: --rows].")
+@click.option("--clients", default=4, show_default=True, type=click.IntRange(min=1), help="Concurrent HTTP clients.")
+@click.option("--batch-steps", default=4000, show_default=True, type=click.IntRange(min=1),
+              help="Steps per transaction on the batch path.")  # fmt: skip
+@click.option("--body-steps", default=1000, show_default=True, type=click.IntRange(1, MAX_BODY_STEPS),
+              help="Steps per HTTP body (one transaction each).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_ingest(
     rows: int, rowwise_rows: int, http_rows: int | None, clients: int, batch_steps: int, body_steps: int, as_json: bool

@@ -6,9 +6,11 @@ import collections
 import datetime as dt
 import itertools
 import json
+import math
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -20,6 +22,7 @@ from sparkgate.collectors.store import Store
 from sparkgate.collectors.trtllm import TRTLLMScraper
 from sparkgate.collectors.vllm import VLLMScraper, read_responses
 from sparkgate.collectors.wire import Parsed, from_ndjson
+from sparkgate.policies.cli_types import HttpUrl
 
 _SHOWN_PROBLEMS = 20
 
@@ -98,8 +101,11 @@ def _day(value: str | None) -> float | None:
 @click.option("--since", default=None, help="First UTC day to export (YYYY-MM-DD); default everything.")
 def export(db: str, out: str, since: str | None) -> None:
     """Export steps, requests and depth_labels as Parquet partitioned by date and replica_id."""
+    if not out:  # would be the working directory
+        raise click.BadParameter("'' is empty: give the export root directory", param_hint=["--out"])
+    start = _day(since)
     with Store(db) as store:
-        written = store.export(out, _day(since))
+        written = store.export(out, start)
     click.echo(json.dumps({"out": str(Path(out)), **written}))
 
 
@@ -108,15 +114,20 @@ def export(db: str, out: str, since: str | None) -> None:
 @click.option("--older-than-days", required=True, type=click.FloatRange(min=0), help="Retention window.")
 def prune(db: str, older_than_days: float) -> None:
     """Delete events (and quarantine rows) older than the retention window, in one transaction."""
+    cutoff = time.time() - older_than_days * 86400
+    if math.isinf(cutoff):  # past about 1e303 days; any window reaching back before 1970 keeps everything
+        raise click.BadParameter(
+            f"{older_than_days:g}: the window reaches back past any time", param_hint=["--older-than-days"]
+        )
     with Store(db) as store:
-        deleted = store.delete_before(time.time() - older_than_days * 86400)
+        deleted = store.delete_before(cutoff)
     click.echo(json.dumps({"deleted": deleted}))
 
 
 @click.command()
 @click.option("--db", type=click.Path(dir_okay=False), help="DuckDB file for SGLang records.")
-@click.option("--sglang", "sglang_urls", multiple=True, help="SGLang server base URL (repeatable).")
-@click.option("--vllm", "vllm_urls", multiple=True, help="vLLM server base URL (repeatable).")
+@click.option("--sglang", "sglang_urls", multiple=True, type=HttpUrl(), help="SGLang server base URL (repeatable).")
+@click.option("--vllm", "vllm_urls", multiple=True, type=HttpUrl(), help="vLLM server base URL (repeatable).")
 @click.option(
     "--vllm-adaptive",
     is_flag=True,
@@ -130,7 +141,7 @@ def prune(db: str, older_than_days: float) -> None:
     type=click.Path(exists=True, dir_okay=False),
     help="JSONL of saved vLLM responses with per-request spec-decode metrics: print their survival curve once.",
 )
-@click.option("--trtllm", "trtllm_urls", multiple=True, help="trtllm-serve base URL (repeatable).")
+@click.option("--trtllm", "trtllm_urls", multiple=True, type=HttpUrl(), help="trtllm-serve base URL (repeatable).")
 @click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0), help="Seconds between polls.")
 @click.option("--polls", default=0, show_default=True, type=click.IntRange(min=0),
               help="Stop after this many polls (0: run until interrupted).")  # fmt: skip
@@ -160,18 +171,26 @@ def collect(
     sglang_greedy: bool,
 ) -> None:
     """Poll SGLang DSpark records into the store; print vLLM survival curves and TensorRT-LLM acceptance,
-    one JSON line per server and poll."""
+    one JSON line per server and poll.
+
+    A server that fails a poll is reported and polled again the next round (it may not be up yet). When the
+    run ends (after ``--polls``, or interrupted) with a server none of whose polls succeeded, the command
+    fails naming it and its last error: a run that collected nothing from a source it was given did not do
+    its job."""
+    if not sglang_urls and not vllm_urls and not trtllm_urls and not vllm_responses:
+        raise click.UsageError("give at least one --sglang, --vllm, --vllm-responses or --trtllm URL")
+    if sglang_urls and not db:
+        raise click.UsageError("--sglang needs --db")
+    if snapshot_dir and not db:
+        raise click.UsageError("--snapshot-dir needs --db (the snapshots are of that store)")
     for path in vllm_responses:
         try:
             click.echo(json.dumps({"vllm_responses": path, **read_responses(path, vllm_adaptive).to_dict()}))
         except ValueError as exc:
             raise click.ClickException(str(exc)) from exc
     if not sglang_urls and not vllm_urls and not trtllm_urls:
-        if vllm_responses:
-            return
-        raise click.UsageError("give at least one --sglang, --vllm, --vllm-responses or --trtllm URL")
-    if sglang_urls and not db:
-        raise click.UsageError("--sglang needs --db")
+        return
+    answers = _Answers()
     store = Store(db) if db else None
     try:
         pollers = (
@@ -182,7 +201,7 @@ def collect(
         scrapers: list[VLLMScraper | TRTLLMScraper] = [VLLMScraper(u, adaptive=vllm_adaptive) for u in vllm_urls]
         scrapers += [TRTLLMScraper(url) for url in trtllm_urls]
         for n in itertools.count(1):
-            _poll_all(pollers, scrapers)
+            _poll_all(pollers, scrapers, answers)
             if store is not None and snapshot_dir:
                 store.snapshot(snapshot_dir)
             if polls and n >= polls:
@@ -193,24 +212,53 @@ def collect(
     finally:
         if store is not None:
             store.close()
+    answers.check()
 
 
-def _poll_all(pollers: list[SGLangPoller], scrapers: list[VLLMScraper | TRTLLMScraper]) -> None:
-    """One round; a server that cannot be reached is reported and retried next round."""
+@dataclass
+class _Answers:
+    """Per polled server (``--vllm URL``), whether any poll of it succeeded over the run, and its last error."""
+
+    succeeded: set[str] = field(default_factory=set)
+    last_error: dict[str, str] = field(default_factory=dict)
+
+    def record(self, source: str, error: Exception | None = None) -> None:
+        if error is None:
+            self.succeeded.add(source)
+        else:
+            self.last_error[source] = str(error) or type(error).__name__
+
+    def check(self) -> None:
+        """Raise naming every server that failed each time it was polled."""
+        silent = [f"{source}: no poll succeeded (last error: {error})"
+                  for source, error in self.last_error.items() if source not in self.succeeded]  # fmt: skip
+        if silent:
+            raise click.ClickException("; ".join(silent))
+
+
+def _poll_all(pollers: list[SGLangPoller], scrapers: list[VLLMScraper | TRTLLMScraper], answers: _Answers) -> None:
+    """One round; a server that cannot be reached is reported (and recorded in ``answers``) and retried next
+    round."""
     for poller in pollers:
+        source = f"--sglang {poller.url}"
         try:
             result = poller.poll_once()
-            summary = result.summary() if result else {"steps": 0, "quarantined": 0}
-            click.echo(
-                json.dumps(
-                    {"sglang": poller.url, **summary, "restarts": poller.restarts, "synthetic": poller.synthetic}
-                )
-            )
         except Exception as exc:
+            answers.record(source, exc)
             click.echo(json.dumps({"sglang": poller.url, "error": str(exc)}), err=True)
+            continue
+        answers.record(source)
+        summary = result.summary() if result else {"steps": 0, "quarantined": 0}
+        click.echo(
+            json.dumps({"sglang": poller.url, **summary, "restarts": poller.restarts, "synthetic": poller.synthetic})
+        )
     for scraper in scrapers:
-        source = "vllm" if isinstance(scraper, VLLMScraper) else "trtllm"
+        kind = "vllm" if isinstance(scraper, VLLMScraper) else "trtllm"
         try:
-            click.echo(json.dumps({source: scraper.url, **scraper.scrape().to_dict()}))
+            figures = scraper.scrape().to_dict()
         except Exception as exc:
-            click.echo(json.dumps({source: scraper.url, "error": str(exc)}), err=True)
+            answers.record(f"--{kind} {scraper.url}", exc)
+            click.echo(json.dumps({kind: scraper.url, "error": str(exc)}), err=True)
+            continue
+        answers.record(f"--{kind} {scraper.url}")
+        click.echo(json.dumps({kind: scraper.url, **figures}))

@@ -224,8 +224,9 @@ def run(labels: int, replicas: int, repeats: int, step_s: float = 0.01, interval
 @click.command("controller")
 @click.option("--labels", default=10_000_000, show_default=True, type=click.IntRange(min=1),
               help="Depth labels in the evaluated store.")  # fmt: skip
-@click.option("--replicas", default=1000, show_default=True, help="Aggregates merged.")
-@click.option("--repeats", default=5, show_default=True, help="Timed rounds (the median is reported).")
+@click.option("--replicas", default=1000, show_default=True, type=click.IntRange(min=1), help="Aggregates merged.")
+@click.option("--repeats", default=5, show_default=True, type=click.IntRange(min=1),
+              help="Timed rounds (the median is reported).")  # fmt: skip
 @click.option("--step-s", default=0.01, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Seconds between steps: with --labels, how long the history is.")  # fmt: skip
 @click.option("--window-intervals", default=WINDOW_INTERVALS, show_default=True, type=click.IntRange(min=1),

@@ -23,7 +23,7 @@ import click
 import httpx
 
 from sparkgate.collectors.ingest import Ingestor
-from sparkgate.collectors.ingest_api import serve_in_thread
+from sparkgate.collectors.ingest_api import DEFAULT_MAX_BODY, serve_in_thread
 from sparkgate.collectors.metrics import peak_rss_mb
 from sparkgate.collectors.store import Store
 from sparkgate.collectors.synth import synthetic_wire
@@ -34,6 +34,9 @@ from .supervisor import Controller
 
 REPORT_CHECKS = 10_000
 TARGET_RATIO = 2.0
+# A step of these records (16 requests) is about 10.2 kB of NDJSON (11 kB leaves a margin): a body of more
+# steps than this passes the endpoint's limit and is refused, so the arm would time refusals.
+MAX_BODY_STEPS = DEFAULT_MAX_BODY // 11_000
 
 
 def _bodies(writer: int, count: int, steps: int, first: int) -> list[bytes]:
@@ -150,16 +153,18 @@ def run(writers: int, readers: int, seconds: float, steps: int, rounds: int, rep
 
 
 @click.command("writers")
-@click.option("--writers", default=6, show_default=True, help="Concurrent writer clients.")
-@click.option("--readers", default=2, show_default=True, help="Concurrent reader clients.")
-@click.option("--seconds", default=5.0, show_default=True, help="Seconds per arm and round.")
-@click.option("--body-steps", default=50, show_default=True, help="Step records per body.")
-@click.option("--rounds", default=3, show_default=True, help="Rounds; each runs both arms, in alternating order.")
-@click.option("--report-every-s", default=1.0, show_default=True, help="Seconds between 10,000-check reports.")
+@click.option("--writers", default=6, show_default=True, type=click.IntRange(min=1), help="Concurrent writer clients.")
+@click.option("--readers", default=2, show_default=True, type=click.IntRange(min=0), help="Concurrent reader clients.")
+@click.option("--seconds", default=5.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds per arm and round.")  # fmt: skip
+@click.option("--body-steps", default=50, show_default=True, type=click.IntRange(1, MAX_BODY_STEPS),
+              help="Step records per body.")  # fmt: skip
+@click.option("--rounds", default=3, show_default=True, type=click.IntRange(min=1),
+              help="Rounds; each runs both arms, in alternating order.")  # fmt: skip
+@click.option("--report-every-s", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds between 10,000-check reports.")  # fmt: skip
 def bench_writers(writers: int, readers: int, seconds: float, body_steps: int, rounds: int,
                   report_every_s: float) -> None:  # fmt: skip
     """Records/s and writer latency with concurrent readers, with and without large consistency reports."""
-    if min(writers, body_steps, rounds) < 1 or seconds <= 0 or report_every_s <= 0:
-        raise click.BadParameter("--writers, --body-steps and --rounds >= 1; --seconds and --report-every-s > 0")
     result = run(writers, readers, seconds, body_steps, rounds, report_every_s)
     click.echo(json.dumps({**result, "peak_rss_mb": peak_rss_mb()}, indent=2))

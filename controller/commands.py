@@ -20,6 +20,7 @@ import threading
 
 import click
 import httpx
+import pydantic
 import uvicorn
 
 from sparkgate.collectors.ingest import Ingestor
@@ -28,7 +29,9 @@ from sparkgate.collectors.sglang import SGLangPoller
 from sparkgate.collectors.store import Store
 from sparkgate.collectors.tracing import tracer_provider
 from sparkgate.collectors.writers import Writers, load_writers
+from sparkgate.policies.cli_types import HttpUrl
 from sparkgate.policies.rollout import DEFAULT_PATH, load_rollout_policy
+from sparkgate.policies.vocabulary import Phase
 
 from .actuators import SGLangActuator
 from .address import DEFAULT_PORT, DEFAULT_URL
@@ -36,7 +39,7 @@ from .collector_health import CollectorHealth
 from .evaluate import evaluate
 from .notify import Notifier, resolve
 from .queries import SLICE_COLUMNS, Slice, Window, slice_values
-from .service import check_bind, create_app
+from .service import Action, check_bind, create_app, listen
 from .sources import sources
 from .supervisor import Controller, Versions
 
@@ -48,10 +51,24 @@ controller_option = click.option(
     default=DEFAULT_URL,
     show_default=True,
     envvar="SPARKGATE_CONTROLLER",
+    type=HttpUrl(),
     help="Controller base URL.",
 )
+
+
+def _not_empty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    # An empty token is no token to a client and a token no request can present to the service.
+    if value == "":
+        raise click.BadParameter("'' is empty: give the token, or leave the option out", ctx, param)
+    return value
+
+
 token_option = click.option(
-    "--token", envvar="SPARKGATE_TOKEN", default=None, help="Operator bearer token [env SPARKGATE_TOKEN]."
+    "--token",
+    envvar="SPARKGATE_TOKEN",
+    default=None,
+    callback=_not_empty,
+    help="Operator bearer token [env SPARKGATE_TOKEN].",
 )
 
 
@@ -106,6 +123,7 @@ def poll_forever(
     "--sglang",
     "sglang_urls",
     multiple=True,
+    type=HttpUrl(),
     help="SGLang server to push the rollout to and poll records from (repeatable).",
 )
 @click.option(
@@ -116,7 +134,7 @@ def poll_forever(
     is_flag=True,
     help="The SGLang servers serve greedy requests only: pass their drafts on to recover censored labels.",
 )
-@click.option("--prometheus", default=None, help="Prometheus base URL for gates with promql.")
+@click.option("--prometheus", default=None, type=HttpUrl(), help="Prometheus base URL for gates with promql.")
 @click.option("--snapshot-dir", type=click.Path(file_okay=False), help="Publish Parquet snapshots after each tick.")
 @click.option("--cost-table-version", default=None, help="Announced to replicas in the policy.")
 @click.option("--sts-version", default=None, help="Announced to replicas in the policy.")
@@ -124,6 +142,7 @@ def poll_forever(
     "--otlp-endpoint",
     envvar="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
     default=None,
+    type=HttpUrl(),
     help="OTLP/HTTP traces URL (e.g. http://localhost:4318/v1/traces): one span per ingested step.",
 )
 def serve(
@@ -142,7 +161,10 @@ def serve(
     sts_version,
     otlp_endpoint,
 ):
-    """Run the controller: policy and ingest API, gates, rollout, /metrics."""
+    """Run the controller: policy and ingest API, gates, rollout, /metrics.
+
+    Every input is checked, and the address bound, before the store is opened: a bad option or a port in
+    use leaves the file as it was, and "listening" is printed only once the socket listens."""
     metrics = Metrics()
     try:
         found = load_writers(writers_path)
@@ -156,7 +178,7 @@ def serve(
     except (ValueError, RuntimeError) as exc:
         raise click.UsageError(str(exc)) from None
     tracer = provider.get_tracer("sparkgate.collectors") if provider else None
-    with Store(db) as store, _flushed(provider):
+    with listen(host, port) as listener, Store(db) as store, _flushed(provider):
         sglang = SGLangActuator(sglang_urls) if sglang_urls else None
         health = CollectorHealth()
         controller = Controller(
@@ -190,15 +212,17 @@ def serve(
             )
         for loop in loops:
             loop.start()
+        address = f"[{host}]" if ":" in host else host
+        listening = f"http://{address}:{listener.getsockname()[1]}"
         click.echo(
-            json.dumps(
-                {"listening": f"http://{host}:{port}", "db": db, **controller.policy_payload().model_dump(mode="json")}
-            ),
+            json.dumps({"listening": listening, "db": db, **controller.policy_payload().model_dump(mode="json")}),
             err=True,
         )
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
         try:
-            with _exit_on_sigterm():
-                uvicorn.run(app, host=host, port=port, log_level="warning")
+            # uvicorn.run's own handling: an interrupt is the way to stop, not an error.
+            with _exit_on_sigterm(), contextlib.suppress(KeyboardInterrupt):
+                server.run(sockets=[listener])
         finally:
             stop.set()
             for loop in loops:
@@ -242,18 +266,23 @@ def _call(method: str, url: str, path: str, token: str | None = None, **kwargs) 
         response = httpx.request(method, f"{url.rstrip('/')}{path}", headers=headers, timeout=30.0, **kwargs)
     except httpx.HTTPError as exc:
         raise click.ClickException(f"{url}: {exc}") from None
+    try:
+        body = response.json()
+    except ValueError:  # another server at that address (a dashboard, a proxy's error page)
+        body = None
+    text = " ".join(response.text.split())[:200]  # one line, whatever page came back
     if response.status_code >= 400:
-        try:
-            detail = response.json().get("detail", response.text)
-        except ValueError:
-            detail = response.text
+        detail = body.get("detail", text) if isinstance(body, dict) else text
         raise click.ClickException(f"{response.status_code}: {detail}")
-    return response.json()
+    if body is None:
+        raise click.ClickException(f"{url}{path} answered {text!r}, not JSON: is a sparkgate controller there?")
+    return body
 
 
 @click.command()
 @controller_option
-@click.option("--decisions", default=5, show_default=True, help="Also show this many recent decisions.")
+@click.option("--decisions", default=5, show_default=True, type=click.IntRange(0, 10_000),
+              help="Also show this many recent decisions (at most what /v1/decisions serves).")  # fmt: skip
 def status(url, decisions):
     """Show the phase, revision, stage counters, last gate verdicts and recent decisions."""
     body = _call("GET", url, "/v1/status")
@@ -269,9 +298,13 @@ def _operator_command(action: str, help_text: str) -> click.Command:
     @click.option("--operator", required=True, help="Who acts (recorded with the decision).")
     @click.option("--note", default="", help="Why (recorded with the decision).")
     def command(url, token, operator, note):
-        click.echo(
-            json.dumps(_call("POST", url, f"/v1/rollout/{action}", token, json={"operator": operator, "note": note}))
-        )
+        try:
+            body = Action(operator=operator, note=note)
+        except pydantic.ValidationError as exc:  # what the service would refuse, named before it is asked
+            error = exc.errors()[0]
+            shown = repr(error["input"]) if len(error["input"]) <= 60 else f"{error['input'][:60]!r}..."
+            raise click.BadParameter(f"{shown}: {error['msg']}", param_hint=[f"--{error['loc'][0]}"]) from None
+        click.echo(json.dumps(_call("POST", url, f"/v1/rollout/{action}", token, json=body.model_dump())))
 
     return command
 
@@ -300,12 +333,15 @@ def _since(value: str | None) -> float | None:
 
 @click.command()
 @click.option("--db", type=click.Path(exists=True, dir_okay=False), help="DuckDB file (not open elsewhere).")
-@click.option("--controller", "url", default=None, help="Ask a running controller instead of opening --db.")
+@click.option("--controller", "url", default=None, type=HttpUrl(),
+              help="Ask a running controller instead of opening --db.")  # fmt: skip
 @click.option("--since", default=None, help="Window start: unix seconds, ISO time, or a duration (30m, 2h, 1d).")
 @click.option("--by", type=click.Choice(sorted(SLICE_COLUMNS)), default=None, help="Also report each slice.")
-@click.option("--phase", default="canary", show_default=True, help="Phase whose gate inputs to show.")
+@click.option("--phase", default=Phase.CANARY.value, show_default=True, type=click.Choice([p.value for p in Phase]),
+              help="Phase whose gate inputs to show (with --db; a controller shows its own).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (the default prints it indented).")
-def report(db, url, since, by, phase, as_json):
+@click.pass_context
+def report(ctx, db, url, since, by, phase, as_json):
     """Metrics over a window: per-depth ECE with counts, utilization, miss rate, latency, throughput."""
     if (db is None) == (url is None):
         raise click.UsageError("give exactly one of --db or --controller")
@@ -313,6 +349,8 @@ def report(db, url, since, by, phase, as_json):
     if url is not None:
         if by:
             raise click.UsageError("--by needs --db")
+        if ctx.get_parameter_source("phase") is click.core.ParameterSource.COMMANDLINE:
+            raise click.UsageError("--phase needs --db (a controller reports the phase it is in)")
         body = _call("GET", url, "/v1/report", params={"since": window.since} if window.since else None)
     else:
         with Store(db) as store:

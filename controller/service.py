@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import socket
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
@@ -43,6 +44,7 @@ from sparkgate.collectors.ingest_api import ARROW_TYPES, NDJSON_TYPES, ingest_ro
 from sparkgate.collectors.reports import IntervalOverlap, TooManyReports
 from sparkgate.collectors.schema import Problem, json_safe
 from sparkgate.collectors.writers import Refused, Writers
+from sparkgate.policies.errors import InputError
 from sparkgate.policies.payload import PolicyPayload
 from sparkgate.policies.vocabulary import CheckKind, OperatorAction
 
@@ -109,6 +111,24 @@ def check_bind(host: str, token: str | None, writers: Writers | None = None) -> 
         raise ValueError(
             f"host={host!r}: listening beyond loopback needs writer credentials (SPARKGATE_WRITER_TOKEN or --writers)"
         )
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port`` (``port`` 0: one the system picks), set up as uvicorn sets up its
+    own (SO_REUSEADDR; IPv6 for a host with a colon). Raises ``InputError`` naming the address when it cannot
+    be had (in use, not this machine's, an empty host), so a command binds before it opens or starts
+    anything and says "listening" only once it is."""
+    if not host:
+        raise InputError("--host '': give the address to listen on (0.0.0.0: every IPv4 interface)")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen()
+    except OSError as exc:
+        sock.close()
+        raise InputError(f"--host/--port {host}:{port}: cannot listen there ({exc.strerror or exc})") from None
+    return sock
 
 
 def _authorizer(token: str | None):

@@ -1,4 +1,10 @@
-"""``sparkgate dashboard``: start the Streamlit app on one of the read-only sources."""
+"""``sparkgate dashboard``: start the Streamlit app on one of the read-only sources.
+
+Its inputs are checked before Streamlit starts (a server that started would report them only in the
+browser, or not at all): the policy loads, a ``--db`` that exists is a sparkgate store, a ``--controller``
+is a URL, and the address can be listened on. A ``--db`` or ``--snapshot-dir`` that does not exist yet is
+let through when something could still create it: the pages say what to run, and read it once it exists.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +13,15 @@ import sys
 from pathlib import Path
 
 import click
+import duckdb
 
-from sparkgate.controller.service import is_loopback
-from sparkgate.policies.rollout import DEFAULT_PATH
+from sparkgate.controller.service import is_loopback, listen
+from sparkgate.policies.cli_types import HttpUrl
+from sparkgate.policies.rollout import DEFAULT_PATH, RolloutPolicyError, load_rollout_policy
 
 APP = Path(__file__).with_name("app.py")
+# Bytes 8 to 12 of every DuckDB database file.
+DUCKDB_MAGIC = b"DUCK"
 
 
 def streamlit_command(app_args: list[str], host: str = "127.0.0.1", port: int = 8501) -> list[str]:
@@ -38,6 +48,32 @@ def streamlit_command(app_args: list[str], host: str = "127.0.0.1", port: int = 
     ]
 
 
+def check_store(path: str) -> None:
+    """Refuse a ``--db`` the pages could never read: a path in no folder, a file that is not DuckDB, or a DuckDB
+    file without sparkgate's tables. The file is opened read-only, so it is not changed; one a writer holds
+    locked is let through (the pages read a copy of it), without copying a large store once more here."""
+    file = Path(path)
+    if not file.exists():
+        if not file.parent.is_dir():
+            raise click.BadParameter(f"{path!r}: no folder {str(file.parent)!r} to hold it", param_hint=["--db"])
+        return
+    with file.open("rb") as head:
+        if head.read(12)[8:] != DUCKDB_MAGIC:
+            raise click.BadParameter(f"{path!r} is not a DuckDB file", param_hint=["--db"])
+    try:
+        with duckdb.connect(str(file), read_only=True) as con:
+            tables = {row[0] for row in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    except duckdb.IOException as exc:
+        if "lock" in str(exc).lower():  # a writer (``serve``) holds it: the pages read their copy of it
+            return
+        raise click.BadParameter(f"{path!r} cannot be read ({str(exc).splitlines()[0]})", param_hint=["--db"]) from None
+    except duckdb.Error as exc:
+        raise click.BadParameter(f"{path!r} cannot be read ({str(exc).splitlines()[0]})", param_hint=["--db"]) from None
+    if not {"schema_migrations", "steps"} <= tables:
+        held = ", ".join(sorted(tables)[:5]) or "no tables"
+        raise click.BadParameter(f"{path!r} is not a sparkgate store (it holds {held})", param_hint=["--db"])
+
+
 @click.command()
 @click.option("--db", type=click.Path(dir_okay=False), help="DuckDB file (read from a private copy).")
 @click.option(
@@ -45,7 +81,8 @@ def streamlit_command(app_args: list[str], host: str = "127.0.0.1", port: int = 
     type=click.Path(file_okay=False),
     help="Parquet snapshots published by `serve --snapshot-dir` or `collect --snapshot-dir`.",
 )
-@click.option("--controller", "url", help="A running controller's base URL (state, ledger and report only).")
+@click.option("--controller", "url", type=HttpUrl(),
+              help="A running controller's base URL (state, ledger and report only).")  # fmt: skip
 @click.option(
     "--policy",
     "policy_path",
@@ -76,6 +113,13 @@ def dashboard(db, snapshot_dir, url, policy_path, host, port, behind_auth_proxy)
     if len(given) != 1:
         raise click.UsageError("give exactly one of --db FILE, --snapshot-dir DIR or --controller URL")
     ((flag, value),) = given
+    try:
+        load_rollout_policy(policy_path)
+    except RolloutPolicyError as exc:
+        raise click.BadParameter(str(exc), param_hint=["--policy"]) from None
+    if db:
+        check_store(db)
+    listen(host, port).close()  # Streamlit would say so only after its start; it binds again at once
     command = streamlit_command([flag, value, "--policy", policy_path], host, port)
     click.echo(f"sparkgate dashboard on http://{host}:{port} ({flag} {value})", err=True)
     os.execv(command[0], command)

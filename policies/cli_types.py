@@ -1,4 +1,5 @@
-"""Command-line value types every layer's commands share: what a number on the command line may be.
+"""Command-line value types every layer's commands share: what a number, a list of counts or a server's
+URL on the command line may be.
 
 ``finite_numbers`` is applied by the console script to every command it loads, so no option takes NaN or
 infinity for a number (a NaN passes every range check, and a sleep, a threshold or a rate of NaN runs on
@@ -8,6 +9,7 @@ as if it were a value).
 from __future__ import annotations
 
 import math
+import urllib.parse
 from typing import Any
 
 import click
@@ -71,3 +73,21 @@ class CountList(click.ParamType):  # type: ignore[type-arg]
                 self.fail(f"{item!r} in {value!r} is not an integer >= {self.low}.", param, ctx)
             out.append(number)
         return tuple(out)
+
+
+class HttpUrl(click.ParamType):  # type: ignore[type-arg]
+    """A server's base URL: http or https, a host, a port (if any) from 1 to 65535, no whitespace. The value is
+    kept as given; anything else is a usage error naming the option and the value, before a request is made."""
+
+    name = "url"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        try:
+            parts = urllib.parse.urlsplit(text)
+            port = parts.port  # raises for a port that is not a number from 0 to 65535
+        except ValueError as exc:
+            self.fail(f"{text!r}: {exc}", param, ctx)
+        if parts.scheme not in ("http", "https") or not parts.hostname or port == 0 or any(c.isspace() for c in text):
+            self.fail(f"{text!r} is not an http:// or https:// URL with a host", param, ctx)
+        return text

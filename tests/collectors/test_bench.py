@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from sparkgate.cli import main
@@ -51,3 +52,15 @@ def test_the_append_ceiling_stores_what_the_batch_path_stores(tmp_path):
         with Store(tmp_path / f"{name}.duckdb") as store:
             counts.append({t: n for t, n in store.counts().items() if t in ("steps", "requests", "depth_labels")})
     assert rows[0] == rows[1] == counts[0]["depth_labels"] and counts[0] == counts[1]
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--rowwise-rows", "0"), ("--http-rows", "0"), ("--clients", "0"), ("--batch-steps", "0"),
+     ("--body-steps", "0"), ("--body-steps", "3196")],
+)  # fmt: skip
+def test_bench_ingest_refuses_a_size_it_cannot_measure(option, value):
+    small = ["--rows", "500", "--rowwise-rows", "500", "--http-rows", "500", "--batch-steps", "2", "--body-steps", "2"]
+    result = CliRunner().invoke(main, ["bench", "ingest", *small, option, value, "--json"])
+    assert result.exit_code == 2 and f"Invalid value for '{option}': {value} is not in the range" in result.output
+    assert "Traceback" not in result.output and not result.stdout

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from sparkgate.cli import main
+from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.store import Store
+from sparkgate.collectors.vllm import VLLMScraper
+from sparkgate.collectors.wire import from_ndjson
 from tests.collectors.loopback import scripted_server
 from tests.collectors.strategies import compact_row, step
 from tests.conftest import R1, R2, server_info
@@ -45,6 +49,24 @@ def test_ingest_export_and_prune(tmp_path):
         assert store.counts()["steps"] == 0
 
 
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["prune", "--db", "DB", "--older-than-days", "1e308"], "Invalid value for '--older-than-days': 1e+308"),
+        (["export", "--db", "DB", "--out", ""], "Invalid value for '--out': '' is empty"),
+    ],
+)
+def test_export_and_prune_refuse_bad_input_leaving_the_store_as_it_was(tmp_path, argv, named):
+    db = tmp_path / "cli.duckdb"
+    with Store(db) as store:
+        Ingestor(store).ingest(from_ndjson(json.dumps(step(1).to_dict()).encode()), "test")
+    before = db.read_bytes()
+    result = CliRunner().invoke(main, [str(db) if a == "DB" else a for a in argv])
+    assert result.exit_code == 2 and named in result.output, result.output
+    assert "Traceback" not in result.output and not result.stdout
+    assert db.read_bytes() == before and sorted(tmp_path.iterdir()) == [db]
+
+
 def test_collect_sglang_once(tmp_path):
     db = tmp_path / "collect.duckdb"
     with scripted_server("/server_info", [server_info([R1, R2])]) as url:
@@ -73,3 +95,62 @@ def test_collect_sglang_once(tmp_path):
 def test_collect_needs_a_source():
     result = CliRunner().invoke(main, ["collect"])
     assert result.exit_code == 2 and "--sglang, --vllm, --vllm-responses or --trtllm" in result.output
+
+
+CLOSED = "http://127.0.0.1:1"  # nothing listens on port 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--vllm", "nope"], "Invalid value for '--vllm': 'nope' is not an http:// or https:// URL"),
+        (["--trtllm", "ftp://host"], "Invalid value for '--trtllm': 'ftp://host'"),
+        (["--db", "DB", "--sglang", "http://host:99999"], "Invalid value for '--sglang': 'http://host:99999'"),
+        (["--db", "DB", "--sglang", "http://"], "Invalid value for '--sglang': 'http://'"),
+        (["--vllm", CLOSED, "--snapshot-dir", "SNAP"], "--snapshot-dir needs --db"),
+        # Usage is checked before the saved responses are read (and printed).
+        (["--vllm-responses", "RESPONSES", "--sglang", CLOSED], "--sglang needs --db"),
+    ],
+)
+def test_collect_refuses_bad_input_before_polling_or_writing(tmp_path, argv, named):
+    responses = tmp_path / "responses.jsonl"
+    responses.write_text("not JSON\n")
+    paths = {"DB": tmp_path / "c.duckdb", "SNAP": tmp_path / "snap", "RESPONSES": responses}
+    argv = [str(paths.get(a, a)) for a in argv]
+    result = CliRunner().invoke(main, ["collect", *argv, "--polls", "1", "--interval", "0"])
+    assert result.exit_code == 2 and named in result.output, result.output
+    assert "Traceback" not in result.output and not result.stdout
+    assert not paths["DB"].exists() and not paths["SNAP"].exists()
+
+
+def test_collect_fails_naming_each_server_that_no_poll_reached(tmp_path):
+    db = tmp_path / "collect.duckdb"
+    with scripted_server("/server_info", [server_info([R1, R2])]) as url:
+        argv = ["collect", "--db", str(db), "--sglang", url, "--vllm", CLOSED, "--polls", "2", "--interval", "0"]
+        result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    error = result.stderr.splitlines()[-1]
+    assert error.startswith(f"Error: --vllm {CLOSED}: no poll succeeded (last error: ") and url not in error
+    assert [json.loads(line)["steps"] for line in result.stdout.splitlines()] == [2, 0]
+    with Store(db) as store:
+        assert store.counts()["steps"] == 2  # what the server that answered sent is kept
+
+
+def test_collect_succeeds_when_a_server_answers_after_failing_first(tmp_path):
+    with scripted_server("/server_info", ["not JSON", server_info([R1, R2])]) as url:
+        argv = ["collect", "--db", str(tmp_path / "c.duckdb"), "--sglang", url, "--polls", "2", "--interval", "0"]
+        result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 0, result.output
+    assert '"error"' in result.stderr and json.loads(result.stdout)["steps"] == 2
+
+
+def test_collect_until_interrupted_fails_when_a_server_never_answered(monkeypatch):
+    outcomes = iter([ConnectionError("refused"), KeyboardInterrupt()])
+
+    def scrape(self):
+        raise next(outcomes)
+
+    monkeypatch.setattr(VLLMScraper, "scrape", scrape)
+    result = CliRunner().invoke(main, ["collect", "--vllm", CLOSED, "--interval", "0"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.stderr.splitlines()[-1] == f"Error: --vllm {CLOSED}: no poll succeeded (last error: refused)"

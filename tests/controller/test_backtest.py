@@ -59,3 +59,15 @@ def test_a_store_without_decisions_is_a_clear_error(tmp_path):
     assert result.exit_code != 0 and "no decisions to replay" in result.output
     assert summary([]) == {"decisions": 0, "agree": 0, "first_difference_at_s": None, "stored_phases": [],
                            "replayed_phases": []}  # fmt: skip
+
+
+def test_a_bad_policy_is_named_before_the_store_is_opened(tmp_path):
+    with Store(tmp_path / "empty.duckdb"):
+        pass  # no decisions: the policy used to be read only when there were some
+    before = (tmp_path / "empty.duckdb").read_bytes()
+    policy = tmp_path / "bad.yaml"
+    policy.write_text("gates: 5\n")
+    result = CliRunner().invoke(main, ["backtest", "--db", str(tmp_path / "empty.duckdb"), "--policy", str(policy)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"Invalid value for '--policy': {policy}: gates: expected a list, got 5" in result.output
+    assert (tmp_path / "empty.duckdb").read_bytes() == before

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+from click.testing import CliRunner
+
+from sparkgate.cli import main
 from sparkgate.controller.bench import run
 
 
@@ -21,3 +25,11 @@ def test_benchmark_smoke():
     }
     assert keys <= result.keys() and len(result["eval_runs_ms"]) == 2
     assert result["eval_window_read"] in ("slid", "fresh")
+
+
+@pytest.mark.parametrize("option", ["--replicas", "--repeats"])
+def test_bench_controller_refuses_a_count_of_zero(option):
+    argv = ["bench", "controller", "--labels", "500", "--replicas", "2", "--repeats", "1", option, "0", "--json"]
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 2 and f"Invalid value for '{option}': 0 is not in the range x>=1" in result.output
+    assert "Traceback" not in result.output and not result.stdout

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from sparkgate.cli import main
@@ -19,3 +20,16 @@ def test_bench_writers_reports_both_arms_and_their_p99_ratio():
         assert len(arm["runs"]) == 2 and all(r["requests"] > 0 and r["records_per_s"] > 0 for r in arm["runs"])
     assert len(report["p99_ratio_runs"]) == 2 and report["p99_ratio_range"][0] <= report["p99_ratio_median"]
     assert isinstance(report["met"], bool)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "range_"),
+    [("--writers", "0", "x>=1"), ("--readers", "-1", "x>=0"), ("--seconds", "0.0", "x>0"),
+     ("--body-steps", "0", "1<=x<=6100"), ("--body-steps", "6101", "1<=x<=6100"), ("--rounds", "0", "x>=1"),
+     ("--report-every-s", "0.0", "x>0")],
+)  # fmt: skip
+def test_bench_writers_names_the_option_and_value_out_of_range(option, value, range_):
+    small = ["--writers", "1", "--readers", "0", "--seconds", "0.1", "--body-steps", "2", "--rounds", "1"]
+    result = CliRunner().invoke(main, ["bench", "writers", *small, option, value])
+    assert result.exit_code == 2 and "Traceback" not in result.output and not result.stdout
+    assert f"Invalid value for '{option}': {value} is not in the range {range_}" in result.output

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -21,6 +23,7 @@ from sparkgate.controller.service import create_app
 from sparkgate.controller.supervisor import Controller
 from sparkgate.demo.fleet import Fleet, free_port
 from sparkgate.policies.rollout import DEFAULT_PATH, load_rollout_policy, parse_rollout_policy
+from tests.collectors.loopback import scripted_server
 from tests.collectors.otlp_receiver import attributes, otlp_receiver
 from tests.collectors.strategies import compact_row, step
 from tests.conftest import T0, ingest_synthetic
@@ -148,3 +151,77 @@ def test_serve_refuses_a_webhook_whose_secret_is_not_in_the_environment(tmp_path
     assert result.exit_code == 2
     assert "notify[0].url_env: environment variable SPARKGATE_TEST_HOOK is not set" in result.output
     assert not (tmp_path / "c.duckdb").exists()  # refused before anything was written
+
+
+def test_serve_on_a_port_in_use_says_so_in_one_line_before_opening_the_store(tmp_path):
+    db = tmp_path / "s.duckdb"
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+        result = CliRunner().invoke(main, ["serve", "--db", str(db), "--port", str(port)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.strip().splitlines() == [
+        f"Error: --host/--port 127.0.0.1:{port}: cannot listen there (Address already in use)"
+    ]
+    assert not db.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--sglang", "not a url"], "Invalid value for '--sglang': 'not a url'"),
+        (["--prometheus", "prometheus:9090"], "Invalid value for '--prometheus': 'prometheus:9090'"),
+        (["--otlp-endpoint", "http://otel:99999"], "Invalid value for '--otlp-endpoint': 'http://otel:99999'"),
+        (["--token", ""], "Invalid value for '--token': '' is empty"),
+    ],
+)
+def test_serve_refuses_bad_input_before_binding_or_opening_the_store(tmp_path, argv, named):
+    db = tmp_path / "s.duckdb"
+    # A port in use, so that a serve that did not refuse stops at the bind instead of serving.
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = str(held.getsockname()[1])
+        result = CliRunner().invoke(main, ["serve", "--db", str(db), "--port", port, *argv])
+    assert result.exit_code == 2 and named in result.output, result.output
+    assert "Traceback" not in result.output and "listening" not in result.output
+    assert not db.exists()
+
+
+CLOSED = "http://127.0.0.1:1"  # nothing listens there: a command that did not refuse would fail to connect
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["status", "--controller", "127.0.0.1:8470"], "Invalid value for '--controller': '127.0.0.1:8470'"),
+        (["status", "--controller", CLOSED, "--decisions", "-1"], "Invalid value for '--decisions': -1"),
+        (["status", "--controller", CLOSED, "--decisions", "10001"], "Invalid value for '--decisions': 10001"),
+        (["promote", "--controller", CLOSED, "--operator", ""], "Invalid value for '--operator': ''"),
+        (["abort", "--controller", CLOSED, "--operator", "ops", "--note", "n" * 2001],
+         "Invalid value for '--note': 'nnnnn"),
+        (["pause", "--controller", CLOSED, "--operator", "ops", "--token", ""], "Invalid value for '--token': ''"),
+        (["resume", "--controller", "http://[::1", "--operator", "ops"], "Invalid value for '--controller'"),
+        (["report", "--controller", "localhost"], "Invalid value for '--controller': 'localhost'"),
+        (["report", "--controller", CLOSED, "--phase", "shadow"], "--phase needs --db"),
+    ],
+)  # fmt: skip
+def test_client_commands_refuse_bad_input_before_asking_the_controller(argv, named):
+    result = CliRunner().invoke(main, argv, env={"SPARKGATE_TOKEN": None, "SPARKGATE_CONTROLLER": None})
+    assert result.exit_code == 2 and named in result.output, result.output
+    assert "Traceback" not in result.output and CLOSED not in result.output and not result.stdout
+
+
+def test_report_takes_a_phase_of_the_ladder_only(db):
+    before = Path(db).read_bytes()
+    result = CliRunner().invoke(main, ["report", "--db", db, "--phase", "canery"])
+    assert result.exit_code == 2 and "Invalid value for '--phase': 'canery' is not one of 'baseline'" in result.output
+    assert "Traceback" not in result.output and Path(db).read_bytes() == before
+    assert json.loads(run("report", "--db", db, "--phase", "paused", "--json").output)["gates"]
+
+
+def test_a_server_that_is_not_a_controller_is_named_in_one_line():
+    with scripted_server("/v1/status", ["<html>\n<p>a dashboard</p>\n</html>"], content_type="text/html") as url:
+        result = CliRunner().invoke(main, ["status", "--controller", url])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.strip().splitlines() == [
+        f"Error: {url}/v1/status answered '<html> <p>a dashboard</p> </html>', not JSON: is a sparkgate controller "
+        "there?"
+    ]

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkgate.policies.cli_types import CountList, FiniteFloat, FiniteFloatRange, finite_numbers
+from sparkgate.policies.cli_types import CountList, FiniteFloat, FiniteFloatRange, HttpUrl, finite_numbers
 
 
 def _group() -> click.Group:
@@ -75,4 +75,29 @@ def test_a_count_list_reads_every_item_in_order(counts):
 def test_a_count_list_names_the_item_that_is_not_a_count(text, named):
     with pytest.raises(click.BadParameter) as caught:
         CountList().convert(text, None, None)
+    assert caught.value.message == named
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:8470", "https://sglang.internal/", "http://[::1]:30000", "http://h:65535/base"]
+)
+def test_a_server_url_is_kept_as_given(url):
+    assert HttpUrl().convert(url, None, None) == url
+
+
+@pytest.mark.parametrize(
+    ("url", "named"),
+    [
+        ("localhost:8470", "'localhost:8470' is not an http:// or https:// URL with a host"),
+        ("ftp://host", "'ftp://host' is not an http:// or https:// URL with a host"),
+        ("http://", "'http://' is not an http:// or https:// URL with a host"),
+        ("http://host:0", "'http://host:0' is not an http:// or https:// URL with a host"),
+        ("http://ho st", "'http://ho st' is not an http:// or https:// URL with a host"),
+        ("http://host:99999", "'http://host:99999': Port out of range 0-65535"),
+        ("http://host:port", "'http://host:port': Port could not be cast to integer value as 'port'"),
+    ],
+)
+def test_a_server_url_that_no_request_could_reach_is_named(url, named):
+    with pytest.raises(click.BadParameter) as caught:
+        HttpUrl().convert(url, None, None)
     assert caught.value.message == named
