@@ -104,7 +104,7 @@ def export(db: str, out: str, since: str | None) -> None:
     if not out:  # would be the working directory
         raise click.BadParameter("'' is empty: give the export root directory", param_hint=["--out"])
     start = _day(since)
-    with Store(db) as store:
+    with Store(db, create=False) as store:
         written = store.export(out, start)
     click.echo(json.dumps({"out": str(Path(out)), **written}))
 
@@ -119,7 +119,7 @@ def prune(db: str, older_than_days: float) -> None:
         raise click.BadParameter(
             f"{older_than_days:g}: the window reaches back past any time", param_hint=["--older-than-days"]
         )
-    with Store(db) as store:
+    with Store(db, create=False) as store:
         deleted = store.delete_before(cutoff)
     click.echo(json.dumps({"deleted": deleted}))
 
@@ -183,6 +183,8 @@ def collect(
         raise click.UsageError("--sglang needs --db")
     if snapshot_dir and not db:
         raise click.UsageError("--snapshot-dir needs --db (the snapshots are of that store)")
+    if db and not sglang_urls:  # only SGLang's records are stored: the file would be made and stay empty
+        raise click.UsageError("--db stores --sglang records: give --sglang, or leave --db out")
     for path in vllm_responses:
         try:
             click.echo(json.dumps({"vllm_responses": path, **read_responses(path, vllm_adaptive).to_dict()}))

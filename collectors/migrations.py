@@ -203,12 +203,13 @@ def current_version(con: duckdb.DuckDBPyConnection) -> int:
     return con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchall()[0][0]
 
 
-def migrate(con: duckdb.DuckDBPyConnection) -> int:
+def migrate(con: duckdb.DuckDBPyConnection, create: bool = True) -> int:
     """Apply every pending migration; returns the resulting version.
 
     Raises ``StoreOpenError``, having written nothing, for another application's database (tables but no
-    ``schema_migrations``: ours are not added beside them) and for a store written by a newer sparkgate,
-    which this code cannot read correctly.
+    ``schema_migrations``: ours are not added beside them), for a store written by a newer sparkgate,
+    which this code cannot read correctly, and without ``create`` for a database that holds no tables (a
+    command that reads a store's history was given the wrong file, and must not make it a store).
     """
     tables = con.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_catalog = current_database() ORDER BY 1"
@@ -217,6 +218,8 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
     if names and "schema_migrations" not in names:
         shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
         raise StoreOpenError(f"not a sparkgate store (it holds other tables: {shown}); nothing was changed")
+    if not names and not create:
+        raise StoreOpenError("an empty database, not a sparkgate store; nothing was changed")
     version = current_version(con)
     latest = MIGRATIONS[-1][0]
     if version > latest:

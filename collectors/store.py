@@ -111,8 +111,10 @@ def stage(parsed: Parsed, sums_from: int | None = None) -> Staged:
 class Store:
     """A DuckDB file holding the event tables; migrates it on open (``StoreOpenError`` when it cannot)."""
 
-    def __init__(self, path: str | os.PathLike, threads: int | None = None):
-        """``threads`` caps DuckDB's worker threads (None: one per core), for processes that share cores."""
+    def __init__(self, path: str | os.PathLike, threads: int | None = None, create: bool = True):
+        """``threads`` caps DuckDB's worker threads (None: one per core), for processes that share cores.
+        Without ``create`` the path must already hold a store (commands that read history: ``report``,
+        ``backtest``, ``export``, ``prune``); an older one is still migrated, so its queries can run."""
         self.path = Path(path)
         config: dict[str, str | bool | int | float | list[str]] = {"threads": threads} if threads else {}
         # No write-ahead log to bound in memory: an in-memory store's automatic checkpoints only compress what
@@ -120,6 +122,10 @@ class Store:
         # checkpoints once its log passes FILE_CHECKPOINT: a 1,000-step batch logs about 15 MB, so DuckDB's
         # default (16 MB) checkpointed every other commit.
         config["checkpoint_threshold"] = "1TB" if str(self.path) == ":memory:" else FILE_CHECKPOINT
+        if str(path).endswith(("/", os.sep)):  # Path() drops the slash, and DuckDB would make a file of it
+            raise StoreOpenError(f"{path}: names a folder, not a store file")
+        if not create and str(self.path) != ":memory:" and not self.path.is_file():
+            raise StoreOpenError(f"{self.path}: no store there")
         try:
             self._con = duckdb.connect(str(self.path), config=config)
         except duckdb.IOException as exc:  # not a DuckDB file, a directory, no such folder, locked by a process
@@ -127,7 +133,7 @@ class Store:
         self._lock = threading.Lock()
         self._sums = label_sums.Keeper()
         try:
-            self.version = migrate(self._con)
+            self.version = migrate(self._con, create)
         except StoreOpenError as exc:
             self._con.close()
             raise StoreOpenError(f"{self.path}: {exc}") from None

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import click
 
 from sparkgate.collectors.store import Store
+from sparkgate.policies.cli_types import PastTime
 from sparkgate.policies.rollout import RolloutPolicyError, load_rollout_policy
 from sparkgate.policies.vocabulary import CHANGES_POLICY, Action
 
@@ -145,8 +146,8 @@ def _phases(decisions) -> list[str]:
 @click.command("backtest")
 @click.option("--db", required=True, type=click.Path(exists=True, dir_okay=False), help="DuckDB file (not in use).")
 @click.option("--policy", "policy_path", required=True, type=click.Path(exists=True, dir_okay=False))
-# Any finite time is a bound: before the first decision it replays them all, after the last there are none.
-@click.option("--since", type=float, default=None, help="Replay the decisions from this unix time on.")
+@click.option("--since", type=PastTime(), default=None,
+              help="Replay decisions from then on: unix seconds, ISO time, or a duration ago (30m, 2h).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: every row and the summary.")
 def backtest(db: str, policy_path: str, since: float | None, as_json: bool) -> None:
     """Replay a store's history through a policy, beside the decisions it holds; acts on nothing."""
@@ -154,7 +155,7 @@ def backtest(db: str, policy_path: str, since: float | None, as_json: bool) -> N
         load_rollout_policy(policy_path)  # named before the store is opened, decisions to replay or not
     except RolloutPolicyError as exc:
         raise click.BadParameter(str(exc), param_hint=["--policy"]) from None
-    with Store(db) as store:
+    with Store(db, create=False) as store:
         rows = replay(store, policy_path, since)
     if not rows:
         raise click.ClickException(f"{db}: no decisions to replay")

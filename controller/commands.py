@@ -12,7 +12,6 @@ a running controller with ``--controller``).
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 import logging
 import signal
@@ -29,7 +28,7 @@ from sparkgate.collectors.sglang import SGLangPoller
 from sparkgate.collectors.store import Store
 from sparkgate.collectors.tracing import tracer_provider
 from sparkgate.collectors.writers import Writers, load_writers
-from sparkgate.policies.cli_types import HttpUrl
+from sparkgate.policies.cli_types import HttpUrl, PastTime
 from sparkgate.policies.rollout import DEFAULT_PATH, load_rollout_policy
 from sparkgate.policies.vocabulary import Phase
 
@@ -56,10 +55,11 @@ controller_option = click.option(
 )
 
 
-def _not_empty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    # An empty token is no token to a client and a token no request can present to the service.
+def not_empty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A click callback: an option given as '' is refused (an empty token is no token to a client, and an
+    empty version tells a replica nothing)."""
     if value == "":
-        raise click.BadParameter("'' is empty: give the token, or leave the option out", ctx, param)
+        raise click.BadParameter("'' is empty: give a value, or leave the option out", ctx, param)
     return value
 
 
@@ -67,7 +67,7 @@ token_option = click.option(
     "--token",
     envvar="SPARKGATE_TOKEN",
     default=None,
-    callback=_not_empty,
+    callback=not_empty,
     help="Operator bearer token [env SPARKGATE_TOKEN].",
 )
 
@@ -136,8 +136,8 @@ def poll_forever(
 )
 @click.option("--prometheus", default=None, type=HttpUrl(), help="Prometheus base URL for gates with promql.")
 @click.option("--snapshot-dir", type=click.Path(file_okay=False), help="Publish Parquet snapshots after each tick.")
-@click.option("--cost-table-version", default=None, help="Announced to replicas in the policy.")
-@click.option("--sts-version", default=None, help="Announced to replicas in the policy.")
+@click.option("--cost-table-version", default=None, callback=not_empty, help="Announced to replicas in the policy.")
+@click.option("--sts-version", default=None, callback=not_empty, help="Announced to replicas in the policy.")
 @click.option(
     "--otlp-endpoint",
     envvar="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
@@ -291,6 +291,17 @@ def status(url, decisions):
     click.echo(json.dumps(body, indent=2))
 
 
+def action_body(operator: str, note: str) -> dict:
+    """An operator action's request body, checked as the service checks it: what it would refuse is named,
+    option and value, before it is asked."""
+    try:
+        return Action(operator=operator, note=note).model_dump()
+    except pydantic.ValidationError as exc:
+        error = exc.errors()[0]
+        shown = repr(error["input"]) if len(error["input"]) <= 60 else f"{error['input'][:60]!r}..."
+        raise click.BadParameter(f"{shown}: {error['msg']}", param_hint=[f"--{error['loc'][0]}"]) from None
+
+
 def _operator_command(action: str, help_text: str) -> click.Command:
     @click.command(action, help=help_text)
     @controller_option
@@ -298,13 +309,7 @@ def _operator_command(action: str, help_text: str) -> click.Command:
     @click.option("--operator", required=True, help="Who acts (recorded with the decision).")
     @click.option("--note", default="", help="Why (recorded with the decision).")
     def command(url, token, operator, note):
-        try:
-            body = Action(operator=operator, note=note)
-        except pydantic.ValidationError as exc:  # what the service would refuse, named before it is asked
-            error = exc.errors()[0]
-            shown = repr(error["input"]) if len(error["input"]) <= 60 else f"{error['input'][:60]!r}..."
-            raise click.BadParameter(f"{shown}: {error['msg']}", param_hint=[f"--{error['loc'][0]}"]) from None
-        click.echo(json.dumps(_call("POST", url, f"/v1/rollout/{action}", token, json=body.model_dump())))
+        click.echo(json.dumps(_call("POST", url, f"/v1/rollout/{action}", token, json=action_body(operator, note))))
 
     return command
 
@@ -315,27 +320,12 @@ pause = _operator_command("pause", "Hold the current stage: no automatic advance
 resume = _operator_command("resume", "Leave fallback (to the first serving stage) or paused (to its stage).")
 
 
-def _since(value: str | None) -> float | None:
-    """Unix seconds, an ISO date/time (UTC unless it says otherwise), or a duration like 30m / 2h / 1d ago."""
-    if value is None:
-        return None
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    try:
-        if value[-1:] in units and value[:-1].replace(".", "", 1).isdigit():
-            return dt.datetime.now(dt.UTC).timestamp() - float(value[:-1]) * units[value[-1]]
-        if value.replace(".", "", 1).isdigit():
-            return float(value)
-        parsed = dt.datetime.fromisoformat(value)
-        return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).timestamp()
-    except ValueError:
-        raise click.BadParameter(f"--since={value!r}: expected unix seconds, an ISO time, or e.g. 30m") from None
-
-
 @click.command()
 @click.option("--db", type=click.Path(exists=True, dir_okay=False), help="DuckDB file (not open elsewhere).")
 @click.option("--controller", "url", default=None, type=HttpUrl(),
               help="Ask a running controller instead of opening --db.")  # fmt: skip
-@click.option("--since", default=None, help="Window start: unix seconds, ISO time, or a duration (30m, 2h, 1d).")
+@click.option("--since", type=PastTime(), default=None,
+              help="Window start: unix seconds, ISO time, or a duration (30m, 2h, 1d).")  # fmt: skip
 @click.option("--by", type=click.Choice(sorted(SLICE_COLUMNS)), default=None, help="Also report each slice.")
 @click.option("--phase", default=Phase.CANARY.value, show_default=True, type=click.Choice([p.value for p in Phase]),
               help="Phase whose gate inputs to show (with --db; a controller shows its own).")  # fmt: skip
@@ -345,7 +335,7 @@ def report(ctx, db, url, since, by, phase, as_json):
     """Metrics over a window: per-depth ECE with counts, utilization, miss rate, latency, throughput."""
     if (db is None) == (url is None):
         raise click.UsageError("give exactly one of --db or --controller")
-    window = Window(_since(since))
+    window = Window(since)
     if url is not None:
         if by:
             raise click.UsageError("--by needs --db")
@@ -353,7 +343,7 @@ def report(ctx, db, url, since, by, phase, as_json):
             raise click.UsageError("--phase needs --db (a controller reports the phase it is in)")
         body = _call("GET", url, "/v1/report", params={"since": window.since} if window.since else None)
     else:
-        with Store(db) as store:
+        with Store(db, create=False) as store:
             body = evaluate(store, window).report(phase)
             body["sources"] = sources(store, window, Slice())
             if by:

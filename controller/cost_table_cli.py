@@ -12,7 +12,7 @@ import json
 
 import click
 
-from .commands import _call, controller_option, token_option
+from .commands import _call, action_body, controller_option, token_option
 
 
 @click.group("cost-table")
@@ -60,5 +60,4 @@ def show(url, version):
 @click.option("--note", default="", help="Why (recorded with the decision).")
 def revert(url, token, operator, note):
     """Serve the static tables again now; adaptive continues on them, without fitted tables."""
-    body = {"operator": operator, "note": note}
-    click.echo(json.dumps(_call("POST", url, "/v1/rollout/revert_table", token, json=body)))
+    click.echo(json.dumps(_call("POST", url, "/v1/rollout/revert_table", token, json=action_body(operator, note))))

@@ -178,7 +178,7 @@ def check(store: Store, model: dict, rows: int = 20_000, seed: int = 0) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 def simulate_fit(db: str, out: str | None, fit_path: str | None, as_json: bool) -> None:
     """Fit the simulator's fleet model to a runtime's records, and check the model against them (KS)."""
-    with Store(db) as store:
+    with Store(db, create=False) as store:
         try:
             model = load(fit_path) if fit_path else fit(store)
         except ValueError as exc:

@@ -1,5 +1,5 @@
-"""Command-line value types every layer's commands share: what a number, a list of counts or a server's
-URL on the command line may be.
+"""Command-line value types every layer's commands share: what a number, a list of counts, a server's URL
+or a point in the past on the command line may be.
 
 ``finite_numbers`` is applied by the console script to every command it loads, so no option takes NaN or
 infinity for a number (a NaN passes every range check, and a sleep, a threshold or a rate of NaN runs on
@@ -8,6 +8,7 @@ as if it were a value).
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import urllib.parse
 from typing import Any
@@ -91,3 +92,27 @@ class HttpUrl(click.ParamType):  # type: ignore[type-arg]
         if parts.scheme not in ("http", "https") or not parts.hostname or port == 0 or any(c.isspace() for c in text):
             self.fail(f"{text!r} is not an http:// or https:// URL with a host", param, ctx)
         return text
+
+
+_SECONDS_PER = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class PastTime(click.ParamType):  # type: ignore[type-arg]
+    """A window's start as unix seconds: given as unix seconds, an ISO date or time (UTC unless it says
+    otherwise), or a duration ago (``30m``, ``2h``, ``1d``); anything else is a usage error naming it."""
+
+    name = "time"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            return value
+        text = str(value).strip()
+        try:
+            if text[-1:] in _SECONDS_PER and text[:-1].replace(".", "", 1).isdigit():
+                return dt.datetime.now(dt.UTC).timestamp() - float(text[:-1]) * _SECONDS_PER[text[-1]]
+            if text.replace(".", "", 1).isdigit():
+                return float(text)
+            parsed = dt.datetime.fromisoformat(text)
+            return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).timestamp()
+        except (ValueError, OverflowError):
+            self.fail(f"{value!r}: expected unix seconds, an ISO time, or a duration such as 30m", param, ctx)

@@ -108,6 +108,7 @@ CLOSED = "http://127.0.0.1:1"  # nothing listens on port 1
         (["--db", "DB", "--sglang", "http://host:99999"], "Invalid value for '--sglang': 'http://host:99999'"),
         (["--db", "DB", "--sglang", "http://"], "Invalid value for '--sglang': 'http://'"),
         (["--vllm", CLOSED, "--snapshot-dir", "SNAP"], "--snapshot-dir needs --db"),
+        (["--db", "DB", "--vllm", CLOSED], "--db stores --sglang records: give --sglang, or leave --db out"),
         # Usage is checked before the saved responses are read (and printed).
         (["--vllm-responses", "RESPONSES", "--sglang", CLOSED], "--sglang needs --db"),
     ],

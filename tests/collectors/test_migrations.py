@@ -45,6 +45,24 @@ def test_what_is_not_a_store_is_refused_by_name_and_left_as_it_was(tmp_path):
     assert text.read_text() == "not a database\n"
     with pytest.raises(StoreOpenError, match="No such file or directory"):
         Store(tmp_path / "no-such-folder" / "x.duckdb")
+    with pytest.raises(StoreOpenError, match=r"new/: names a folder, not a store file"):
+        Store(f"{tmp_path}/new/")
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_reader_of_history_does_not_make_a_store_of_an_empty_database_or_a_missing_path(tmp_path):
+    blank = tmp_path / "blank.duckdb"
+    duckdb.connect(str(blank)).close()
+    before = blank.read_bytes()
+    with pytest.raises(StoreOpenError, match=r"blank.duckdb: an empty database, not a sparkgate store; nothing was"):
+        Store(blank, create=False)
+    assert blank.read_bytes() == before
+    with pytest.raises(StoreOpenError, match=r"missing.duckdb: no store there"):
+        Store(tmp_path / "missing.duckdb", create=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blank.duckdb"]
+    Store(blank).close()  # a writer makes it one
+    with Store(blank, create=False) as store:
+        assert store.version == MIGRATIONS[-1][0]
 
 
 def test_versions_count_up_from_one_so_order_is_the_order_of_the_tuple():

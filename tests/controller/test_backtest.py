@@ -71,3 +71,19 @@ def test_a_bad_policy_is_named_before_the_store_is_opened(tmp_path):
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert f"Invalid value for '--policy': {policy}: gates: expected a list, got 5" in result.output
     assert (tmp_path / "empty.duckdb").read_bytes() == before
+
+
+def test_since_takes_the_times_report_takes(fixture_store, tmp_path):
+    import datetime as dt
+
+    db = copied(fixture_store, tmp_path)
+    with Store(db) as store:
+        second = replay(store, str(fixture_store.policy_path))[1].at
+    iso = dt.datetime.fromtimestamp(second, dt.UTC).isoformat()
+    argv = ["backtest", "--db", str(db), "--policy", str(fixture_store.policy_path), "--json", "--since"]
+    for since in (iso, repr(second)):
+        result = CliRunner().invoke(main, [*argv, since])
+        assert result.exit_code == 0, result.output
+        assert [r["stored"]["action"] for r in json.loads(result.output)["rows"]] == ["advance", "rollback"]
+    bad = CliRunner().invoke(main, [*argv, "nan"])
+    assert bad.exit_code == 2 and "Invalid value for '--since': 'nan': expected unix seconds" in bad.output

@@ -3,13 +3,15 @@ and a count list names the item that is not a count."""
 
 from __future__ import annotations
 
+import time
+
 import click
 import pytest
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkgate.policies.cli_types import CountList, FiniteFloat, FiniteFloatRange, HttpUrl, finite_numbers
+from sparkgate.policies.cli_types import CountList, FiniteFloat, FiniteFloatRange, HttpUrl, PastTime, finite_numbers
 
 
 def _group() -> click.Group:
@@ -101,3 +103,31 @@ def test_a_server_url_that_no_request_could_reach_is_named(url, named):
     with pytest.raises(click.BadParameter) as caught:
         HttpUrl().convert(url, None, None)
     assert caught.value.message == named
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("1750000080", 1750000080.0),
+        ("1750000080.5", 1750000080.5),
+        ("2025-06-15T15:08:00", 1750000080.0),  # UTC unless it says otherwise
+        ("2025-06-15T17:08:00+02:00", 1750000080.0),
+        ("2025-06-15", 1749945600.0),
+    ],
+)
+def test_a_past_time_is_unix_seconds_or_an_iso_time(text, seconds):
+    assert PastTime().convert(text, None, None) == seconds
+
+
+@pytest.mark.parametrize(("text", "ago"), [("90s", 90), ("30m", 1800), ("2h", 7200), ("1.5d", 129600)])
+def test_a_duration_is_that_long_before_now(text, ago):
+    before = time.time()
+    got = PastTime().convert(text, None, None)
+    assert before - ago - 1 <= got <= time.time() - ago
+
+
+@pytest.mark.parametrize("text", ["yesterday", "nan", "inf", "-5", "30x", "1e999", "", "2025-13-01"])
+def test_anything_else_is_named(text):
+    with pytest.raises(click.BadParameter) as caught:
+        PastTime().convert(text, None, None)
+    assert caught.value.message == f"{text!r}: expected unix seconds, an ISO time, or a duration such as 30m"
