@@ -116,3 +116,22 @@ class PastTime(click.ParamType):  # type: ignore[type-arg]
             return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).timestamp()
         except (ValueError, OverflowError):
             self.fail(f"{value!r}: expected unix seconds, an ISO time, or a duration such as 30m", param, ctx)
+
+
+class FloatList(click.ParamType):  # type: ignore[type-arg]
+    """Comma-separated finite numbers within a range (``click.FloatRange``'s arguments): a tuple, or a usage
+    error naming the option and the item that is not."""
+
+    name = "numbers"
+
+    def __init__(self, min: float | None = None, max: float | None = None, min_open: bool = False):
+        self.item = FiniteFloatRange(min, max, min_open=min_open)
+        self.item.name = "number"  # a bad item reads "'a' is not a valid number", not "... float range"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[float, ...]:
+        if isinstance(value, tuple):
+            return value
+        items = [part.strip() for part in str(value).split(",") if part.strip()]
+        if not items:
+            self.fail(f"{value!r}: expected numbers separated by commas.", param, ctx)
+        return tuple(float(self.item.convert(item, param, ctx)) for item in items)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import click
+import duckdb
 import pytest
 from click.testing import CliRunner
 
@@ -60,6 +61,7 @@ def test_help_lists_the_runtime_commands():
         (["ingest", "--db", "DB", "--batch-lines", "0"], "--batch-lines"),
         (["bench", "e2e", "--batches", "8,0"], "'0' in '8,0' is not an integer >= 1"),
         (["report", "--db", "TEXT"], "not a valid DuckDB database file"),
+        (["backtest", "--db", "BLANK", "--policy", "POLICY"], "an empty database, not a sparkgate store"),
         (["export", "--db", "DB", "--out", "TEXT/sub"], "TEXT"),
     ],
 )
@@ -68,11 +70,43 @@ def test_bad_input_is_one_line_naming_it_and_no_traceback(tmp_path, argv, named)
     from sparkgate.policies.rollout import DEFAULT_PATH
 
     Store(tmp_path / "s.duckdb").close()
+    duckdb.connect(str(tmp_path / "blank.duckdb")).close()
+    blank = (tmp_path / "blank.duckdb").read_bytes()
     text = tmp_path / "notes.txt"
     text.write_text("not a database\n")
-    paths = {"POLICY": str(DEFAULT_PATH), "DB": str(tmp_path / "s.duckdb"), "TEXT": str(text)}
+    paths = {"POLICY": str(DEFAULT_PATH), "DB": str(tmp_path / "s.duckdb"), "TEXT": str(text),
+             "BLANK": str(tmp_path / "blank.duckdb")}  # fmt: skip
     argv = [paths.get(a, a).replace("TEXT", str(text)) for a in argv]
     result = CliRunner().invoke(main, argv)
     assert result.exit_code in (1, 2) and named.replace("TEXT", str(text)) in result.output, result.output
     assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
-    assert text.read_text() == "not a database\n"
+    assert text.read_text() == "not a database\n" and (tmp_path / "blank.duckdb").read_bytes() == blank
+
+
+# Numbers an option may take at any finite value (each with why); every other int or float option of every
+# command carries a range, so a value the code cannot use is refused by name before any work starts.
+UNBOUNDED = {
+    ("replica", "offset"): "where in the load cycle the replica starts, in cycles: any number is a phase",
+}
+
+
+def _numeric_options(name: str, command: click.Command):
+    if isinstance(command, click.Group):
+        for sub_name, sub in command.commands.items():
+            yield from _numeric_options(f"{name} {sub_name}", sub)
+        return
+    for param in command.params:
+        if isinstance(param.type, click.types.IntParamType | click.types.FloatParamType):
+            yield name, param
+
+
+def test_every_number_on_the_command_line_has_a_range_or_a_reason():
+    commands = [(n, main.get_command(click.Context(main), n)) for n in COMMANDS if n != "bench"]
+    commands += [(f"bench {n}", entry.load()[n]) for n, entry in BENCHMARKS.items()]
+    unranged = [
+        f"{name} --{param.name}"
+        for command_name, command in commands
+        for name, param in _numeric_options(command_name, command)
+        if not isinstance(param.type, click.IntRange | click.FloatRange) and (name, param.name) not in UNBOUNDED
+    ]
+    assert unranged == []

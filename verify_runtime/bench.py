@@ -22,6 +22,7 @@ import torch
 from sparkgate.collectors.metrics import peak_rss_mb
 
 from .bench_verdict import interval, verdict
+from .cli_checks import check_positions
 from .device_options import device_options, resolve_graphs
 from .kv_cache import KVCache
 from .model import ModelArgs, Transformer
@@ -62,9 +63,12 @@ def _timed(runner: TargetRunner, tokens: torch.Tensor, lens: list[int], slots: l
     return (time.perf_counter() - start) * 1000.0, (time.thread_time() - cpu) * 1000.0, out.tier.tier_rows
 
 
+STATIC_PROMPT_LEN = 64  # tokens before the block time_static_verify verifies
+
+
 def time_static_verify(batch: int, gamma: int, steps: int = 10, device: str = "cpu") -> float:
     """Median ms of one full-block verify step (the scheduler benchmark's yardstick)."""
-    runner, slots, _ = prepared_runner(batch, 64, device)
+    runner, slots, _ = prepared_runner(batch, STATIC_PROMPT_LEN, device)
     tokens = torch.randint(0, 256, (batch, gamma + 1), device=device)
     times = [_timed(runner, tokens, [gamma + 1] * batch, slots)[0] for _ in range(steps + 2)]
     return statistics.median(times[2:])
@@ -159,17 +163,21 @@ def run_verify_bench(
 
 
 @click.command("verify")
-@click.option("--batch", default=32, show_default=True)
-@click.option("--gamma", default=7, show_default=True)
-@click.option("--mean-window", default=2.5, show_default=True, help="Mean compact window (binomial).")
-@click.option("--steps", default=30, show_default=True, help="Timed steps per arm (median reported).")
-@click.option("--warmup", default=5, show_default=True)
-@click.option("--prompt-len", default=64, show_default=True)
+@click.option("--batch", default=32, show_default=True, type=click.IntRange(min=1))
+@click.option("--gamma", default=7, show_default=True, type=click.IntRange(min=1))
+@click.option("--mean-window", default=2.5, show_default=True, type=click.FloatRange(min=0),
+              help="Mean compact window (binomial), at most --gamma.")  # fmt: skip
+@click.option("--steps", default=30, show_default=True, type=click.IntRange(min=1),
+              help="Timed steps per arm (median reported).")  # fmt: skip
+@click.option("--warmup", default=5, show_default=True, type=click.IntRange(min=0))
+@click.option("--prompt-len", default=64, show_default=True, type=click.IntRange(min=0),
+              help="Tokens in the cache before the verified block.")  # fmt: skip
 @device_options
 @click.option(
     "--threads",
     default=1,
     show_default=True,
+    type=click.IntRange(min=1),
     help="torch intra-op threads. One by default: at decode-sized row counts a second thread buys "
     "little, and spin-waiting threads make timings collapse when any other process shares the cores.",
 )
@@ -189,13 +197,21 @@ def bench_verify(
     batch, gamma, mean_window, steps, warmup, prompt_len, device, graphs, threads, profile, overhead, as_json
 ):
     """Static vs compact verification cost on one batch; prints JSON."""
+    from .defaults import default_target
+
     torch.set_num_threads(threads)
-    if not 0 <= mean_window <= gamma:
-        raise click.BadParameter(f"must lie in [0, gamma={gamma}], got {mean_window}", param_hint="--mean-window")
+    if mean_window > gamma:
+        raise click.BadParameter(f"{mean_window} is more than --gamma {gamma}", param_hint=["--mean-window"])
     if overhead and device != "cpu":
         # A GPU's cost is not the host thread's CPU time, which is what the twin's fixed cost is measured in.
         raise click.BadParameter(f"measures CPU time, so only on --device cpu, not {device}", param_hint="--overhead")
     graphs = resolve_graphs(device, graphs)
+    check_positions(
+        prompt_len + gamma + 1,
+        default_target().args.max_seq_len,
+        f"--prompt-len {prompt_len} and a block of --gamma {gamma} + 1",
+        "--prompt-len",
+    )
     result = run_verify_bench(batch, gamma, mean_window, steps, warmup, prompt_len, device, graphs, profile, overhead)
     result["peak_rss_mb"] = peak_rss_mb()
     if not as_json:

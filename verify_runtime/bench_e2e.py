@@ -52,7 +52,7 @@ import torch
 
 from sparkgate.collectors.metrics import peak_rss_mb
 from sparkgate.collectors.schema import StepRecord
-from sparkgate.policies.cli_types import CountList
+from sparkgate.policies.cli_types import CountList, FloatList
 from sparkgate.policies.cost_model import CostTable
 from sparkgate.policies.window import (
     CostAwareScheduler,
@@ -62,6 +62,7 @@ from sparkgate.policies.window import (
 )
 
 from .bench_verdict import interval, verdict
+from .cli_checks import check_gamma, check_positions, workload_prompt_len
 from .device_options import device_options, resolve_graphs
 from .engine import Engine, EngineConfig, Request
 from .summary import TimedRun, run_interleaved, summarize
@@ -256,18 +257,21 @@ def share_target(batch: int) -> float | None:
 
 @click.command("e2e")
 @click.option("--batches", default="1,8,32,64", show_default=True, type=CountList())
-@click.option("--gamma", default=7, show_default=True)
-@click.option("--short-window", default=2, show_default=True)
-@click.option("--waves", default=2, show_default=True, help="Requests per batch slot (continuous batching refills).")
-@click.option("--max-new-tokens", default=128, show_default=True)
-@click.option("--rounds", default=5, show_default=True, help="Interleaved runs per arm; the median is reported.")
+@click.option("--gamma", default=7, show_default=True, type=click.IntRange(min=1))
+@click.option("--short-window", default=2, show_default=True, type=click.IntRange(min=0))
+@click.option("--waves", default=2, show_default=True, type=click.IntRange(min=1),
+              help="Requests per batch slot (continuous batching refills).")  # fmt: skip
+@click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--rounds", default=5, show_default=True, type=click.IntRange(min=1),
+              help="Interleaved runs per arm; the median is reported.")  # fmt: skip
 @click.option(
     "--cost-table",
     "cost_table_path",
     type=click.Path(exists=True, dir_okay=False),
     help="Cost table JSON (default: the shipped one, or profile here if it does not match).",
 )
-@click.option("--threads", default=1, show_default=True, help="torch intra-op threads (see bench verify).")
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1),
+              help="torch intra-op threads (see bench verify).")  # fmt: skip
 @click.option(
     "--prefill-threads",
     default=os.cpu_count(),
@@ -278,14 +282,19 @@ def share_target(batch: int) -> float | None:
 @device_options
 @click.option(
     "--goodput-rates",
-    default="",
+    default=None,
+    type=FloatList(min=0, min_open=True),
     help="Also sweep these Poisson arrival rates (requests/s, comma-separated) for the goodput curve.",
 )
-@click.option("--goodput-requests", default=24, show_default=True, help="Requests per rate and arm.")
-@click.option("--goodput-max-new-tokens", default=32, show_default=True)
-@click.option("--goodput-rounds", default=3, show_default=True, help="Interleaved rounds of the sweep.")
-@click.option("--goodput-batch", default=32, show_default=True, help="max_batch of the engine in the sweep.")
-@click.option("--tpot-slo-ms", type=float, default=None, help="The sweep's SLO [default: 3x static's light-load TPOT].")
+@click.option("--goodput-requests", default=24, show_default=True, type=click.IntRange(min=1),
+              help="Requests per rate and arm.")  # fmt: skip
+@click.option("--goodput-max-new-tokens", default=32, show_default=True, type=click.IntRange(min=1))
+@click.option("--goodput-rounds", default=3, show_default=True, type=click.IntRange(min=1),
+              help="Interleaved rounds of the sweep.")  # fmt: skip
+@click.option("--goodput-batch", default=32, show_default=True, type=click.IntRange(min=1),
+              help="max_batch of the engine in the sweep.")  # fmt: skip
+@click.option("--tpot-slo-ms", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="The sweep's SLO [default: 3x static's light-load TPOT].")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True)
 def bench_e2e(
     batches,
@@ -320,6 +329,18 @@ def bench_e2e(
     torch.manual_seed(0)
     target = default_target().to(device)
     drafter = default_drafter(target)
+    # Checked before the cost table: with none shipped for this machine it is profiled here, for minutes.
+    check_gamma(gamma, drafter)
+    prompt_len = workload_prompt_len()
+    for option, tokens in [("--max-new-tokens", max_new_tokens)] + (
+        [("--goodput-max-new-tokens", goodput_max_new_tokens)] if goodput_rates else []
+    ):
+        check_positions(
+            prompt_len + tokens + gamma + 1,
+            target.args.max_seq_len,
+            f"prompts of {prompt_len} tokens, {option} {tokens} and --gamma {gamma}",
+            option,
+        )
     table, table_source = default_cost_table(target, drafter, cost_table_path, graphs=graphs)
     batch_sizes = batches
     results = run_e2e(
@@ -352,7 +373,7 @@ def bench_e2e(
         from .bench_goodput import Sweep, run_goodput
 
         sweep = Sweep(
-            tuple(sorted(float(r) for r in goodput_rates.split(","))),
+            tuple(sorted(goodput_rates)),
             goodput_requests,
             goodput_max_new_tokens,
             goodput_rounds,

@@ -27,7 +27,9 @@ from sparkgate.policies.window import (
     WindowPolicy,
 )
 
-from .bench import time_static_verify
+from .bench import STATIC_PROMPT_LEN, time_static_verify
+from .cli_checks import check_positions
+from .device_options import resolve_graphs
 
 TARGET_FRACTION = 0.03
 DISTINCT_INPUTS = 16  # cycled so no policy benefits from seeing one matrix over and over
@@ -108,9 +110,9 @@ def run_benchmark(batch: int, gamma: int, steps: int, device: str, table: CostTa
 
 
 @click.command("scheduler")
-@click.option("--batch", default=64, show_default=True, help="Requests per step.")
-@click.option("--gamma", default=7, show_default=True, help="Draft tokens per request.")
-@click.option("--steps", default=500, show_default=True, help="Timed calls per policy.")
+@click.option("--batch", default=64, show_default=True, type=click.IntRange(min=1), help="Requests per step.")
+@click.option("--gamma", default=7, show_default=True, type=click.IntRange(min=1), help="Draft tokens per request.")
+@click.option("--steps", default=500, show_default=True, type=click.IntRange(min=1), help="Timed calls per policy.")
 @click.option("--device", default="cpu", show_default=True, help="Device the survivals live on.")
 @click.option(
     "--cost-table",
@@ -121,8 +123,15 @@ def run_benchmark(batch: int, gamma: int, steps: int, device: str, table: CostTa
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_scheduler(batch: int, gamma: int, steps: int, device: str, cost_table: Path | None, as_json: bool) -> None:
     """Window-policy time per step, and as a fraction of static verify time."""
-    if batch < 1 or gamma < 1 or steps < 1:
-        raise click.BadParameter(f"--batch, --gamma and --steps must be >= 1, got {batch}, {gamma}, {steps}")
+    from .defaults import default_target
+
+    resolve_graphs(device, graphs=False)  # refuses a --device torch cannot parse
+    check_positions(
+        STATIC_PROMPT_LEN + gamma + 1,
+        default_target().args.max_seq_len,
+        f"the static verify's prompt of {STATIC_PROMPT_LEN} tokens and a block of --gamma {gamma} + 1",
+        "--gamma",
+    )
     table = synthetic_cost_table() if cost_table is None else load_cost_table(cost_table)
     table_name = "synthetic" if cost_table is None else str(cost_table)
     report = run_benchmark(batch, gamma, steps, device, table, table_name)

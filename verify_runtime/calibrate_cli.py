@@ -20,6 +20,8 @@ import torch
 from sparkgate.collectors.schema import CALIBRATED_AT_SOURCE, StepRecord
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
+from .cli_checks import output_path, written_whole
+
 T = TypeVar("T")
 
 
@@ -35,31 +37,45 @@ def read_labels(paths: list[str | Path]) -> tuple[torch.Tensor, torch.Tensor, st
     the drafter version they all came from (one STS fits one drafter: mixed drafters are refused)."""
     confidence, labels, gamma, drafter = [], [], None, None
     for path in paths:
-        for line_no, line in enumerate(Path(path).read_text().splitlines(), 1):
+        try:
+            text = Path(path).read_text()
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}: not UTF-8 text ({exc})") from exc
+        for line_no, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             where = f"{path}:{line_no}"
             try:
                 record = StepRecord.from_dict(json.loads(line))
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
                 raise ValueError(f"{where}: not a step record ({exc})") from exc
             if record.sts_version == CALIBRATED_AT_SOURCE:
                 raise ValueError(
                     f"{where}: sts_version={CALIBRATED_AT_SOURCE}: these confidences were already calibrated by "
                     "the server that produced them; fit STS where raw confidences are recorded"
                 )
+            if type(record.gamma) is not int or record.gamma < 1:
+                raise ValueError(f"{where}: gamma={record.gamma!r} is not an integer >= 1")
             # One STS file calibrates one drafter at one gamma.
             drafter = _agree(where, "drafter_version", record.drafter_version, drafter)
             gamma = _agree(where, "gamma", record.gamma, gamma)
             for i, row in enumerate(record.requests):
                 if row.mode not in FULL_BLOCK_MODES:
                     continue
+                if not isinstance(row.confidence, list):
+                    raise ValueError(f"{where}: requests[{i}].confidence={row.confidence!r} is not a list")
                 if len(row.confidence) != gamma:
                     raise ValueError(
                         f"{where}: requests[{i}].confidence has {len(row.confidence)} values, gamma={gamma}"
                     )
-                if row.full_accept is None or not 0 <= row.full_accept <= gamma:
+                if type(row.full_accept) is not int or not 0 <= row.full_accept <= gamma:
                     raise ValueError(f"{where}: requests[{i}].full_accept={row.full_accept!r} is not in [0, {gamma}]")
+                for k, value in enumerate(row.confidence):
+                    # A NaN fails both comparisons; ingest quarantines what this refuses.
+                    if type(value) not in (int, float) or not 0 <= value <= 1:
+                        raise ValueError(
+                            f"{where}: requests[{i}].confidence[{k}]={value!r} is not a finite probability in [0, 1]"
+                        )
                 confidence.append(row.confidence)
                 labels.append([float(row.full_accept >= k) for k in range(1, gamma + 1)])
     if not confidence:
@@ -87,13 +103,16 @@ def calibrate(paths, out, dataset, ship):
 
     if not out and not ship:
         raise click.UsageError("give --out PATH and/or --ship")
+    if out:
+        output_path(out, "--out")
     try:
         confidence, labels, drafter = read_labels(list(paths))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     sts = fit_sts(confidence, labels, dataset=dataset or ",".join(Path(p).name for p in paths), drafter=drafter)
     if out:
-        sts.save(out)
+        with written_whole(out) as partial:
+            sts.save(partial)
     if ship:
         ship_sts(sts)
     click.echo(json.dumps({**sts.to_dict(), "version": sts.version}))

@@ -22,9 +22,15 @@ def device_options(fn):
 def resolve_graphs(device: str, graphs: bool | None) -> bool:
     """Whether to capture graph tiers on ``device`` given the flag (None: the default)."""
     try:
-        cuda = torch.device(device).type == "cuda"
+        parsed = torch.device(device)
     except RuntimeError as exc:
-        raise click.BadParameter(str(exc), param_hint="--device") from None
+        raise click.BadParameter(str(exc), param_hint=["--device"]) from None
+    cuda = parsed.type == "cuda"
+    if cuda and (parsed.index or 0) >= torch.cuda.device_count():  # torch would assert deep in a first kernel
+        raise click.BadParameter(
+            f"{device}: this machine has {torch.cuda.device_count()} CUDA device(s) torch can use",
+            param_hint=["--device"],
+        )
     if graphs and not cuda:
-        raise click.BadParameter(f"CUDA-graph tiers need a CUDA device, got --device {device}", param_hint="--graphs")
+        raise click.BadParameter(f"CUDA-graph tiers need a CUDA device, got --device {device}", param_hint=["--graphs"])
     return cuda if graphs is None else graphs

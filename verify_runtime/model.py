@@ -50,6 +50,8 @@ class ModelArgs:
             raise ValueError(f"dim={self.dim} is not divisible by n_heads={self.n_heads}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
+        if self.head_dim % 2:  # rotary embedding turns a head's dimensions in pairs
+            raise ValueError(f"dim={self.dim} / n_heads={self.n_heads} = {self.head_dim}: a head needs an even size")
 
     @property
     def head_dim(self) -> int:

@@ -12,9 +12,10 @@ from pathlib import Path
 import click
 import torch
 
-from sparkgate.policies.cli_types import CountList
+from sparkgate.policies.cli_types import CountList, FloatList
 from sparkgate.policies.cost_model import save_cost_table
 
+from .cli_checks import check_gamma, output_path, written_whole
 from .defaults import default_drafter, default_target
 from .device_options import device_options, resolve_graphs
 from .profiler import (
@@ -27,10 +28,6 @@ from .profiler import (
 from .tiers import DEFAULT_TIERS, TierGrid, parse_tiers
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(x) for x in text.split(","))
-
-
 @click.command()
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True, help="Cost-table JSON to write.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="PNG (default: beside --out).")
@@ -39,9 +36,10 @@ def _floats(text: str) -> tuple[float, ...]:
     "--fractions",
     default=",".join(map(str, DEFAULT_FRACTIONS)),
     show_default=True,
+    type=FloatList(0, 1),
     help="Budget fractions of the B×γ drafts to force.",
 )
-@click.option("--gamma", default=7, show_default=True)
+@click.option("--gamma", default=7, show_default=True, type=click.IntRange(min=1))
 @click.option("--repeats", default=5, show_default=True, type=click.IntRange(min=1),
               help="Recorded steps per shape (the median is kept).")  # fmt: skip
 @click.option(
@@ -56,6 +54,7 @@ def _floats(text: str) -> tuple[float, ...]:
     "--threads",
     default=1,
     show_default=True,
+    type=click.IntRange(min=1),
     help="torch intra-op threads; profile with the threading replicas serve with.",
 )
 @click.option(
@@ -66,19 +65,18 @@ def _floats(text: str) -> tuple[float, ...]:
 )
 def profile(out_path, plot_path, batch_sizes, fractions, gamma, repeats, context, device, graphs, threads, tiers):
     """Measure decode step time over batch sizes × verify budgets and fit the additive cost table."""
+    output_path(out_path, "--out")
+    plot_path = plot_path or str(Path(out_path).with_suffix(".png"))
+    output_path(plot_path, "--plot")
     torch.set_num_threads(threads)
     graphs = resolve_graphs(device, graphs)
     try:
         grid = TierGrid(parse_tiers(tiers))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--tiers") from None
-    try:
-        batches, fracs = batch_sizes, _floats(fractions)
-    except ValueError as exc:
-        raise click.BadParameter(f"expected comma-separated numbers ({exc})") from None
-    if any(not 0 <= f <= 1 for f in fracs):
-        raise click.BadParameter(f"fractions must lie in [0, 1], got {fracs}", param_hint="--fractions")
     target = default_target().to(device)
+    drafter = default_drafter(target)
+    check_gamma(gamma, drafter)
     need = context + (repeats + 2) * (gamma + 1)  # prompt, the timed steps' tokens, one block of headroom
     if need > target.args.max_seq_len:
         raise click.BadParameter(
@@ -88,18 +86,19 @@ def profile(out_path, plot_path, batch_sizes, fractions, gamma, repeats, context
         )
     result = profile_model(
         target,
-        default_drafter(target),
-        batches=batches,
-        fractions=fracs,
+        drafter,
+        batches=batch_sizes,
+        fractions=fractions,
         gamma=gamma,
         repeats=repeats,
         context=context,
         grid=grid,
         graphs=graphs,
     )
-    save_cost_table(result.table, out_path)
-    plot_path = plot_path or str(Path(out_path).with_suffix(".png"))
-    plot_profile(result, plot_path)
+    with written_whole(out_path) as partial:
+        save_cost_table(result.table, partial)
+    with written_whole(plot_path) as partial:
+        plot_profile(result, partial)
     click.echo(
         json.dumps(
             {

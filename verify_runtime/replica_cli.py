@@ -34,13 +34,17 @@ from prometheus_client import Counter, Gauge, start_http_server
 
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.schema import StepRecord
+from sparkgate.policies.cli_types import HttpUrl
 from sparkgate.policies.payload import PolicyPayload
 from sparkgate.policies.window import CostAwareScheduler, FixedWindow, WindowPolicy
 
 from .arrivals import Arrivals, swing
+from .cli_checks import SEED, check_gamma, check_positions, output_path, workload_prompt_len
 from .consistency import GreedyReplay
+from .drafters import Drafter
 from .engine import Engine, EngineConfig, Request
 from .faults import LOAD_SHIFT_PROMPT_LEN, SLOW_VERIFY_EXTRA, Fault, FaultSize, fire
+from .model import Transformer
 from .replica import ControllerClient, Replica, workload_requests
 from .spool import Spool
 from .tiers import measured_grid
@@ -86,6 +90,8 @@ def wait_for_policy(client: ControllerClient, wait_s: float) -> PolicyPayload:
 
 def warm_engine(
     replica_id: str,
+    target: Transformer,
+    drafter: Drafter,
     gamma: int,
     max_batch: int,
     seed: int,
@@ -96,15 +102,8 @@ def warm_engine(
     """(engine, the scheduler it serves outside fallback, where its cost table came from), after a few
     unrecorded requests: a fresh process's first steps are slow, and the baseline the gates compare
     with must not be that cold start."""
-    from .defaults import (
-        default_calibration,
-        default_cost_table,
-        default_drafter,
-        default_target,
-    )
+    from .defaults import default_calibration, default_cost_table
 
-    target = default_target()
-    drafter = default_drafter(target)
     table, source = default_cost_table(target, drafter, cost_table)
     scheduler: WindowPolicy = FixedWindow(window) if window is not None else CostAwareScheduler(table)
     config = EngineConfig(
@@ -127,18 +126,21 @@ def warm_engine(
     default="http://127.0.0.1:8470",
     show_default=True,
     envvar="SPARKGATE_CONTROLLER",
+    type=HttpUrl(),
     help="Controller base URL.",
 )
 @click.option("--replica-id", default=None, help="Replica name [default: replica-HOST-PID].")
-@click.option("--wait-s", default=0.0, show_default=True, help="Keep retrying an unreachable controller this long.")
+@click.option("--wait-s", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="Keep retrying an unreachable controller this long.")  # fmt: skip
 @click.option(
     "--gamma",
     default=None,
     type=click.IntRange(1),
     help="Draft length [default: the policy's]; given, the engine warms up before the controller answers.",
 )
-@click.option("--requests", "count", default=0, show_default=True, help="Requests to serve (0: until stopped).")
-@click.option("--max-new-tokens", default=48, show_default=True)
+@click.option("--requests", "count", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Requests to serve (0: until stopped).")  # fmt: skip
+@click.option("--max-new-tokens", default=48, show_default=True, type=click.IntRange(min=1))
 @click.option("--max-batch", default=16, show_default=True, type=click.IntRange(min=1))
 @click.option(
     "--cancel-fraction",
@@ -147,10 +149,14 @@ def warm_engine(
     type=click.FloatRange(0, 1),
     help="Share of requests whose client cancels them partway (a stable hash of the id).",
 )
-@click.option("--temperature", default=0.0, show_default=True, help="0 is greedy (consistency checks need it).")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="0 is greedy (consistency checks need it).")  # fmt: skip
+@click.option("--seed", default=0, show_default=True, type=SEED)
 @click.option(
-    "--window", default=None, type=int, help="Serve compact with this fixed window instead of the cost-aware scheduler."
+    "--window",
+    default=None,
+    type=click.IntRange(min=0),
+    help="Serve compact with this fixed window instead of the cost-aware scheduler.",
 )
 @click.option(
     "--cost-table",
@@ -168,24 +174,31 @@ def warm_engine(
     "--consistency-fraction",
     default=0.05,
     show_default=True,
+    type=click.FloatRange(0, 1),
     help="Fraction of greedy compact requests replayed in static.",
 )
 @click.option(
     "--state-every",
     default=50,
     show_default=True,
+    type=click.IntRange(min=0),
     help="Check one active request's cache state every this many steps (0: never).",
 )
-@click.option("--poll-s", default=1.0, show_default=True, help="Seconds between policy polls.")
+@click.option("--poll-s", default=1.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds between policy polls (0: every step).")  # fmt: skip
 @click.option(
     "--rate",
     default=None,
     type=click.FloatRange(0, min_open=True),
     help="Open-loop arrivals: mean requests per second [default: closed loop].",
 )
-@click.option("--amplitude", default=0.6, show_default=True, help="Swing of --rate, as a fraction of it.")
-@click.option("--period-s", default=20.0, show_default=True, help="Seconds per load cycle of --rate.")
-@click.option("--offset", default=0.0, show_default=True, help="Where in the load cycle this replica starts (0-1).")
+# Below 1, so the swing never takes the rate to 0 (no arrivals) or below.
+@click.option("--amplitude", default=0.6, show_default=True, type=click.FloatRange(0, 1, max_open=True),
+              help="Swing of --rate, as a fraction of it.")  # fmt: skip
+@click.option("--period-s", default=20.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds per load cycle of --rate.")  # fmt: skip
+@click.option("--offset", default=0.0, show_default=True,
+              help="Where in the load cycle this replica starts, in cycles (0-1; it repeats).")  # fmt: skip
 @click.option(
     "--fault",
     type=click.Choice([f.value for f in Fault]),
@@ -193,7 +206,8 @@ def warm_engine(
     show_default=True,
     help="Fault to fire on SIGUSR1 (drift needs --rate).",
 )
-@click.option("--drift-temperature", default=3.0, show_default=True, help="The drift fault's sampling temperature.")
+@click.option("--drift-temperature", default=3.0, show_default=True, type=click.FloatRange(min=0),
+              help="The drift fault's sampling temperature for new requests (0: greedy).")  # fmt: skip
 @click.option(
     "--slow-verify-extra",
     default=SLOW_VERIFY_EXTRA,
@@ -220,6 +234,7 @@ def warm_engine(
     "--threads",
     default=1,
     show_default=True,
+    type=click.IntRange(min=1),
     help="Torch threads; replicas usually share a machine, and extra threads only contend.",
 )
 def replica(
@@ -255,11 +270,19 @@ def replica(
     """Serve the mixed workload with the runtime, following the controller's policy; counters as JSON at exit."""
     import torch
 
+    from .defaults import CACHE_DIR, default_drafter, default_target
+
     armed, size = Fault(fault), FaultSize(drift_temperature, slow_verify_extra)
     if armed in (Fault.DRIFT, Fault.LOAD_SHIFT) and rate is None:
         raise click.UsageError(f"--fault {armed} changes the requests that arrive: it needs --rate")
     load = swing(rate, amplitude, period_s, offset) if rate is not None else None
     replica_id = replica_id or f"replica-{socket.gethostname()}-{os.getpid()}"
+    spool_dir = output_path(spool_dir or CACHE_DIR / "spool" / replica_id, "--spool-dir", directory=True)
+    if armed is Fault.COST_TABLE:  # it writes the foreign table there when it fires, mid-run
+        output_path(out_dir or Path("."), "--out-dir", directory=True)
+    prompt_len = LOAD_SHIFT_PROMPT_LEN if armed is Fault.LOAD_SHIFT else workload_prompt_len()
+    target = default_target()
+    drafter = default_drafter(target)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {replica_id} %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request would drown the log
     torch.set_num_threads(threads)
@@ -271,10 +294,20 @@ def replica(
     metrics = Metrics()
     client = MeteredClient(url, metrics)
     try:
+        gamma_hint = "--gamma"
         if gamma is None:
-            gamma = wait_for_policy(client, wait_s).gamma
+            gamma, gamma_hint = wait_for_policy(client, wait_s).gamma, "the policy gamma"
+        check_gamma(gamma, drafter, gamma_hint)
+        check_positions(
+            prompt_len + max_new_tokens + gamma + 1,
+            target.args.max_seq_len,
+            f"prompts of {prompt_len} tokens, --max-new-tokens {max_new_tokens} and gamma {gamma}",
+            "--max-new-tokens",
+        )
         try:
-            engine, scheduler, table_source = warm_engine(replica_id, gamma, max_batch, seed, window, cost_table, sts)
+            engine, scheduler, table_source = warm_engine(
+                replica_id, target, drafter, gamma, max_batch, seed, window, cost_table, sts
+            )
         except ValueError as exc:  # an STS file or cost table made for another drafter or target
             raise click.UsageError(str(exc)) from None
         arrival_rate = Gauge(
@@ -297,9 +330,7 @@ def replica(
         )
         if metrics_port is not None:
             start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
-        from .defaults import CACHE_DIR
-
-        spool = Spool(spool_dir or CACHE_DIR / "spool" / replica_id, spool_mb << 20)
+        spool = Spool(spool_dir, spool_mb << 20)
         wait_for_policy(client, wait_s)
         # What an earlier run spooled goes first: its step ids come before the ones this run continues from.
         spool.replay(client.post_body)
@@ -318,6 +349,8 @@ def replica(
         workload = workload_requests(replica_id, count, max_new_tokens, temperature, seed, cancel_fraction)
         arrivals = Arrivals(workload, load, time.monotonic, seed) if load is not None else None
         source: Iterator[Request] = arrivals if arrivals is not None else workload
+        if armed is Fault.COST_TABLE and out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)  # the fault writes into it and makes no folder
         log.info(
             "serving (cost table: %s; arrivals: %s; fault armed: %s)",
             table_source,

@@ -16,19 +16,35 @@ from pathlib import Path
 
 import click
 
+from .cli_checks import (
+    SEED,
+    check_gamma,
+    check_positions,
+    check_reads,
+    given_target,
+    load_given,
+    output_path,
+    written_whole,
+)
 from .model import ModelArgs
 
 LOOP_OPTIONS = [
     click.option("--out", "out", type=click.Path(file_okay=False), required=True, help="Run directory (resumable)."),
-    click.option("--steps", default=1000, show_default=True),
-    click.option("--batch-size", default=16, show_default=True),
-    click.option("--seq-len", default=256, show_default=True),
-    click.option("--lr", default=2e-3, show_default=True),
-    click.option("--warmup", default=50, show_default=True),
-    click.option("--prose-fraction", default=0.2, show_default=True, help="Share of training rows drawn from prose."),
-    click.option("--seed", default=0, show_default=True),
-    click.option("--checkpoint-every", default=50, show_default=True),
-    click.option("--threads", default=0, help="torch CPU threads (0: torch's default)."),
+    click.option("--steps", default=1000, show_default=True, type=click.IntRange(min=1)),
+    click.option("--batch-size", default=16, show_default=True, type=click.IntRange(min=1)),
+    click.option("--seq-len", default=256, show_default=True, type=click.IntRange(min=1)),
+    click.option("--lr", default=2e-3, show_default=True, type=click.FloatRange(min=0, min_open=True)),
+    click.option("--warmup", default=50, show_default=True, type=click.IntRange(min=0), help="Steps (0: none)."),
+    click.option(
+        "--prose-fraction",
+        default=0.2,
+        show_default=True,
+        type=click.FloatRange(0, 1),
+        help="Share of training rows drawn from prose.",
+    ),
+    click.option("--seed", default=0, show_default=True, type=SEED),
+    click.option("--checkpoint-every", default=50, show_default=True, type=click.IntRange(min=1)),
+    click.option("--threads", default=0, type=click.IntRange(min=0), help="torch CPU threads (0: torch's default)."),
     click.option("--ship", is_flag=True, help="Install the result under verify_runtime/assets/."),
 ]
 
@@ -61,7 +77,8 @@ def _finish(module, report: dict, out: Path, key: str, ship: bool) -> None:
     save_checkpoint(copy.deepcopy(module).half(), out / f"{key}.pt", extra=report)
     if ship:
         report["shipped"] = ship_model(module, key, report)
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    with written_whole(out / "report.json") as partial:
+        partial.write_text(json.dumps(report, indent=2) + "\n")
     click.echo(json.dumps(report))
 
 
@@ -75,11 +92,11 @@ def train() -> None:
 
 @train.command("target")
 @loop_options
-@click.option("--dim", default=_TARGET.dim, show_default=True)
-@click.option("--layers", default=_TARGET.n_layers, show_default=True)
-@click.option("--heads", default=_TARGET.n_heads, show_default=True)
-@click.option("--kv-heads", default=_TARGET.n_kv_heads, show_default=True)
-@click.option("--ffn", default=_TARGET.ffn_hidden, show_default=True)
+@click.option("--dim", default=_TARGET.dim, show_default=True, type=click.IntRange(min=1))
+@click.option("--layers", default=_TARGET.n_layers, show_default=True, type=click.IntRange(min=1))
+@click.option("--heads", default=_TARGET.n_heads, show_default=True, type=click.IntRange(min=1))
+@click.option("--kv-heads", default=_TARGET.n_kv_heads, show_default=True, type=click.IntRange(min=1))
+@click.option("--ffn", default=_TARGET.ffn_hidden, show_default=True, type=click.IntRange(min=1))
 def target(out, threads, ship, dim, layers, heads, kv_heads, ffn, **loop):
     """Train the byte-level target LM on the train split."""
     import torch
@@ -88,10 +105,16 @@ def target(out, threads, ship, dim, layers, heads, kv_heads, ffn, **loop):
     from .shipped import record_asset
     from .training import train_target
 
+    output_path(out, "--out", directory=True)
+    try:
+        args = ModelArgs(dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=kv_heads, ffn_hidden=ffn)
+    except ValueError as exc:  # a shape the attention cannot split into heads
+        raise click.UsageError(f"--dim {dim} --heads {heads} --kv-heads {kv_heads}: {exc}") from None
+    seq_len = loop["seq_len"]  # a row is seq_len inputs and one more token, the last input's label
+    check_positions(seq_len + 1, args.max_seq_len, f"--seq-len {seq_len} plus the last token's label", "--seq-len")
     if threads:
         torch.set_num_threads(threads)
     corpus = stdlib_corpus()
-    args = ModelArgs(dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=kv_heads, ffn_hidden=ffn)
     model, report = train_target(corpus, args, _config(**loop), out)
     report["corpus_hash"] = corpus.content_hash
     if ship:
@@ -107,20 +130,24 @@ def target(out, threads, ship, dim, layers, heads, kv_heads, ffn, **loop):
     type=click.Path(dir_okay=False, exists=True),
     help="Target checkpoint (default: the shipped target).",
 )
-@click.option("--window", default=8, show_default=True, help="Target hidden states read per request.")
-@click.option("--layers", default=1, show_default=True)
-@click.option("--ffn", default=384, show_default=True)
-@click.option("--rank", default=48, show_default=True, help="Rank of the Markov transition bias.")
+@click.option("--window", default=8, show_default=True, type=click.IntRange(min=1),
+              help="Target hidden states read per request.")  # fmt: skip
+@click.option("--layers", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--ffn", default=384, show_default=True, type=click.IntRange(min=1))
+@click.option("--rank", default=48, show_default=True, type=click.IntRange(min=1),
+              help="Rank of the Markov transition bias.")  # fmt: skip
 @click.option(
     "--sequential/--no-sequential",
     default=True,
     show_default=True,
     help="--no-sequential trains the pure-parallel ablation.",
 )
-@click.option("--gamma", default=7, show_default=True)
-@click.option("--anchors", default=32, show_default=True, help="Blocks sampled per training sequence.")
-@click.option("--depth-decay", default=0.8, show_default=True)
-@click.option("--confidence-weight", default=0.5, show_default=True)
+@click.option("--gamma", default=7, show_default=True, type=click.IntRange(min=1))
+@click.option("--anchors", default=32, show_default=True, type=click.IntRange(min=1),
+              help="Blocks sampled per training sequence.")  # fmt: skip
+@click.option("--depth-decay", default=0.8, show_default=True, type=click.FloatRange(0, 1, min_open=True),
+              help="Weight of depth k is depth_decay ** (k - 1).")  # fmt: skip
+@click.option("--confidence-weight", default=0.5, show_default=True, type=click.FloatRange(min=0))
 def drafter(
     out,
     threads,
@@ -142,13 +169,18 @@ def drafter(
 
     from .block_drafter import DrafterArgs
     from .corpus import stdlib_corpus
-    from .model import load_checkpoint, model_version
-    from .shipped import drafter_variant, load_shipped_target
+    from .model import model_version
+    from .shipped import drafter_variant
     from .training import DraftObjective, train_drafter
 
+    output_path(out, "--out", directory=True)
+    target_model = given_target(target_path)
+    seq_len = loop["seq_len"]
+    check_positions(seq_len, target_model.args.max_seq_len, f"--seq-len {seq_len}", "--seq-len")
+    if seq_len <= gamma:  # a training block is a pending token and γ more from the same row
+        raise click.BadParameter(f"{seq_len} is not longer than --gamma {gamma}", param_hint=["--seq-len"])
     if threads:
         torch.set_num_threads(threads)
-    target_model = load_checkpoint(target_path)[0] if target_path else load_shipped_target()
     corpus = stdlib_corpus()
     args = DrafterArgs(
         target_dim=target_model.args.dim,
@@ -189,13 +221,14 @@ def drafter(
     "--prompts",
     default=512,
     show_default=True,
+    type=click.IntRange(min=1),
     help="Train-split prompts, mixed as the serving workload is (code, prose, shuffled 'hard' prose).",
 )
-@click.option("--prompt-len", default=128, show_default=True)
-@click.option("--max-new-tokens", default=128, show_default=True)
-@click.option("--gamma", default=7, show_default=True)
-@click.option("--steps", default=600, show_default=True)
-@click.option("--threads", default=0, help="torch CPU threads (0: torch's default).")
+@click.option("--prompt-len", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--gamma", default=7, show_default=True, type=click.IntRange(min=1))
+@click.option("--steps", default=600, show_default=True, type=click.IntRange(min=1), help="Adam steps of the head.")
+@click.option("--threads", default=0, type=click.IntRange(min=0), help="torch CPU threads (0: torch's default).")
 @click.option("--ship", is_flag=True, help="Install the result as the shipped drafter (or its pure-parallel ablation).")
 def confidence(out, target_path, drafter_path, prompts, prompt_len, max_new_tokens, gamma, steps, threads, ship):
     """Refit the drafter's confidence head on its own greedy blocks (train split)."""
@@ -203,16 +236,29 @@ def confidence(out, target_path, drafter_path, prompts, prompt_len, max_new_toke
 
     from .block_drafter import load_drafter
     from .confidence_tuning import collect_own_blocks, fit_confidence_head
-    from .model import load_checkpoint, model_version
-    from .shipped import drafter_variant, load_shipped_target
+    from .model import model_version
+    from .shipped import drafter_variant
     from .workload import mixed_workload
 
+    output_path(out, "--out", directory=True)
+    target_model = given_target(target_path)
+    net, distilled = load_given(load_drafter, drafter_path, "drafter", "--drafter")
+    check_reads(net, target_model, "--drafter")
+    check_gamma(gamma, net)
+    check_positions(
+        prompt_len + max_new_tokens + gamma + 1,
+        target_model.args.max_seq_len,
+        f"--prompt-len {prompt_len}, --max-new-tokens {max_new_tokens} and --gamma {gamma}",
+        "--max-new-tokens",
+    )
+    try:
+        # The serving mix, hard prompts included: the head must learn what an unpredictable block looks like.
+        workload = mixed_workload(prompts, seed=0, prompt_len=prompt_len, split="train")
+    except ValueError as exc:  # the train split holds too few tokens for that many prompts
+        raise click.BadParameter(str(exc), param_hint=["--prompts"]) from None
     if threads:
         torch.set_num_threads(threads)
-    target_model = load_checkpoint(target_path)[0].eval() if target_path else load_shipped_target()
-    net, distilled = load_drafter(drafter_path)
-    # The serving mix, hard prompts included: the head must learn what an unpredictable block looks like.
-    train_prompts = [p.tokens for p in mixed_workload(prompts, seed=0, prompt_len=prompt_len, split="train")]
+    train_prompts = [p.tokens for p in workload]
     blocks = collect_own_blocks(target_model, net, train_prompts, max_new_tokens, gamma)
     report = {
         **distilled,

@@ -27,9 +27,16 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from sparkgate.policies.errors import InputError
+
 from .block_drafter import DrafterArgs, DSparkNet
 from .corpus import DOMAINS, Corpus
 from .model import ModelArgs, Transformer, forward_full
+
+
+class ResumeError(InputError):
+    """A run directory whose resume state is unreadable or was written by another run (named in the message)."""
+
 
 STATE_FILE = "state.pt"
 
@@ -116,10 +123,14 @@ def fit(
     state_path = Path(run_dir) / STATE_FILE
     start, recent, wall = 0, [], 0.0
     if state_path.exists():
-        state = torch.load(state_path, weights_only=True)
+        try:
+            state = torch.load(state_path, weights_only=True)
+        except Exception as exc:  # torch raises what its unpickler or zip reader met, by many types
+            reason = str(exc).strip().split("\n")[0] or type(exc).__name__
+            raise ResumeError(f"{state_path} cannot be read ({reason}); use another run directory") from None
         changed = {k: (state["identity"].get(k), v) for k, v in identity.items() if state["identity"].get(k) != v}
         if changed:
-            raise ValueError(
+            raise ResumeError(
                 f"{state_path} was written by a different run: {changed} (saved, requested); use another run directory"
             )
         module.load_state_dict(state["model"])

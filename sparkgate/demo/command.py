@@ -356,6 +356,8 @@ def run_demo(
     "--drift-temperature",
     default=FaultSize.drift_temperature,
     show_default=True,
+    # The demo's replicas serve greedy: a drift to temperature 0 would change nothing for the gates to catch.
+    type=click.FloatRange(min=0, min_open=True),
     help="Temperature of the drift fault.",
 )
 @click.option(

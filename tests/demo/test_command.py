@@ -70,6 +70,24 @@ def test_the_demo_passes_each_fault_size_as_the_replica_flag_of_its_name_with_th
     assert refused.exit_code != 0 and "--slow-verify-extra" in refused.output
 
 
+def test_the_demo_refuses_a_fault_size_that_changes_nothing_and_passes_none_a_replica_refuses(tmp_path):
+    from click.testing import CliRunner
+
+    from sparkgate.cli import main
+    from sparkgate.demo.command import FaultSize, demo
+    from sparkgate.verify_runtime.replica_cli import replica
+
+    out = tmp_path / "demo"
+    result = CliRunner().invoke(main, ["demo", "--quick", "--out", str(out), "--drift-temperature", "0"])
+    assert result.exit_code == 2 and "'--drift-temperature': 0.0 is not in the range x>0" in result.output
+    assert isinstance(result.exception, SystemExit) and not out.exists()
+    ranges = {p.name: p.type for p in demo.params}
+    for name, flag in {p.name: p.type for p in replica.params if p.name in asdict(FaultSize())}.items():
+        ours = ranges[name]  # the demo's range lies inside the replica's
+        assert ours.min > flag.min or (ours.min == flag.min and ours.min_open >= flag.min_open), name
+        assert flag.max is None or (ours.max is not None and ours.max <= flag.max), name
+
+
 class _Sleeper(Clock):
     """The ``time`` module of a run whose sleeps pass at once."""
 

@@ -11,7 +11,15 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkgate.policies.cli_types import CountList, FiniteFloat, FiniteFloatRange, HttpUrl, PastTime, finite_numbers
+from sparkgate.policies.cli_types import (
+    CountList,
+    FiniteFloat,
+    FiniteFloatRange,
+    FloatList,
+    HttpUrl,
+    PastTime,
+    finite_numbers,
+)
 
 
 def _group() -> click.Group:
@@ -131,3 +139,13 @@ def test_anything_else_is_named(text):
     with pytest.raises(click.BadParameter) as caught:
         PastTime().convert(text, None, None)
     assert caught.value.message == f"{text!r}: expected unix seconds, an ISO time, or a duration such as 30m"
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [("0,1.5", "1.5 is not in the range 0<=x<=1"), ("0,nan", "'nan' is not a finite number"), (" , ", "expected")],
+)
+def test_a_float_list_names_the_item_that_is_not_a_number_in_range(text, error):
+    assert FloatList(0, 1).convert(" 0, 0.5 ,1", None, None) == (0.0, 0.5, 1.0)
+    with pytest.raises(click.BadParameter, match=error):
+        FloatList(0, 1).convert(text, None, None)

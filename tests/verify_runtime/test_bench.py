@@ -1,11 +1,13 @@
-"""``sparkgate bench verify``: the verify benchmark's fields, and a window beyond gamma refused."""
+"""``sparkgate bench verify``: the verify benchmark's fields, and bad input refused before timing."""
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from sparkgate.cli import main
 from sparkgate.verify_runtime.verify_profile import CATEGORIES, OTHER, category
+from tests.verify_runtime.refusals import refused
 
 
 def test_bench_verify_runs_and_reports_its_fields():
@@ -74,9 +76,18 @@ def test_operators_fall_into_their_categories():
     ]
 
 
-def test_bench_verify_rejects_a_window_beyond_gamma():
-    out = CliRunner().invoke(main, ["bench", "verify", "--gamma", "3", "--mean-window", "5"])
-    assert out.exit_code != 0 and "--mean-window" in out.output
+@pytest.mark.parametrize(
+    ("args", "option", "named"),
+    [
+        (["--gamma", "3", "--mean-window", "5"], "--mean-window", "5.0 is more than --gamma 3"),
+        (["--prompt-len", "510"], "--prompt-len", "--prompt-len 510 and a block of --gamma 7 + 1: 518 positions"),
+        (["--steps", "0"], "--steps", "0 is not in the range x>=1"),
+        (["--threads", "0"], "--threads", "0 is not in the range x>=1"),
+    ],
+)
+def test_bench_verify_refuses_bad_input_before_timing(args, option, named):
+    output = refused(["bench", "verify", *args])
+    assert f"'{option}'" in output and named in output
 
 
 def test_the_overhead_twin_times_every_step_beside_the_real_one():

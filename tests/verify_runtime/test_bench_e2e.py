@@ -1,4 +1,5 @@
-"""``sparkgate bench e2e``: the end-to-end benchmark's report, and the foresight and replay ratios by hand."""
+"""``sparkgate bench e2e``: the end-to-end benchmark's report, the foresight and replay ratios by hand, and bad
+input refused before any profiling or timing."""
 
 import dataclasses
 import json
@@ -8,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from sparkgate.cli import main
+from tests.verify_runtime.refusals import refused
 
 
 def test_bench_e2e_runs_and_reports_ratios(tmp_path, monkeypatch):
@@ -96,3 +98,21 @@ def test_the_verdict_is_the_far_end_of_the_interval():
     # smaller is better (a time ratio): the upper end must lie at or under the target
     assert verdict(nine, 1.03, at_most=True)["met"] is True and verdict(nine, 1.02, at_most=True)["met"] is False
     assert verdict([1.0, 1.0], 2.0)["met"] is None  # two rounds give no interval, so no verdict
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "named"),
+    [
+        (["--gamma", "9"], "--gamma", "9 is beyond the drafter's max_gamma"),
+        (["--max-new-tokens", "500"], "--max-new-tokens", "prompts of 96 tokens, --max-new-tokens 500 and --gamma 7"),
+        (["--goodput-rates", "1,a"], "--goodput-rates", "'a' is not a valid number"),
+        (["--goodput-rates", "0"], "--goodput-rates", "0.0 is not in the range x>0"),
+        (["--goodput-rates", "1", "--goodput-max-new-tokens", "500"], "--goodput-max-new-tokens", "604 positions"),
+        (["--tpot-slo-ms", "0"], "--tpot-slo-ms", "0.0 is not in the range x>0"),
+        (["--rounds", "0"], "--rounds", "0 is not in the range x>=1"),
+    ],
+)
+def test_bench_e2e_refuses_bad_input_before_profiling_or_timing(tmp_path, monkeypatch, args, option, named):
+    monkeypatch.setenv("SPARKGATE_CACHE", str(tmp_path))
+    output = refused(["bench", "e2e", "--batches", "1", *args])
+    assert f"'{option}'" in output and named in output and not any(tmp_path.iterdir())

@@ -7,6 +7,7 @@ from click.testing import CliRunner
 
 from sparkgate.policies.calibration import STS
 from sparkgate.verify_runtime.calibrate_cli import calibrate, read_labels
+from tests.verify_runtime.refusals import refused
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -63,3 +64,44 @@ def test_one_sts_file_calibrates_one_drafter(tmp_path, evaluated):
     result = CliRunner().invoke(calibrate, ["--records", str(path), "--out", str(tmp_path / "sts.json")])
     assert result.exit_code == 1
     assert f"mixed.ndjson:{len(lines)}: drafter_version=another-drafter" in result.output
+
+
+def synthetic_records(tmp_path, change=None):
+    """Two synthetic step records (full-block rows among them) in an NDJSON file, ``change`` applied."""
+    from sparkgate.collectors.synth import synthetic_wire
+    from sparkgate.collectors.wire import from_wire
+
+    lines = from_wire(synthetic_wire(2, 4, 7, "r0", seed=1, ts=1.75e9)).wire.to_pylist()
+    if change is not None:
+        change(lines)
+    path = tmp_path / "records.ndjson"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("value", [float("nan"), 1.5, -0.1, "0.5", None])
+def test_a_confidence_that_is_no_probability_is_named_and_nothing_is_written(tmp_path, value):
+    def corrupt(lines):
+        lines[1]["requests"][0]["confidence"][3] = value  # row 0 of the second record is static
+
+    records = synthetic_records(tmp_path, corrupt)
+    output = refused(["calibrate", "--records", str(records), "--out", str(tmp_path / "sts.json")], exit_code=1)
+    assert f"records.ndjson:2: requests[0].confidence[3]={value!r} is not a finite probability in [0, 1]" in output
+    assert not (tmp_path / "sts.json").exists()
+
+
+def test_an_output_path_that_cannot_be_written_is_refused_before_the_records_are_read(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    output = refused(
+        ["calibrate", "--records", str(synthetic_records(tmp_path)), "--out", str(tmp_path / "file/s.json")]
+    )
+    assert "'--out'" in output and f"{tmp_path / 'file'} is not a directory" in output
+
+
+def test_calibrate_writes_the_sts_file_whole_and_only_it(tmp_path):
+    result = CliRunner().invoke(
+        calibrate, ["--records", str(synthetic_records(tmp_path)), "--out", str(tmp_path / "sts.json")]
+    )
+    assert result.exit_code == 0, result.output
+    assert STS.load(tmp_path / "sts.json").gamma == 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["records.ndjson", "sts.json"]  # no partial file left

@@ -34,6 +34,8 @@ def test_grouped_query_attention_and_arg_checks():
     torch.testing.assert_close(forward_full(model, tokens)[0], reference)
     with pytest.raises(ValueError, match="n_heads=4 is not divisible by n_kv_heads=3"):
         ModelArgs(dim=32, n_heads=4, n_kv_heads=3)
+    with pytest.raises(ValueError, match="dim=12 / n_heads=4 = 3: a head needs an even size"):
+        ModelArgs(dim=12, n_heads=4, n_kv_heads=2)
 
 
 def test_checkpoint_round_trip_is_weights_only(tmp_path, target):

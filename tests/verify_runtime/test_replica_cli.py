@@ -27,6 +27,7 @@ from sparkgate.demo.fleet import answers, free_port
 from sparkgate.policies.cost_profile import hardware_fingerprint
 from sparkgate.policies.rollout import parse_rollout_policy
 from sparkgate.verify_runtime.faults import FOREIGN_COST_TABLE
+from tests.verify_runtime.refusals import refused
 
 POLICY = parse_rollout_policy(
     {"gates": [{"metric": "consistency_mismatches", "threshold": 0, "direction": "at_most", "critical": True}]}
@@ -120,3 +121,29 @@ def test_a_replica_refuses_an_sts_file_or_cost_table_made_for_another_drafter_or
     table.write_text(json.dumps({**FOREIGN_COST_TABLE, "meta": meta}))
     refused = CliRunner().invoke(main, ["replica", *unreachable, "--cost-table", str(table)])
     assert refused.exit_code == 2 and "other-model" in refused.output
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "named"),
+    [
+        (["--gamma", "9"], "--gamma", "9 is beyond the drafter's max_gamma"),
+        (["--max-new-tokens", "500"], "--max-new-tokens", "prompts of 96 tokens, --max-new-tokens 500 and gamma 7"),
+        (["--rate", "1", "--fault", "load-shift", "--max-new-tokens", "200"], "--max-new-tokens", "prompts of 384"),
+        (["--spool-dir", "FILE/spool"], "--spool-dir", "is not a directory"),
+        (["--fault", "cost-table", "--out-dir", "FILE/out"], "--out-dir", "is not a directory"),
+        (["--rate", "1", "--amplitude", "1"], "--amplitude", "1.0 is not in the range 0<=x<1"),
+        (["--window", "-1"], "--window", "-1 is not in the range x>=0"),
+        (["--seed", "-1"], "--seed", "-1 is not in the range 0<=x<=4294967295"),
+        (["--threads", "0"], "--threads", "0 is not in the range x>=1"),
+    ],
+)
+def test_bad_input_is_refused_before_the_replica_serves_or_calls_its_controller(
+    tmp_path, keep_threads, args, option, named
+):
+    (tmp_path / "file").write_text("not a directory")
+    args = [a.replace("FILE", str(tmp_path / "file")) for a in args]
+    # An unreachable controller: each refusal must come before the replica asks it anything.
+    unreachable = ["--controller", f"http://127.0.0.1:{free_port()}", "--gamma", "7"]
+    output = refused(["replica", *unreachable, "--spool-dir", str(tmp_path / "spool"), *args])
+    assert f"'{option}'" in output and named in output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]

@@ -1,0 +1,120 @@
+"""What the runtime's commands check before any work: values that depend on other values or on a loaded model,
+the files they are given to load, and the paths they will write.
+
+Every check raises ``click.BadParameter`` naming the option and the value, so the console script prints one
+line (exit 2) before minutes of decoding or training are spent, and ``written_whole`` makes each output file
+appear whole or not at all.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import secrets
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+import click
+
+from .block_drafter import BlockDrafter, DSparkNet
+from .drafters import Drafter
+from .model import Transformer
+
+T = TypeVar("T")
+
+# Request seeds are keyed into int64 tensors and a training seed is multiplied by about 1e6 into torch's
+# 64-bit generator seed: 32 bits keep both in range, and a negative seed is refused rather than wrapped.
+SEED = click.IntRange(0, 2**32 - 1)
+
+
+def check_gamma(gamma: int, drafter: Drafter | DSparkNet, param_hint: str = "--gamma") -> None:
+    """Refuse a draft length beyond what a block drafter was built for (``DrafterArgs.max_gamma``: its block
+    positions end there); the n-gram drafter drafts any length."""
+    net = drafter.net if isinstance(drafter, BlockDrafter) else drafter
+    if isinstance(net, DSparkNet) and gamma > net.args.max_gamma:
+        raise click.BadParameter(
+            f"{gamma} is beyond the drafter's max_gamma: it drafts blocks of 1 to {net.args.max_gamma} tokens",
+            param_hint=[param_hint],
+        )
+
+
+def check_reads(net: DSparkNet, target: Transformer, param_hint: str) -> None:
+    """Refuse a block drafter that reads hidden states of another width than ``target``'s (it was distilled
+    from another target)."""
+    if net.args.target_dim != target.args.dim:
+        raise click.BadParameter(
+            f"the drafter reads target hidden states of width {net.args.target_dim}, the target's are "
+            f"{target.args.dim} wide: it was trained against another target",
+            param_hint=[param_hint],
+        )
+
+
+def check_positions(need: int, limit: int, what: str, param_hint: str) -> None:
+    """Refuse a shape of ``need`` positions (``what`` names the values that add up to it) in a model or cache
+    of ``limit``. An engine request needs prompt + max_new_tokens + γ + 1 (``Engine.submit``)."""
+    if need > limit:
+        raise click.BadParameter(f"{what}: {need} positions, but the target holds {limit}", param_hint=[param_hint])
+
+
+def workload_prompt_len() -> int:
+    """The length of every prompt of the mixed workload (replicas and the end-to-end benchmarks serve it)."""
+    from .workload import mixed_workload
+
+    return len(mixed_workload(1)[0].tokens)
+
+
+def load_given(load: Callable[[str], T], path: str, what: str, param_hint: str) -> T:
+    """``load(path)``, or a usage error naming the option when the file is no ``what`` (not a checkpoint, a
+    truncated one, or one of another kind of model)."""
+    try:
+        return load(path)
+    except (pickle.UnpicklingError, RuntimeError, ValueError, TypeError, KeyError, EOFError) as exc:
+        # torch's messages run to paragraphs: their first sentence says what failed.
+        reason = str(exc).strip().split("\n")[0].split(". ")[0].strip() or type(exc).__name__
+        raise click.BadParameter(f"{path} is not a {what} checkpoint ({reason})", param_hint=[param_hint]) from None
+
+
+def given_target(path: str | None, param_hint: str = "--target") -> Transformer:
+    """The target checkpoint at ``path`` in eval mode, or the shipped target when none is given."""
+    from .model import load_checkpoint
+    from .shipped import load_shipped_target
+
+    if path is None:
+        return load_shipped_target()
+    return load_given(lambda p: load_checkpoint(p)[0].eval(), path, "target", param_hint)
+
+
+def output_path(path: str | Path, param_hint: str, *, directory: bool = False) -> Path:
+    """``path`` as a ``Path`` once an output can be made there, else a usage error naming the option: a
+    file's folder (a directory itself) must be writable or creatable, i.e. its nearest existing ancestor is a
+    writable directory. Missing folders are fine (the writers create them); nothing is created here."""
+    target = Path(path)
+    if target.exists():
+        if target.is_dir() != directory:
+            raise click.BadParameter(f"{path} is {'not ' if directory else ''}a directory", param_hint=[param_hint])
+        folder = target if directory else target.parent
+    else:
+        folder = next(p for p in target.absolute().parents if p.exists())
+        if not folder.is_dir():
+            raise click.BadParameter(f"{path}: {folder} is not a directory", param_hint=[param_hint])
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"{path}: {folder} is not writable", param_hint=[param_hint])
+    return target
+
+
+@contextmanager
+def written_whole(path: str | Path) -> Iterator[Path]:
+    """A fresh path beside ``path`` for the block to write (same folder and suffix: writers that go by the
+    suffix write the same format). When the block ends it replaces ``path`` in one rename; when it raises it
+    is removed. So ``path`` holds the whole new file or what it held before, never a half-written one."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial = final.with_name(f".{final.stem}.{secrets.token_hex(4)}.partial{final.suffix}")
+    try:
+        yield partial
+        os.replace(partial, final)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
