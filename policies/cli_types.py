@@ -49,31 +49,52 @@ def finite_numbers(command: click.Command) -> click.Command:
     return command
 
 
-class CountList(click.ParamType):  # type: ignore[type-arg]
-    """A comma-separated list of integers of at least ``low`` (batch sizes): a tuple, or a usage error
-    naming the item that is not."""
+class _CommaList(click.ParamType):  # type: ignore[type-arg]
+    """Comma-separated items, each read by ``item``: a tuple, or a usage error naming the item that is not
+    one (blank items between commas are skipped; a list of none is an error)."""
+
+    expected = "items"
+
+    def item(self, text: str, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        raise NotImplementedError
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[Any, ...]:
+        if isinstance(value, tuple):
+            return value
+        items = [part.strip() for part in str(value).split(",") if part.strip()]
+        if not items:
+            self.fail(f"{value!r}: expected {self.expected}, separated by commas.", param, ctx)
+        return tuple(self.item(text, value, param, ctx) for text in items)
+
+
+class CountList(_CommaList):
+    """A comma-separated list of integers of at least ``low`` (batch sizes)."""
 
     name = "list"
 
     def __init__(self, low: int = 1):
         self.low = low
+        self.expected = f"integers >= {low}"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, ...]:
-        if isinstance(value, tuple):
-            return value
-        items = [part.strip() for part in str(value).split(",") if part.strip()]
-        if not items:
-            self.fail(f"{value!r}: expected integers >= {self.low}, separated by commas.", param, ctx)
-        out = []
-        for item in items:
-            try:
-                number = int(item)
-            except ValueError:
-                number = None
-            if number is None or number < self.low:
-                self.fail(f"{item!r} in {value!r} is not an integer >= {self.low}.", param, ctx)
-            out.append(number)
-        return tuple(out)
+    def item(self, text: str, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        number = int(text) if text.lstrip("-").isdigit() else None
+        if number is None or number < self.low:
+            self.fail(f"{text!r} in {value!r} is not an integer >= {self.low}.", param, ctx)
+        return number
+
+
+class FloatList(_CommaList):
+    """Comma-separated finite numbers within a range (``click.FloatRange``'s arguments)."""
+
+    name = "numbers"
+    expected = "numbers"
+
+    def __init__(self, min: float | None = None, max: float | None = None, min_open: bool = False):
+        self.range = FiniteFloatRange(min, max, min_open=min_open)
+        self.range.name = "number"  # a bad item reads "'a' is not a valid number", not "... float range"
+
+    def item(self, text: str, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        return float(self.range.convert(text, param, ctx))
 
 
 class HttpUrl(click.ParamType):  # type: ignore[type-arg]
@@ -116,22 +137,3 @@ class PastTime(click.ParamType):  # type: ignore[type-arg]
             return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).timestamp()
         except (ValueError, OverflowError):
             self.fail(f"{value!r}: expected unix seconds, an ISO time, or a duration such as 30m", param, ctx)
-
-
-class FloatList(click.ParamType):  # type: ignore[type-arg]
-    """Comma-separated finite numbers within a range (``click.FloatRange``'s arguments): a tuple, or a usage
-    error naming the option and the item that is not."""
-
-    name = "numbers"
-
-    def __init__(self, min: float | None = None, max: float | None = None, min_open: bool = False):
-        self.item = FiniteFloatRange(min, max, min_open=min_open)
-        self.item.name = "number"  # a bad item reads "'a' is not a valid number", not "... float range"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[float, ...]:
-        if isinstance(value, tuple):
-            return value
-        items = [part.strip() for part in str(value).split(",") if part.strip()]
-        if not items:
-            self.fail(f"{value!r}: expected numbers separated by commas.", param, ctx)
-        return tuple(float(self.item.convert(item, param, ctx)) for item in items)
