@@ -28,6 +28,7 @@ import numpy as np
 from sparkgate.collectors.store import Store
 from sparkgate.collectors.synth import RowModel
 from sparkgate.policies.binning import N_BINS, bin_index
+from sparkgate.policies.errors import InputError
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
 FIT_PATH = Path(__file__).with_name("assets") / "simulate_fit.json"
@@ -114,8 +115,48 @@ def row_model(model: dict, confidence_scale: float = 1.0) -> RowModel:
     return RowModel(None, None, confidence_scale, np.asarray(model["conditionals"]), np.asarray(model["reliability"]))
 
 
+class FitFileError(InputError):
+    """A file that is not a fitted fleet model (named in the message, with what is wrong)."""
+
+
+_STEP_MODEL = ("fixed_ms", "per_row_ms", "step_sd", "noise_sd")
+
+
 def load(path: str | Path = FIT_PATH) -> dict:
-    return json.loads(Path(path).read_text())
+    """A fitted model as ``fit`` writes it; ``FitFileError`` naming the file and the first key that is not
+    what the simulator draws from (probabilities in [0, 1], γ columns, finite step-time figures)."""
+    try:
+        model = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise FitFileError(f"{path}: not a fitted fleet model (not JSON: {exc})") from None
+    problem = _problem(model)
+    if problem:
+        raise FitFileError(f"{path}: not a fitted fleet model ({problem}); `sparkgate simulate-fit --out` writes one")
+    return model
+
+
+def _problem(model: object) -> str | None:
+    if not isinstance(model, dict):
+        return "expected a JSON object"
+    gamma = model.get("gamma")
+    if type(gamma) is not int or gamma < 1:
+        return f"gamma: expected an integer >= 1, got {gamma!r}"
+    if type(model.get("rows")) is not int or model["rows"] < 0:
+        return f"rows: expected a count, got {model.get('rows')!r}"
+    for key, columns in (("conditionals", gamma), ("reliability", N_BINS)):
+        try:
+            table = np.asarray(model.get(key), dtype=np.float64)
+        except (TypeError, ValueError):
+            return f"{key}: expected a table of numbers"
+        if table.ndim != 2 or not len(table) or table.shape[1] != columns or not np.all((table >= 0) & (table <= 1)):
+            return f"{key}: expected rows of {columns} probabilities in [0, 1]"
+    for part in ("wall", "cpu"):
+        figures = model.get(part)
+        if not isinstance(figures, dict) or not all(
+            isinstance(figures.get(k), int | float) and np.isfinite(figures[k]) and figures[k] >= 0 for k in _STEP_MODEL
+        ):
+            return f"{part}: expected {', '.join(_STEP_MODEL)} as finite numbers >= 0"
+    return None
 
 
 def ks(a: np.ndarray, b: np.ndarray) -> float:

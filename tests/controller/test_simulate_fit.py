@@ -66,3 +66,33 @@ def test_the_shipped_fit_is_a_runtimes():
     shipped = load(FIT_PATH)
     assert shipped["gamma"] == 7 and len(shipped["conditionals"]) == 1000 and shipped["rows"] >= 1000
     assert 0 < shipped["cpu"]["noise_sd"] < shipped["wall"]["noise_sd"]  # shared cores: wall time is noisier
+
+
+def _shipped() -> dict:
+    return json.loads(FIT_PATH.read_text())
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda m: "not json", "not JSON: Expecting value"),
+        (lambda m: [m], "expected a JSON object"),
+        (lambda m: {**m, "gamma": 0}, "gamma: expected an integer >= 1, got 0"),
+        (lambda m: {k: v for k, v in m.items() if k != "rows"}, "rows: expected a count, got None"),
+        (lambda m: {**m, "conditionals": [row[:-1] for row in m["conditionals"]]}, "conditionals: expected rows of 7"),
+        (lambda m: {**m, "conditionals": []}, "conditionals: expected rows of 7 probabilities in [0, 1]"),
+        (lambda m: {**m, "reliability": [[1.5] * 15] * 7}, "reliability: expected rows of 15 probabilities"),
+        (lambda m: {**m, "reliability": "high"}, "reliability: expected a table of numbers"),
+        (lambda m: {**m, "wall": {**m["wall"], "step_sd": -1}}, "wall: expected fixed_ms, per_row_ms, step_sd, noise"),
+        (lambda m: {**m, "cpu": None}, "cpu: expected fixed_ms, per_row_ms, step_sd, noise_sd as finite numbers"),
+    ],
+)
+def test_a_file_that_is_not_a_fitted_model_is_named_by_simulate(tmp_path, change, named):
+    bad = tmp_path / "fit.json"
+    changed = change(_shipped())
+    bad.write_text(changed if isinstance(changed, str) else json.dumps(changed))
+    argv = ["simulate", "--policy", "policies/default_rollout.yaml", "--seeds", "1", "--fit", str(bad)]
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert result.output.startswith(f"Error: {bad}: not a fitted fleet model (") and named in result.output
+    assert len(result.output.splitlines()) == 1
