@@ -53,4 +53,4 @@ def test_bench_refuses_bad_input_before_timing(args, option, named):
 
 def test_bench_refuses_a_device_torch_does_not_know():
     output = refused(["bench", "scheduler", "--device", "foo"])
-    assert "Invalid value for --device" in output and "device string: foo" in output
+    assert "Invalid value for '--device'" in output and "device string: foo" in output
