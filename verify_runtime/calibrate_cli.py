@@ -18,9 +18,8 @@ import click
 import torch
 
 from sparkgate.collectors.schema import CALIBRATED_AT_SOURCE, StepRecord
+from sparkgate.policies.outputs import output_path, written_whole
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
-
-from .cli_checks import output_path, written_whole
 
 T = TypeVar("T")
 

@@ -1,19 +1,14 @@
 """What the runtime's commands check before any work: values that depend on other values or on a loaded model,
-the files they are given to load, and the paths they will write.
+and the files they are given to load (the paths they write are checked by ``policies.outputs``).
 
 Every check raises ``click.BadParameter`` naming the option and the value, so the console script prints one
-line (exit 2) before minutes of decoding or training are spent, and ``written_whole`` makes each output file
-appear whole or not at all.
+line (exit 2) before minutes of decoding or training are spent.
 """
 
 from __future__ import annotations
 
-import os
 import pickle
-import secrets
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable
 from typing import TypeVar
 
 import click
@@ -84,37 +79,3 @@ def given_target(path: str | None, param_hint: str = "--target") -> Transformer:
     if path is None:
         return load_shipped_target()
     return load_given(lambda p: load_checkpoint(p)[0].eval(), path, "target", param_hint)
-
-
-def output_path(path: str | Path, param_hint: str, *, directory: bool = False) -> Path:
-    """``path`` as a ``Path`` once an output can be made there, else a usage error naming the option: a
-    file's folder (a directory itself) must be writable or creatable, i.e. its nearest existing ancestor is a
-    writable directory. Missing folders are fine (the writers create them); nothing is created here."""
-    target = Path(path)
-    if target.exists():
-        if target.is_dir() != directory:
-            raise click.BadParameter(f"{path} is {'not ' if directory else ''}a directory", param_hint=[param_hint])
-        folder = target if directory else target.parent
-    else:
-        folder = next(p for p in target.absolute().parents if p.exists())
-        if not folder.is_dir():
-            raise click.BadParameter(f"{path}: {folder} is not a directory", param_hint=[param_hint])
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise click.BadParameter(f"{path}: {folder} is not writable", param_hint=[param_hint])
-    return target
-
-
-@contextmanager
-def written_whole(path: str | Path) -> Iterator[Path]:
-    """A fresh path beside ``path`` for the block to write (same folder and suffix: writers that go by the
-    suffix write the same format). When the block ends it replaces ``path`` in one rename; when it raises it
-    is removed. So ``path`` holds the whole new file or what it held before, never a half-written one."""
-    final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    partial = final.with_name(f".{final.stem}.{secrets.token_hex(4)}.partial{final.suffix}")
-    try:
-        yield partial
-        os.replace(partial, final)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise

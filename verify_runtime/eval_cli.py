@@ -7,7 +7,9 @@ from pathlib import Path
 
 import click
 
-from .cli_checks import check_gamma, check_positions, check_reads, given_target, load_given, output_path, written_whole
+from sparkgate.policies.outputs import output_path, written_whole
+
+from .cli_checks import check_gamma, check_positions, check_reads, given_target, load_given
 
 
 @click.group("eval")

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sparkgate.policies.outputs import written_whole
+
 from .packing import PackedLayout
 
 if TYPE_CHECKING:
@@ -271,10 +273,8 @@ def model_version(model: Checkpointable) -> str:
 def save_checkpoint(model: Checkpointable, path: str | Path, extra: dict | None = None) -> None:
     """Weights plus the ``ModelArgs`` as plain data, loadable with ``weights_only=True``."""
     payload = {"args": dataclasses.asdict(model.args), "model": model.state_dict(), "extra": extra or {}}
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(str(path) + ".tmp")
-    torch.save(payload, tmp)
-    tmp.replace(path)  # never leave a half-written checkpoint under the real name
+    with written_whole(path) as partial:  # never a half-written checkpoint under the real name
+        torch.save(payload, partial)
 
 
 def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[dict, dict, dict]:

@@ -14,8 +14,9 @@ import torch
 
 from sparkgate.policies.cli_types import CountList, FloatList
 from sparkgate.policies.cost_model import save_cost_table
+from sparkgate.policies.outputs import output_path, written_whole
 
-from .cli_checks import check_gamma, output_path, written_whole
+from .cli_checks import check_gamma
 from .defaults import default_drafter, default_target
 from .device_options import device_options, resolve_graphs
 from .profiler import (

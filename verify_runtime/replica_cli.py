@@ -35,11 +35,12 @@ from prometheus_client import Counter, Gauge, start_http_server
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.schema import StepRecord
 from sparkgate.policies.cli_types import HttpUrl
+from sparkgate.policies.outputs import output_path
 from sparkgate.policies.payload import PolicyPayload
 from sparkgate.policies.window import CostAwareScheduler, FixedWindow, WindowPolicy
 
 from .arrivals import Arrivals, swing
-from .cli_checks import SEED, check_gamma, check_positions, output_path, workload_prompt_len
+from .cli_checks import SEED, check_gamma, check_positions, workload_prompt_len
 from .consistency import GreedyReplay
 from .drafters import Drafter
 from .engine import Engine, EngineConfig, Request

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 
 from sparkgate.policies.calibration import STS
+from sparkgate.policies.outputs import written_whole
 
 from .block_drafter import BlockDrafter, DSparkNet, load_drafter
 from .model import Transformer, load_checkpoint, model_version, save_checkpoint
@@ -50,11 +51,8 @@ def record_asset(key: str, info: dict, assets: Path = ASSETS) -> None:
         raise ValueError(f"unknown asset {key!r}; expected one of {sorted(FILES) + ['corpus']}")
     manifest = read_manifest(assets)
     manifest[key] = info
-    path = Path(assets) / MANIFEST
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    with written_whole(Path(assets) / MANIFEST) as partial:
+        partial.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
 def ship_model(module: Transformer | DSparkNet, key: str, info: dict, assets: Path = ASSETS) -> dict:
