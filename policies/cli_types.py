@@ -20,10 +20,11 @@ class _Finite:
     """Mixed into a click float type: a non-finite value fails, naming the option."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)  # type: ignore[misc]
-        if isinstance(number, float) and not math.isfinite(number):
+        # Read the number before a range judges it: an infinity is named as such, not as out of range.
+        number = click.types.FloatParamType.convert(self, value, param, ctx)  # type: ignore[arg-type]
+        if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number.", param, ctx)  # type: ignore[attr-defined]
-        return number
+        return super().convert(value, param, ctx)  # type: ignore[misc]
 
 
 class FiniteFloat(_Finite, click.types.FloatParamType):
@@ -77,7 +78,10 @@ class CountList(_CommaList):
         self.expected = f"integers >= {low}"
 
     def item(self, text: str, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        number = int(text) if text.lstrip("-").isdigit() else None
+        try:
+            number: int | None = int(text)
+        except ValueError:
+            number = None
         if number is None or number < self.low:
             self.fail(f"{text!r} in {value!r} is not an integer >= {self.low}.", param, ctx)
         return number
@@ -127,13 +131,19 @@ class PastTime(click.ParamType):  # type: ignore[type-arg]
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         if isinstance(value, float):
             return value
-        text = str(value).strip()
+        text, refused = str(value).strip(), f"{value!r}: expected unix seconds, an ISO time, or a duration such as 30m"
+        try:
+            seconds = float(text)  # unix seconds, in any form a float takes (1.75e9 too)
+        except ValueError:
+            seconds = None
+        if seconds is not None:
+            if not math.isfinite(seconds) or seconds < 0:
+                self.fail(refused, param, ctx)
+            return seconds
         try:
             if text[-1:] in _SECONDS_PER and text[:-1].replace(".", "", 1).isdigit():
                 return dt.datetime.now(dt.UTC).timestamp() - float(text[:-1]) * _SECONDS_PER[text[-1]]
-            if text.replace(".", "", 1).isdigit():
-                return float(text)
             parsed = dt.datetime.fromisoformat(text)
             return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).timestamp()
         except (ValueError, OverflowError):
-            self.fail(f"{value!r}: expected unix seconds, an ISO time, or a duration such as 30m", param, ctx)
+            self.fail(refused, param, ctx)

@@ -52,7 +52,10 @@ def test_ingest_export_and_prune(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
-        (["prune", "--db", "DB", "--older-than-days", "1e308"], "Invalid value for '--older-than-days': 1e+308"),
+        (
+            ["prune", "--db", "DB", "--older-than-days", "1e308"],
+            "'--older-than-days': 1e+308 is not in the range 0<=x<=",
+        ),
         (["export", "--db", "DB", "--out", ""], "Invalid value for '--out': '' is empty"),
     ],
 )
@@ -109,6 +112,7 @@ CLOSED = "http://127.0.0.1:1"  # nothing listens on port 1
         (["--db", "DB", "--sglang", "http://"], "Invalid value for '--sglang': 'http://'"),
         (["--vllm", CLOSED, "--snapshot-dir", "SNAP"], "--snapshot-dir needs --db"),
         (["--db", "DB", "--vllm", CLOSED], "--db stores --sglang records: give --sglang, or leave --db out"),
+        (["--db", "DB", "--sglang", CLOSED, "--snapshot-dir", "UNDER_A_FILE"], "Invalid value for '--snapshot-dir'"),
         # Usage is checked before the saved responses are read (and printed).
         (["--vllm-responses", "RESPONSES", "--sglang", CLOSED], "--sglang needs --db"),
     ],
@@ -116,7 +120,8 @@ CLOSED = "http://127.0.0.1:1"  # nothing listens on port 1
 def test_collect_refuses_bad_input_before_polling_or_writing(tmp_path, argv, named):
     responses = tmp_path / "responses.jsonl"
     responses.write_text("not JSON\n")
-    paths = {"DB": tmp_path / "c.duckdb", "SNAP": tmp_path / "snap", "RESPONSES": responses}
+    paths = {"DB": tmp_path / "c.duckdb", "SNAP": tmp_path / "snap", "RESPONSES": responses,
+             "UNDER_A_FILE": responses / "snap"}  # fmt: skip
     argv = [str(paths.get(a, a)) for a in argv]
     result = CliRunner().invoke(main, ["collect", *argv, "--polls", "1", "--interval", "0"])
     assert result.exit_code == 2 and named in result.output, result.output

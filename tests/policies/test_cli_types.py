@@ -79,6 +79,8 @@ def test_a_count_list_reads_every_item_in_order(counts):
         ("8,0", "'0' in '8,0' is not an integer >= 1."),
         ("8,x", "'x' in '8,x' is not an integer >= 1."),
         ("4,2.5", "'2.5' in '4,2.5' is not an integer >= 1."),
+        ("--5", "'--5' in '--5' is not an integer >= 1."),
+        ("8,\u00b2", "'\u00b2' in '8,\u00b2' is not an integer >= 1."),  # a digit to str.isdigit, not to int
         (" , ", "' , ': expected integers >= 1, separated by commas."),
     ],
 )
@@ -103,8 +105,6 @@ def test_a_server_url_is_kept_as_given(url):
         ("http://", "'http://' is not an http:// or https:// URL with a host"),
         ("http://host:0", "'http://host:0' is not an http:// or https:// URL with a host"),
         ("http://ho st", "'http://ho st' is not an http:// or https:// URL with a host"),
-        ("http://host:99999", "'http://host:99999': Port out of range 0-65535"),
-        ("http://host:port", "'http://host:port': Port could not be cast to integer value as 'port'"),
     ],
 )
 def test_a_server_url_that_no_request_could_reach_is_named(url, named):
@@ -113,11 +113,19 @@ def test_a_server_url_that_no_request_could_reach_is_named(url, named):
     assert caught.value.message == named
 
 
+@pytest.mark.parametrize("url", ["http://host:99999", "http://host:port"])
+def test_a_port_urllib_cannot_read_is_named_in_its_words(url):
+    with pytest.raises(click.BadParameter) as caught:
+        HttpUrl().convert(url, None, None)
+    assert caught.value.message.startswith(f"{url!r}: ") and "port" in caught.value.message.lower()
+
+
 @pytest.mark.parametrize(
     ("text", "seconds"),
     [
         ("1750000080", 1750000080.0),
         ("1750000080.5", 1750000080.5),
+        ("1.75000008e9", 1750000080.0),
         ("2025-06-15T15:08:00", 1750000080.0),  # UTC unless it says otherwise
         ("2025-06-15T17:08:00+02:00", 1750000080.0),
         ("2025-06-15", 1749945600.0),
@@ -149,3 +157,10 @@ def test_a_float_list_names_the_item_that_is_not_a_number_in_range(text, error):
     assert FloatList(0, 1).convert(" 0, 0.5 ,1", None, None) == (0.0, 0.5, 1.0)
     with pytest.raises(click.BadParameter, match=error):
         FloatList(0, 1).convert(text, None, None)
+
+
+def test_an_infinity_is_named_as_such_by_a_bounded_range_too():
+    with pytest.raises(click.BadParameter) as caught:
+        FiniteFloatRange(0, 1).convert("inf", None, None)
+    assert caught.value.message == "'inf' is not a finite number."
+    assert FiniteFloatRange(0, 1).convert("0.5", None, None) == 0.5
