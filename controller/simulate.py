@@ -26,6 +26,7 @@ import click
 import numpy as np
 
 from sparkgate.collectors.store import Store
+from sparkgate.policies.outputs import output_path, written_whole
 from sparkgate.policies.rollout import RolloutPolicy, load_rollout_policy
 from sparkgate.policies.vocabulary import Phase
 
@@ -255,7 +256,8 @@ def plot(points: list[dict], gate: str, fault: str, path: str | Path) -> None:
     ax.set_ylabel(f"median detection delay, intervals ({fault})")
     ax.set_title(f"Operating curve of {gate}")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with written_whole(path) as partial:
+        fig.savefig(partial, dpi=120)
     plt.close(fig)
 
 
@@ -296,6 +298,8 @@ def simulate(
     if sweep is not None or plot_path is not None:
         if sweep is None or not chosen.faulty:
             raise click.UsageError("--sweep GATE=T1,T2,... and a faulty --scenario draw the operating curve")
+        if plot_path:
+            output_path(plot_path, "--plot")
         try:
             gate, thresholds = parse_sweep(sweep)
             points = operating_curve(policy, gate, thresholds, chosen, seeds, fleet, max_intervals, workers,

@@ -29,6 +29,7 @@ from sparkgate.collectors.store import Store
 from sparkgate.collectors.synth import RowModel
 from sparkgate.policies.binning import N_BINS, bin_index
 from sparkgate.policies.errors import InputError
+from sparkgate.policies.outputs import output_path, written_whole
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
 FIT_PATH = Path(__file__).with_name("assets") / "simulate_fit.json"
@@ -219,14 +220,17 @@ def check(store: Store, model: dict, rows: int = 20_000, seed: int = 0) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 def simulate_fit(db: str, out: str | None, fit_path: str | None, as_json: bool) -> None:
     """Fit the simulator's fleet model to a runtime's records, and check the model against them (KS)."""
+    given = load(fit_path) if fit_path else None  # a bad file is named before the store is opened
+    if out:
+        output_path(out, "--out")
     with Store(db, create=False) as store:
         try:
-            model = load(fit_path) if fit_path else fit(store)
+            model = given or fit(store)
         except ValueError as exc:
             raise click.ClickException(str(exc)) from None
         shown = {k: v for k, v in model.items() if k not in ("conditionals", "reliability")}
         result = {"model": shown, "check": check(store, model)}
     if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(model) + "\n")
+        with written_whole(out) as partial:
+            partial.write_text(json.dumps(model) + "\n")
     click.echo(json.dumps(result) if as_json else json.dumps(result, indent=1))

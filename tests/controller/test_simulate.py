@@ -103,6 +103,11 @@ def test_the_operating_curve_trades_false_rollbacks_for_detection_and_is_drawn(t
         main, ["simulate", "--policy", str(path), "--scenario", "drift-one", "--sweep", "nope=1"]
     )
     assert unknown.exit_code != 0 and "no gate of that name" in unknown.output
+    (tmp_path / "file").write_text("a regular file")
+    sweep = ["--scenario", "drift-one", "--sweep", "survival_ece=1", "--plot", str(tmp_path / "file" / "curve.png")]
+    unwritable = CliRunner().invoke(main, ["simulate", "--policy", str(path), *sweep])
+    assert unwritable.exit_code == 2 and "Invalid value for '--plot'" in unwritable.output
+    assert "seeds" not in unwritable.output  # refused before the sweep ran a seed
 
 
 def test_the_drift_scenarios_are_sized_in_worst_depth_ece():

@@ -96,3 +96,20 @@ def test_a_file_that_is_not_a_fitted_model_is_named_by_simulate(tmp_path, change
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
     assert result.output.startswith(f"Error: {bad}: not a fitted fleet model (") and named in result.output
     assert len(result.output.splitlines()) == 1
+
+
+def test_simulate_fit_names_a_bad_fit_file_or_output_before_it_opens_the_store(tmp_path):
+    db = tmp_path / "runtime.duckdb"
+    with Store(db):
+        pass
+    before = db.read_bytes()
+    (tmp_path / "file").write_text("a regular file")
+    bad = tmp_path / "bad.json"
+    bad.write_text("[]")
+    for extra, code, named in [
+        (["--fit", str(bad)], 1, f"Error: {bad}: not a fitted fleet model (expected a JSON object)"),
+        (["--out", str(tmp_path / "file" / "fit.json")], 2, "Invalid value for '--out'"),
+    ]:
+        result = CliRunner().invoke(main, ["simulate-fit", "--db", str(db), *extra])
+        assert result.exit_code == code and named in result.output, result.output
+    assert db.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "file", db.name]
