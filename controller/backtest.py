@@ -25,7 +25,7 @@ import click
 
 from sparkgate.collectors.store import Store
 from sparkgate.policies.cli_types import PastTime
-from sparkgate.policies.rollout import RolloutPolicyError, load_rollout_policy
+from sparkgate.policies.rollout import RolloutPolicy, RolloutPolicyError, load_rollout_policy
 from sparkgate.policies.vocabulary import CHANGES_POLICY, Action
 
 from . import ledger, rollout
@@ -95,12 +95,11 @@ def _brief(d: Decision) -> dict:
             "failing": failing}  # fmt: skip
 
 
-def replay(store: Store, policy_path: str, since: float | None = None, resamples: int = 200) -> list[Row]:
+def replay(store: Store, policy: RolloutPolicy, since: float | None = None, resamples: int = 200) -> list[Row]:
     """Every stored decision from ``since`` on beside what ``policy`` would have decided at its time."""
     stored = ledger.decisions(store, since=since)
     if not stored:
         return []
-    policy = load_rollout_policy(policy_path)
     clock = {"now": stored[0].decided_at}
     ctl = Replay(store, policy, clock=lambda: clock["now"], resamples=resamples)
     rows = [Row(stored[0].decided_at, stored[0], ctl.decisions[0])]
@@ -152,11 +151,11 @@ def _phases(decisions) -> list[str]:
 def backtest(db: str, policy_path: str, since: float | None, as_json: bool) -> None:
     """Replay a store's history through a policy, beside the decisions it holds; acts on nothing."""
     try:
-        load_rollout_policy(policy_path)  # named before the store is opened, decisions to replay or not
+        policy = load_rollout_policy(policy_path)  # named before the store is opened, decisions to replay or not
     except RolloutPolicyError as exc:
         raise click.BadParameter(str(exc), param_hint=["--policy"]) from None
     with Store(db, create=False) as store:
-        rows = replay(store, policy_path, since)
+        rows = replay(store, policy, since)
     if not rows:
         raise click.ClickException(f"{db}: no decisions to replay")
     origin = rows[0].at

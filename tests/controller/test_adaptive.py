@@ -20,7 +20,7 @@ from sparkgate.controller import backtest, cost_report, ledger
 from sparkgate.controller.service import create_app
 from sparkgate.controller.supervisor import Controller
 from sparkgate.policies.cost_model import parse_cost_table
-from sparkgate.policies.rollout import parse_rollout_policy
+from sparkgate.policies.rollout import load_rollout_policy, parse_rollout_policy
 from sparkgate.policies.vocabulary import Action
 from tests.conftest import T0, Clock
 from tests.controller.timed_steps import STATIC, ingest_timed, scaled
@@ -121,7 +121,7 @@ def test_a_stale_table_is_refitted_served_and_reverted_when_it_predicts_badly(fl
     # and writes nothing (no table of its own).
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(yaml.safe_dump(POLICY.to_dict()))
-    rows = backtest.replay(controller.store, str(policy_file), resamples=10)
+    rows = backtest.replay(controller.store, load_rollout_policy(policy_file), resamples=10)
     assert [r.stored.action for r in rows][-3:] == ["hold", "publish_table", "revert_table"]
     assert all(r.agrees for r in rows) and len(cost_tables.entries(controller.store)) == 2
     again = CliRunner().invoke(main, ["cost-table", "revert", "--controller", str(http.base_url), "--operator", "ops"])

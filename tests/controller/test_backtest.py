@@ -13,6 +13,7 @@ from sparkgate.cli import main
 from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
 from sparkgate.controller.backtest import replay, summary
+from sparkgate.policies.rollout import load_rollout_policy
 from tests.dashboards.known_store import POLICY
 
 
@@ -25,7 +26,7 @@ def copied(fixture_store, tmp_path):
 def test_the_same_policy_reproduces_every_stored_decision(fixture_store, tmp_path):
     db = copied(fixture_store, tmp_path)
     with Store(db) as store:
-        rows = replay(store, str(fixture_store.policy_path))
+        rows = replay(store, load_rollout_policy(fixture_store.policy_path))
         stored = ledger.decisions(store)
     assert [r.stored for r in rows] == stored and all(r.agrees for r in rows)
     assert [r.replayed.action for r in rows] == ["start", "advance", "rollback"]
@@ -78,7 +79,7 @@ def test_since_takes_the_times_report_takes(fixture_store, tmp_path):
 
     db = copied(fixture_store, tmp_path)
     with Store(db) as store:
-        second = replay(store, str(fixture_store.policy_path))[1].at
+        second = replay(store, load_rollout_policy(fixture_store.policy_path))[1].at
     iso = dt.datetime.fromtimestamp(second, dt.UTC).isoformat()
     argv = ["backtest", "--db", str(db), "--policy", str(fixture_store.policy_path), "--json", "--since"]
     for since in (iso, repr(second)):
