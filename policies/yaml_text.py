@@ -3,6 +3,11 @@
 PyYAML's safe loader keeps the last of two equal keys without a word, so a policy file with two
 ``gates:`` blocks would run the second while a reader of the file sees the first. Every YAML file an
 operator writes (the rollout policy, the writers file) is read through ``load``.
+
+Keys are compared on the composed document, as written, before construction: constructing a merge
+(``<<``) rewrites the merged mapping's node in place, and a check then would see a key that a mapping
+overrides within its own merge as given twice. A merge key itself may repeat keys it merges: overriding
+them is what merging is for.
 """
 
 from __future__ import annotations
@@ -12,31 +17,7 @@ from typing import Any
 import yaml
 from yaml.constructor import ConstructorError
 
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """The safe loader, refusing a mapping that names a key twice (a merge key ``<<`` may be overridden:
-    that is what merging is for)."""
-
-
-def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    first: dict[Any, yaml.Node] = {}
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":
-            continue
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            seen = first.setdefault(key, key_node)
-        except TypeError:  # an unhashable key: the safe constructor below names that error itself
-            continue
-        if seen is not key_node:
-            raise ConstructorError(
-                "while reading a mapping", node.start_mark,
-                f"key {key!r} appears twice (first on line {seen.start_mark.line + 1})", key_node.start_mark,
-            )  # fmt: skip
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+_MERGE = "tag:yaml.org,2002:merge"
 
 
 class YAMLTextError(ValueError):
@@ -45,11 +26,47 @@ class YAMLTextError(ValueError):
 
 def load(text: str) -> Any:
     """The decoded document, or ``YAMLTextError`` naming the line and column of the first problem."""
+    loader = yaml.SafeLoader(text)
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # a subclass of the safe loader
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_repeated_keys(loader, node)
+        return loader.construct_document(node)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         raise YAMLTextError(f"{where}{exc.problem}") from exc
     except yaml.YAMLError as exc:
         raise YAMLTextError(" ".join(str(exc).split())) from exc
+    finally:
+        loader.dispose()
+
+
+def _refuse_repeated_keys(loader: yaml.SafeLoader, root: yaml.Node) -> None:
+    """Raise ``ConstructorError`` at the first mapping, in document order, that names a scalar key twice
+    (keys compared as the values they construct to: ``1`` and ``0x1`` are one key, ``1`` and ``'1'`` two)."""
+    pending, visited = [root], set()
+    while pending:
+        node = pending.pop()
+        if id(node) in visited:  # an alias repeats a node: check it once
+            continue
+        visited.add(id(node))
+        children = []
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, yaml.Node] = {}
+            for key_node, value_node in node.value:
+                children += [key_node, value_node]
+                if key_node.tag == _MERGE or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = loader.construct_object(key_node)
+                seen = first.setdefault(key, key_node)
+                if seen is not key_node:
+                    raise ConstructorError(
+                        "while reading a mapping", node.start_mark,
+                        f"key {key!r} appears twice (first on line {seen.start_mark.line + 1})",
+                        key_node.start_mark,
+                    )  # fmt: skip
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        pending += reversed(children)

@@ -42,6 +42,15 @@ def test_a_repeated_key_is_refused_naming_both_lines(text, where):
 
 def test_a_merged_key_may_be_overridden():
     assert load("base: &b {p: 1, q: 1}\nd: {<<: *b, p: 2}\n")["d"] == {"p": 2, "q": 1}
+    # A mapping that overrides its own merge, merged in turn: what it says is read as the safe loader reads it.
+    nested = "x: &x {<<: {a: 1}, a: 2}\ny: {<<: *x}\nz: [*x, *x]\n"
+    assert load(nested) == yaml.safe_load(nested)
+
+
+def test_keys_are_compared_as_values():
+    with pytest.raises(YAMLTextError, match=r"^line 2, column 1: key 1 appears twice \(first on line 1\)$"):
+        load("1: a\n0x1: b\n")
+    assert load("1: a\n'1': b\n") == {1: "a", "1": "b"}
 
 
 def test_text_that_is_not_yaml_is_one_line_naming_where():
