@@ -29,6 +29,7 @@ from sparkgate.collectors.store import Store
 from sparkgate.collectors.tracing import tracer_provider
 from sparkgate.collectors.writers import Writers, load_writers
 from sparkgate.policies.cli_types import HttpUrl, PastTime
+from sparkgate.policies.outputs import output_path
 from sparkgate.policies.rollout import DEFAULT_PATH, load_rollout_policy
 from sparkgate.policies.vocabulary import Phase
 
@@ -164,7 +165,10 @@ def serve(
     """Run the controller: policy and ingest API, gates, rollout, /metrics.
 
     Every input is checked, and the address bound, before the store is opened: a bad option or a port in
-    use leaves the file as it was, and "listening" is printed only once the socket listens."""
+    use leaves the file as it was, and "listening" is printed only once the sockets listen. A server that
+    fails to start exits 3, as ``uvicorn.run`` does, once the loops are stopped and the store closed."""
+    if snapshot_dir:
+        output_path(snapshot_dir, "--snapshot-dir", directory=True)
     metrics = Metrics()
     try:
         found = load_writers(writers_path)
@@ -178,7 +182,11 @@ def serve(
     except (ValueError, RuntimeError) as exc:
         raise click.UsageError(str(exc)) from None
     tracer = provider.get_tracer("sparkgate.collectors") if provider else None
-    with listen(host, port) as listener, Store(db) as store, _flushed(provider):
+    with contextlib.ExitStack() as opened:
+        # Closed here on the way out: uvicorn closes them in its shutdown, which a server that never started skips.
+        listeners = [opened.enter_context(sock) for sock in listen(host, port)]
+        store = opened.enter_context(Store(db))
+        opened.enter_context(_flushed(provider))
         sglang = SGLangActuator(sglang_urls) if sglang_urls else None
         health = CollectorHealth()
         controller = Controller(
@@ -213,7 +221,7 @@ def serve(
         for loop in loops:
             loop.start()
         address = f"[{host}]" if ":" in host else host
-        listening = f"http://{address}:{listener.getsockname()[1]}"
+        listening = f"http://{address}:{listeners[0].getsockname()[1]}"
         click.echo(
             json.dumps({"listening": listening, "db": db, **controller.policy_payload().model_dump(mode="json")}),
             err=True,
@@ -222,13 +230,15 @@ def serve(
         try:
             # uvicorn.run's own handling: an interrupt is the way to stop, not an error.
             with _exit_on_sigterm(), contextlib.suppress(KeyboardInterrupt):
-                server.run(sockets=[listener])
+                server.run(sockets=listeners)
         finally:
             stop.set()
             for loop in loops:
                 loop.join()
             if notifier is not None:
                 notifier.close()
+        if not server.started:  # uvicorn.run's rule: stopped before it started (interrupted) is a failed start
+            raise SystemExit(3)
 
 
 @contextlib.contextmanager

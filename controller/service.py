@@ -113,22 +113,40 @@ def check_bind(host: str, token: str | None, writers: Writers | None = None) -> 
         )
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """A socket listening on ``host:port`` (``port`` 0: one the system picks), set up as uvicorn sets up its
-    own (SO_REUSEADDR; IPv6 for a host with a colon). Raises ``InputError`` naming the address when it cannot
-    be had (in use, not this machine's, an empty host), so a command binds before it opens or starts
-    anything and says "listening" only once it is."""
+def listen(host: str, port: int) -> list[socket.socket]:
+    """Sockets listening on ``host:port``, one per address ``host`` resolves to (``localhost``: 127.0.0.1 and
+    ::1 where both are listed), each with SO_REUSEADDR and, for IPv6, IPV6_V6ONLY (``::`` is IPv6 alone): as
+    asyncio's ``create_server`` binds for ``uvicorn.run``. All share one port (``port`` 0: the one the system
+    picked for the first socket, which the list starts with). A command binds them before it opens or starts
+    anything, so an address it cannot have changes nothing, and it prints "listening" only once that is true.
+    Raises ``InputError`` naming ``host:port`` and why (a name that does not resolve, a port in use, an
+    address not this machine's, an empty host), with every socket it opened closed."""
     if not host:
         raise InputError("--host '': give the address to listen on (0.0.0.0: every IPv4 interface)")
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sockets: list[socket.socket] = []
+    where = host
     try:
-        sock.bind((host, port))
-        sock.listen()
-    except OSError as exc:
-        sock.close()
-        raise InputError(f"--host/--port {host}:{port}: cannot listen there ({exc.strerror or exc})") from None
-    return sock
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        shared = port
+        # An address listed twice (/etc/hosts) is bound once; dict keeps the resolver's order of preference.
+        for family, address in dict.fromkeys((family, address) for family, _, _, _, address in found):
+            where = str(address[0])
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind((where, shared, *address[2:]))
+            sock.listen()
+            shared = sock.getsockname()[1]  # port 0: the others take the one the system chose for the first
+    except OSError as exc:  # socket.gaierror too: a name that does not resolve
+        for sock in sockets:
+            sock.close()
+        reason = exc.strerror or str(exc)
+        raise InputError(
+            f"--host/--port {host}:{port}: cannot listen there ({reason if where == host else f'{where}: {reason}'})"
+        ) from None
+    return sockets
 
 
 def _authorizer(token: str | None):

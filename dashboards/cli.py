@@ -119,7 +119,8 @@ def dashboard(db, snapshot_dir, url, policy_path, host, port, behind_auth_proxy)
         raise click.BadParameter(str(exc), param_hint=["--policy"]) from None
     if db:
         check_store(db)
-    listen(host, port).close()  # Streamlit would say so only after its start; it binds again at once
+    for sock in listen(host, port):  # Streamlit would say so only after its start; it binds again at once
+        sock.close()
     command = streamlit_command([flag, value, "--policy", policy_path], host, port)
     click.echo(f"sparkgate dashboard on http://{host}:{port} ({flag} {value})", err=True)
     os.execv(command[0], command)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
+import uvicorn
 from click.testing import CliRunner
 
 from sparkgate.cli import main
@@ -17,9 +20,9 @@ from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.ingest_api import serve_in_thread
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store
-from sparkgate.controller import ledger
+from sparkgate.controller import commands, ledger
 from sparkgate.controller.commands import evaluate_forever
-from sparkgate.controller.service import create_app
+from sparkgate.controller.service import create_app, listen
 from sparkgate.controller.supervisor import Controller
 from sparkgate.demo.fleet import Fleet, free_port
 from sparkgate.policies.rollout import DEFAULT_PATH, load_rollout_policy, parse_rollout_policy
@@ -185,6 +188,41 @@ def test_serve_refuses_bad_input_before_binding_or_opening_the_store(tmp_path, a
     assert result.exit_code == 2 and named in result.output, result.output
     assert "Traceback" not in result.output and "listening" not in result.output
     assert not db.exists()
+
+
+def test_serve_refuses_a_snapshot_dir_under_a_file_before_binding_or_opening_the_store(tmp_path):
+    db = tmp_path / "s.duckdb"
+    (tmp_path / "file").write_text("not a folder\n")
+    with socket.create_server(("127.0.0.1", 0)) as held:  # a serve that did not refuse stops at the bind
+        port = str(held.getsockname()[1])
+        result = CliRunner().invoke(
+            main, ["serve", "--db", str(db), "--port", port, "--snapshot-dir", str(tmp_path / "file" / "snaps")]
+        )
+    assert result.exit_code == 2 and "Invalid value for '--snapshot-dir'" in result.output, result.output
+    assert "Traceback" not in result.output and "listening" not in result.output
+    assert not db.exists()
+
+
+def test_serve_exits_3_when_the_server_does_not_start_and_closes_what_it_opened(tmp_path, monkeypatch):
+    db = tmp_path / "s.duckdb"
+    bound: list[socket.socket] = []
+
+    def recorded(host: str, port: int) -> list[socket.socket]:
+        bound.extend(listen(host, port))
+        return bound
+
+    monkeypatch.setattr(commands, "listen", recorded)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)  # returns, never started
+    result = CliRunner().invoke(main, ["serve", "--db", str(db), "--port", "0"])
+    assert result.exit_code == 3, result.output
+    assert "listening" in result.output and "Traceback" not in result.output
+    assert bound and [s.fileno() for s in bound] == [-1] * len(bound)
+    # Another process can take the file's lock: the store was closed (this process could reopen it regardless).
+    opened = subprocess.run(
+        [sys.executable, "-c", "import sys; from sparkgate.collectors.store import Store; Store(sys.argv[1]).close()",
+         str(db)], capture_output=True, text=True, timeout=60
+    )  # fmt: skip
+    assert opened.returncode == 0, opened.stderr
 
 
 CLOSED = "http://127.0.0.1:1"  # nothing listens there: a command that did not refuse would fail to connect

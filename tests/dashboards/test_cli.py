@@ -61,6 +61,8 @@ def files(tmp_path):
         (["--snapshot-dir", "DIR/s", "--policy", "DIR/bad.yaml"], 2,
          "Invalid value for '--policy': DIR/bad.yaml: gates: expected a list, got 5"),
         (["--snapshot-dir", "DIR/s", "--port", "HELD"], 1, "--host/--port 127.0.0.1:HELD: cannot listen there"),
+        (["--snapshot-dir", "DIR/s", "--host", "localhost", "--port", "HELD"], 1,
+         "--host/--port localhost:HELD: cannot listen there (127.0.0.1: Address already in use)"),
         (["--snapshot-dir", "DIR/s", "--host", "", "--behind-auth-proxy"], 1, "--host '': give the address"),
     ],
 )  # fmt: skip
