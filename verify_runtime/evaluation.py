@@ -27,7 +27,7 @@ from sparkgate.policies.calibration import (
     ece_per_depth,
 )
 
-from .corpus import Corpus
+from .corpus import DOMAINS, Corpus
 from .drafters import DraftContext, Drafter
 from .engine import Engine, EngineConfig, Request
 from .model import Transformer, forward_full
@@ -196,7 +196,7 @@ def evaluate(
     corpus: Corpus,
     cfg: EvalConfig,
     sts: STS | None,
-    domains: tuple[str, ...] = ("code", "prose"),
+    domains: tuple[str, ...] = DOMAINS,
 ) -> tuple[dict, dict]:
     """The evaluation report, and the main drafter's step records per domain.
 
