@@ -203,6 +203,23 @@ def current_version(con: duckdb.DuckDBPyConnection) -> int:
     return con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchall()[0][0]
 
 
+def not_a_store(con: duckdb.DuckDBPyConnection, create: bool = True) -> str | None:
+    """Why the database ``con`` is open on is no sparkgate store to migrate, or None: it holds other
+    tables but no ``schema_migrations`` (another application's), or without ``create`` no tables at all."""
+    names = [name for (name,) in con.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_catalog = current_database() ORDER BY 1"
+    ).fetchall()]  # fmt: skip
+    if names and "schema_migrations" not in names:
+        return (
+            "not a sparkgate store (it holds other tables: "
+            + ", ".join(names[:5])
+            + (", ...)" if len(names) > 5 else ")")
+        )
+    if not names and not create:
+        return "an empty database, not a sparkgate store"
+    return None
+
+
 def migrate(con: duckdb.DuckDBPyConnection, create: bool = True) -> int:
     """Apply every pending migration; returns the resulting version.
 
@@ -211,15 +228,9 @@ def migrate(con: duckdb.DuckDBPyConnection, create: bool = True) -> int:
     which this code cannot read correctly, and without ``create`` for a database that holds no tables (a
     command that reads a store's history was given the wrong file, and must not make it a store).
     """
-    tables = con.execute(
-        "SELECT table_name FROM information_schema.tables WHERE table_catalog = current_database() ORDER BY 1"
-    ).fetchall()
-    names = [name for (name,) in tables]
-    if names and "schema_migrations" not in names:
-        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-        raise StoreOpenError(f"not a sparkgate store (it holds other tables: {shown}); nothing was changed")
-    if not names and not create:
-        raise StoreOpenError("an empty database, not a sparkgate store; nothing was changed")
+    problem = not_a_store(con, create)
+    if problem:
+        raise StoreOpenError(f"{problem}; nothing was changed")
     version = current_version(con)
     latest = MIGRATIONS[-1][0]
     if version > latest:

@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 import duckdb
 
+from sparkgate.collectors.migrations import not_a_store
 from sparkgate.controller.service import is_loopback, listen
 from sparkgate.policies.cli_types import HttpUrl
 from sparkgate.policies.rollout import DEFAULT_PATH, RolloutPolicyError, load_rollout_policy
@@ -62,16 +63,13 @@ def check_store(path: str) -> None:
             raise click.BadParameter(f"{path!r} is not a DuckDB file", param_hint=["--db"])
     try:
         with duckdb.connect(str(file), read_only=True) as con:
-            tables = {row[0] for row in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-    except duckdb.IOException as exc:
-        if "lock" in str(exc).lower():  # a writer (``serve``) holds it: the pages read their copy of it
-            return
-        raise click.BadParameter(f"{path!r} cannot be read ({str(exc).splitlines()[0]})", param_hint=["--db"]) from None
+            problem = not_a_store(con, create=False)
     except duckdb.Error as exc:
+        if isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower():
+            return  # a writer (``serve``) holds it: the pages read their copy of it
         raise click.BadParameter(f"{path!r} cannot be read ({str(exc).splitlines()[0]})", param_hint=["--db"]) from None
-    if not {"schema_migrations", "steps"} <= tables:
-        held = ", ".join(sorted(tables)[:5]) or "no tables"
-        raise click.BadParameter(f"{path!r} is not a sparkgate store (it holds {held})", param_hint=["--db"])
+    if problem:
+        raise click.BadParameter(f"{path!r}: {problem}", param_hint=["--db"])
 
 
 @click.command()

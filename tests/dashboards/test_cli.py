@@ -54,8 +54,8 @@ def files(tmp_path):
     ("argv", "code", "named"),
     [
         (["--db", "DIR/text.duckdb"], 2, "Invalid value for '--db': 'DIR/text.duckdb' is not a DuckDB file"),
-        (["--db", "DIR/foreign.duckdb"], 2, "'DIR/foreign.duckdb' is not a sparkgate store (it holds invoices)"),
-        (["--db", "DIR/blank.duckdb"], 2, "'DIR/blank.duckdb' is not a sparkgate store (it holds no tables)"),
+        (["--db", "DIR/foreign.duckdb"], 2, "'DIR/foreign.duckdb': not a sparkgate store (it holds other tables: inv"),
+        (["--db", "DIR/blank.duckdb"], 2, "'DIR/blank.duckdb': an empty database, not a sparkgate store"),
         (["--db", "DIR/none/x.duckdb"], 2, "Invalid value for '--db': 'DIR/none/x.duckdb': no folder 'DIR/none'"),
         (["--controller", "127.0.0.1:8470"], 2, "Invalid value for '--controller': '127.0.0.1:8470'"),
         (["--snapshot-dir", "DIR/s", "--policy", "DIR/bad.yaml"], 2,
