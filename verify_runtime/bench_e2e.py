@@ -64,7 +64,7 @@ from sparkgate.policies.window import (
 from .bench_verdict import interval, verdict
 from .cli_checks import check_gamma, check_positions, workload_prompt_len
 from .device_options import device_options, resolve_graphs
-from .engine import Engine, EngineConfig, Request
+from .engine import Engine, EngineConfig, Request, positions_needed
 from .summary import TimedRun, run_interleaved, summarize
 from .workload import mixed_workload
 
@@ -336,7 +336,7 @@ def bench_e2e(
         [("--goodput-max-new-tokens", goodput_max_new_tokens)] if goodput_rates else []
     ):
         check_positions(
-            prompt_len + tokens + gamma + 1,
+            positions_needed(prompt_len, tokens, gamma),
             target.args.max_seq_len,
             f"prompts of {prompt_len} tokens, {option} {tokens} and --gamma {gamma}",
             option,

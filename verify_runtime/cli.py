@@ -10,7 +10,7 @@ from sparkgate.policies.window import FixedWindow
 
 from .cli_checks import SEED, check_gamma, check_positions
 from .defaults import default_drafter, default_target
-from .engine import Engine, EngineConfig, Request
+from .engine import Engine, EngineConfig, Request, positions_needed
 from .modes import MODES
 from .summary import run_timed, summarize
 
@@ -41,7 +41,7 @@ def generate(prompt, max_new_tokens, mode, gamma, window, temperature, seed):
     drafter = default_drafter(target)
     check_gamma(gamma, drafter)
     check_positions(
-        len(tokens) + max_new_tokens + gamma + 1,
+        positions_needed(len(tokens), max_new_tokens, gamma),
         target.args.max_seq_len,
         f"a prompt of {len(tokens)} bytes, --max-new-tokens {max_new_tokens} and --gamma {gamma}",
         "--max-new-tokens",

@@ -48,7 +48,7 @@ def check_reads(net: DSparkNet, target: Transformer, param_hint: str) -> None:
 
 def check_positions(need: int, limit: int, what: str, param_hint: str) -> None:
     """Refuse a shape of ``need`` positions (``what`` names the values that add up to it) in a model or cache
-    of ``limit``. An engine request needs prompt + max_new_tokens + γ + 1 (``Engine.submit``)."""
+    of ``limit``. An engine request needs ``engine.positions_needed``, the rule ``Engine.submit`` applies."""
     if need > limit:
         raise click.BadParameter(f"{what}: {need} positions, but the target holds {limit}", param_hint=[param_hint])
 

@@ -65,6 +65,12 @@ class Request:
     cancel_after: int | None = None
 
 
+def positions_needed(prompt_len: int, max_new_tokens: int, gamma: int) -> int:
+    """Cache positions a request can reach: its prompt, its new tokens, and the last verify block past them
+    (γ drafts and the pending token), which may run beyond the tokens it keeps."""
+    return prompt_len + max_new_tokens + gamma + 1
+
+
 @dataclass
 class EngineConfig:
     gamma: int = 7
@@ -151,7 +157,7 @@ class Engine:
 
     # -- admission -----------------------------------------------------------
     def submit(self, request: Request) -> None:
-        need = len(request.prompt) + request.max_new_tokens + self.config.gamma + 1
+        need = positions_needed(len(request.prompt), request.max_new_tokens, self.config.gamma)
         if not request.prompt:
             raise ValueError(f"request {request.request_id!r} has an empty prompt")
         if need > self.cache.max_len:

@@ -83,6 +83,7 @@ def drafter(
 
     from .block_drafter import BlockDrafter, load_drafter
     from .corpus import DOMAINS, stdlib_corpus
+    from .engine import positions_needed
     from .eval_plots import acceptance_figure, reliability_figure
     from .evaluation import Blocks, EvalConfig
     from .evaluation import evaluate as run_evaluation
@@ -122,7 +123,7 @@ def drafter(
             param_hint=["--gamma"],
         )
     check_positions(
-        prompt_len + max_new_tokens + gamma + 1,
+        positions_needed(prompt_len, max_new_tokens, gamma),
         target.args.max_seq_len,
         f"--prompt-len {prompt_len}, --max-new-tokens {max_new_tokens} and --gamma {gamma}",
         "--max-new-tokens",

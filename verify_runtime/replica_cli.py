@@ -43,7 +43,7 @@ from .arrivals import Arrivals, swing
 from .cli_checks import SEED, check_gamma, check_positions, workload_prompt_len
 from .consistency import GreedyReplay
 from .drafters import Drafter
-from .engine import Engine, EngineConfig, Request
+from .engine import Engine, EngineConfig, Request, positions_needed
 from .faults import LOAD_SHIFT_PROMPT_LEN, SLOW_VERIFY_EXTRA, Fault, FaultSize, fire
 from .model import Transformer
 from .replica import ControllerClient, Replica, workload_requests
@@ -300,7 +300,7 @@ def replica(
             gamma, gamma_hint = wait_for_policy(client, wait_s).gamma, "the policy gamma"
         check_gamma(gamma, drafter, gamma_hint)
         check_positions(
-            prompt_len + max_new_tokens + gamma + 1,
+            positions_needed(prompt_len, max_new_tokens, gamma),
             target.args.max_seq_len,
             f"prompts of {prompt_len} tokens, --max-new-tokens {max_new_tokens} and gamma {gamma}",
             "--max-new-tokens",

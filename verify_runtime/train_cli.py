@@ -229,6 +229,7 @@ def confidence(out, target_path, drafter_path, prompts, prompt_len, max_new_toke
 
     from .block_drafter import load_drafter
     from .confidence_tuning import collect_own_blocks, fit_confidence_head
+    from .engine import positions_needed
     from .model import model_version
     from .shipped import drafter_variant
     from .workload import mixed_workload
@@ -239,7 +240,7 @@ def confidence(out, target_path, drafter_path, prompts, prompt_len, max_new_toke
     check_reads(net, target_model, "--drafter")
     check_gamma(gamma, net)
     check_positions(
-        prompt_len + max_new_tokens + gamma + 1,
+        positions_needed(prompt_len, max_new_tokens, gamma),
         target_model.args.max_seq_len,
         f"--prompt-len {prompt_len}, --max-new-tokens {max_new_tokens} and --gamma {gamma}",
         "--max-new-tokens",
