@@ -312,22 +312,29 @@ def action_body(operator: str, note: str) -> dict:
         raise click.BadParameter(f"{shown}: {error['msg']}", param_hint=[f"--{error['loc'][0]}"]) from None
 
 
-def _operator_command(action: str, help_text: str) -> click.Command:
-    @click.command(action, help=help_text)
+def operator_command(name: str, help_text: str, action: str | None = None) -> click.Command:
+    """``sparkgate NAME``: post to ``/v1/rollout/ACTION`` (``action`` or the name) an operator decision, with
+    who and why."""
+
+    @click.command(name, help=help_text)
     @controller_option
     @token_option
     @click.option("--operator", required=True, help="Who acts (recorded with the decision).")
     @click.option("--note", default="", help="Why (recorded with the decision).")
     def command(url, token, operator, note):
-        click.echo(json.dumps(_call("POST", url, f"/v1/rollout/{action}", token, json=action_body(operator, note))))
+        click.echo(
+            json.dumps(_call("POST", url, f"/v1/rollout/{action or name}", token, json=action_body(operator, note)))
+        )
 
     return command
 
 
-promote = _operator_command("promote", "Advance one rung of the ladder now, without waiting for gates.")
-abort = _operator_command("abort", "Roll back to fallback now.")
-pause = _operator_command("pause", "Hold the current stage: no automatic advance (critical gates still roll back).")
-resume = _operator_command("resume", "Leave fallback (to the first serving stage) or paused (to its stage).")
+promote = operator_command("promote", "Advance one rung of the ladder now, without waiting for gates.")
+abort = operator_command("abort", "Roll back to fallback now.")
+pause = operator_command(
+    "pause", "pause", "Hold the current stage: no automatic advance (critical gates still roll back)."
+)
+resume = operator_command("resume", "Leave fallback (to the first serving stage) or paused (to its stage).")
 
 
 @click.command()

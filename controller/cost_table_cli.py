@@ -12,7 +12,7 @@ import json
 
 import click
 
-from .commands import _call, action_body, controller_option, token_option
+from .commands import _call, controller_option, operator_command
 
 
 @click.group("cost-table")
@@ -53,11 +53,10 @@ def show(url, version):
     click.echo(json.dumps(_call("GET", url, f"/v1/cost-tables/{version}"), indent=2))
 
 
-@cost_table.command("revert")
-@controller_option
-@token_option
-@click.option("--operator", required=True, help="Who acts (recorded with the decision).")
-@click.option("--note", default="", help="Why (recorded with the decision).")
-def revert(url, token, operator, note):
-    """Serve the static tables again now; adaptive continues on them, without fitted tables."""
-    click.echo(json.dumps(_call("POST", url, "/v1/rollout/revert_table", token, json=action_body(operator, note))))
+cost_table.add_command(
+    operator_command(
+        "revert",
+        "Serve the static tables again now; adaptive continues on them, without fitted tables.",
+        "revert_table",
+    )
+)
