@@ -25,7 +25,8 @@ import click
 
 from sparkgate.collectors.store import Store
 from sparkgate.policies.cli_types import PastTime
-from sparkgate.policies.rollout import RolloutPolicy, RolloutPolicyError, load_rollout_policy
+from sparkgate.policies.policy_cli import policy_option
+from sparkgate.policies.rollout import RolloutPolicy
 from sparkgate.policies.vocabulary import CHANGES_POLICY, Action
 
 from . import ledger, rollout
@@ -150,10 +151,7 @@ def _phases(decisions) -> list[str]:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: every row and the summary.")
 def backtest(db: str, policy_path: str, since: float | None, as_json: bool) -> None:
     """Replay a store's history through a policy, beside the decisions it holds; acts on nothing."""
-    try:
-        policy = load_rollout_policy(policy_path)  # named before the store is opened, decisions to replay or not
-    except RolloutPolicyError as exc:
-        raise click.BadParameter(str(exc), param_hint=["--policy"]) from None
+    policy = policy_option(policy_path)  # named before the store is opened, decisions to replay or not
     with Store(db, create=False) as store:
         rows = replay(store, policy, since)
     if not rows:

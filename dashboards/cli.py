@@ -18,7 +18,8 @@ import duckdb
 from sparkgate.collectors.migrations import not_a_store
 from sparkgate.controller.service import is_loopback, listen
 from sparkgate.policies.cli_types import HttpUrl
-from sparkgate.policies.rollout import DEFAULT_PATH, RolloutPolicyError, load_rollout_policy
+from sparkgate.policies.policy_cli import policy_option
+from sparkgate.policies.rollout import DEFAULT_PATH
 
 APP = Path(__file__).with_name("app.py")
 # Bytes 8 to 12 of every DuckDB database file.
@@ -111,10 +112,7 @@ def dashboard(db, snapshot_dir, url, policy_path, host, port, behind_auth_proxy)
     if len(given) != 1:
         raise click.UsageError("give exactly one of --db FILE, --snapshot-dir DIR or --controller URL")
     ((flag, value),) = given
-    try:
-        load_rollout_policy(policy_path)
-    except RolloutPolicyError as exc:
-        raise click.BadParameter(str(exc), param_hint=["--policy"]) from None
+    policy_option(policy_path)
     if db:
         check_store(db)
     for sock in listen(host, port):  # Streamlit would say so only after its start; it binds again at once

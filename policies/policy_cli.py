@@ -8,11 +8,22 @@ from pathlib import Path
 import click
 
 from sparkgate.policies.rollout import (
+    RolloutPolicy,
     RolloutPolicyError,
     json_schema,
+    load_rollout_policy,
     problems,
     read_yaml,
 )
+
+
+def policy_option(path: str, param_hint: str = "--policy") -> RolloutPolicy:
+    """The policy file a command was given, loaded before the command opens or starts anything; a usage
+    error naming the option and the file's problems otherwise."""
+    try:
+        return load_rollout_policy(path)
+    except RolloutPolicyError as exc:
+        raise click.BadParameter(str(exc), param_hint=[param_hint]) from None
 
 
 @click.group()
