@@ -254,11 +254,12 @@ def _poll_all(pollers: list[SGLangPoller], scrapers: list[VLLMScraper | TRTLLMSc
         )
     for scraper in scrapers:
         kind = "vllm" if isinstance(scraper, VLLMScraper) else "trtllm"
+        source = f"--{kind} {scraper.url}"
         try:
             figures = scraper.scrape().to_dict()
         except Exception as exc:
-            answers.record(f"--{kind} {scraper.url}", exc)
+            answers.record(source, exc)
             click.echo(json.dumps({kind: scraper.url, "error": str(exc)}), err=True)
             continue
-        answers.record(f"--{kind} {scraper.url}")
+        answers.record(source)
         click.echo(json.dumps({kind: scraper.url, **figures}))
