@@ -198,6 +198,7 @@ def bench_verify(
 ):
     """Static vs compact verification cost on one batch; prints JSON."""
     from .defaults import default_target
+    from .engine import positions_needed
 
     torch.set_num_threads(threads)
     if mean_window > gamma:
@@ -207,7 +208,7 @@ def bench_verify(
         raise click.BadParameter(f"measures CPU time, so only on --device cpu, not {device}", param_hint="--overhead")
     graphs = resolve_graphs(device, graphs)
     check_positions(
-        prompt_len + gamma + 1,
+        positions_needed(prompt_len, 0, gamma),
         default_target().args.max_seq_len,
         f"--prompt-len {prompt_len} and a block of --gamma {gamma} + 1",
         "--prompt-len",

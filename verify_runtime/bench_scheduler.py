@@ -124,10 +124,11 @@ def run_benchmark(batch: int, gamma: int, steps: int, device: str, table: CostTa
 def bench_scheduler(batch: int, gamma: int, steps: int, device: str, cost_table: Path | None, as_json: bool) -> None:
     """Window-policy time per step, and as a fraction of static verify time."""
     from .defaults import default_target
+    from .engine import positions_needed
 
     resolve_graphs(device, graphs=False)  # refuses a --device torch cannot parse
     check_positions(
-        STATIC_PROMPT_LEN + gamma + 1,
+        positions_needed(STATIC_PROMPT_LEN, 0, gamma),
         default_target().args.max_seq_len,
         f"the static verify's prompt of {STATIC_PROMPT_LEN} tokens and a block of --gamma {gamma} + 1",
         "--gamma",
