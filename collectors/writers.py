@@ -112,11 +112,9 @@ def load_writers(path: str | Path | None, environ: Mapping[str, str] | None = No
         token = env.get(WRITER_TOKEN_ENV, "")
         return [Writer("default", token)] if token else []
     try:
-        raw = yaml_text.load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml_text.YAMLTextError) as exc:
+        raw = yaml_text.load_file(path)
+    except (OSError, yaml_text.YAMLTextError) as exc:  # a file that is not UTF-8 is one of the latter
         raise WritersError(f"{path}: {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise WritersError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     entries = raw.get("writers") if isinstance(raw, dict) else None
     if not isinstance(entries, list) or not entries:
         raise WritersError(f"{path}: expected `writers:` with a list of writers")

@@ -332,11 +332,11 @@ def parse_rollout_policy(raw: Mapping[str, Any] | None) -> RolloutPolicy:
 def read_yaml(path: str | Path) -> Any:
     """Decoded YAML of a policy file; RolloutPolicyError naming the file when it is not YAML."""
     try:
-        return yaml_text.load(Path(path).read_text(encoding="utf-8"))
+        return yaml_text.load_file(path)
+    except yaml_text.NotUTF8Error as exc:
+        raise RolloutPolicyError(f"{path}: {exc}") from exc
     except yaml_text.YAMLTextError as exc:
         raise RolloutPolicyError(f"{path}: not valid YAML ({exc})") from exc
-    except UnicodeDecodeError as exc:
-        raise RolloutPolicyError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from exc
 
 
 def load_rollout_policy(path: str | Path = DEFAULT_PATH) -> RolloutPolicy:

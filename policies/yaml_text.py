@@ -12,6 +12,7 @@ them is what merging is for.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -22,6 +23,20 @@ _MERGE = "tag:yaml.org,2002:merge"
 
 class YAMLTextError(ValueError):
     """Text that is not YAML, or repeats a key; the message is one line naming where."""
+
+
+class NotUTF8Error(YAMLTextError):
+    """A file that is not UTF-8 text, so not YAML at all; the message names the first bad byte."""
+
+
+def load_file(path: str | Path) -> Any:
+    """The decoded document of the file at ``path``: ``load`` of its UTF-8 text, or ``NotUTF8Error``.
+    ``OSError`` when it cannot be read."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise NotUTF8Error(f"not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    return load(text)
 
 
 def load(text: str) -> Any:

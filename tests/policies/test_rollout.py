@@ -124,3 +124,10 @@ def test_a_policy_naming_a_key_twice_is_refused_naming_the_file_and_line(tmp_pat
     refused = r"twice\.yaml: not valid YAML \(line 3, column 1: key 'gates' appears twice \(first on line 1\)\)$"
     with pytest.raises(RolloutPolicyError, match=refused):
         load_rollout_policy(twice)
+
+
+def test_a_policy_file_that_is_not_text_is_named_as_such(tmp_path):
+    binary = tmp_path / "policy.yaml"
+    binary.write_bytes(b"gates: \xff\n")
+    with pytest.raises(RolloutPolicyError, match=r"policy\.yaml: not UTF-8 text \(byte 7: invalid start byte\)$"):
+        load_rollout_policy(binary)

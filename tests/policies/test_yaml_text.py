@@ -8,7 +8,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkgate.policies.yaml_text import YAMLTextError, load
+from sparkgate.policies.yaml_text import NotUTF8Error, YAMLTextError, load, load_file
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8))
 documents = st.recursive(
@@ -56,3 +56,12 @@ def test_keys_are_compared_as_values():
 def test_text_that_is_not_yaml_is_one_line_naming_where():
     with pytest.raises(YAMLTextError, match=r"^line 2, column 1: expected the node content, but found '<stream end>'$"):
         load("gates: [\n")
+
+
+def test_a_file_is_read_as_utf8_text_and_one_that_is_not_is_named(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("name: caf\u00e9\n", encoding="utf-8")
+    assert load_file(path) == {"name": "caf\u00e9"}
+    path.write_bytes(b"name: caf\xe9\n")  # Latin-1
+    with pytest.raises(NotUTF8Error, match=r"^not UTF-8 text \(byte 9: invalid continuation byte\)$"):
+        load_file(path)
