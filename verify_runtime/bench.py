@@ -197,7 +197,7 @@ def bench_verify(
     batch, gamma, mean_window, steps, warmup, prompt_len, device, graphs, threads, profile, overhead, as_json
 ):
     """Static vs compact verification cost on one batch; prints JSON."""
-    from .defaults import default_target
+    from .defaults import default_target_args
     from .engine import positions_needed
 
     torch.set_num_threads(threads)
@@ -209,7 +209,7 @@ def bench_verify(
     graphs = resolve_graphs(device, graphs)
     check_positions(
         positions_needed(prompt_len, 0, gamma),
-        default_target().args.max_seq_len,
+        default_target_args().max_seq_len,
         f"--prompt-len {prompt_len} and a block of --gamma {gamma} + 1",
         "--prompt-len",
     )

@@ -26,13 +26,21 @@ from sparkgate.policies.cost_profile import hardware_fingerprint
 
 from .block_drafter import BlockDrafter, load_drafter
 from .drafters import Drafter, NGramDrafter
-from .model import ModelArgs, Transformer, model_version
+from .model import ModelArgs, Transformer, model_version, read_checkpoint
 from .shipped import ASSETS, FILES, load_shipped_target, read_manifest
 
 # Profiled for the shipped target and drafter: on this project's 2-core CPU class, and on one
 # H200 with graph replay. A table is used only where its fingerprint matches.
 SHIPPED_COST_TABLES = (ASSETS / "cost_table_cpu.json", ASSETS / "cost_table_h200.json")
 CACHE_DIR = Path(os.environ.get("SPARKGATE_CACHE", Path.home() / ".cache" / "sparkgate"))
+
+
+def default_target_args() -> ModelArgs:
+    """The shape of ``default_target()``, read without building it: what a command checks its options
+    against before the run loads the model."""
+    if (ASSETS / FILES["target"]).exists():
+        return ModelArgs(**read_checkpoint(ASSETS / FILES["target"])[0])
+    return ModelArgs()
 
 
 def default_target(seed: int = 0) -> Transformer:

@@ -12,6 +12,7 @@ from sparkgate.verify_runtime.defaults import (
     default_cost_table,
     default_drafter,
     default_target,
+    default_target_args,
 )
 from sparkgate.verify_runtime.drafters import NGramDrafter
 from sparkgate.verify_runtime.model import BYTE_VOCAB, ModelArgs, Transformer, model_version
@@ -28,6 +29,12 @@ def test_the_shipped_target_gets_the_shipped_drafter_and_its_sts():
     assert isinstance(drafter, BlockDrafter) and drafter.version == f"dspark-{manifest['drafter']['version']}"
     sts = default_calibration(drafter)
     assert sts is not None and sts.version == manifest["sts"]["version"]
+
+
+def test_the_target_args_are_the_shape_of_the_default_target_without_building_it(tmp_path, monkeypatch):
+    assert default_target_args() == default_target().args
+    monkeypatch.setattr(defaults, "ASSETS", tmp_path)  # nothing shipped: the seeded random target's shape
+    assert default_target_args() == ModelArgs() == default_target().args
 
 
 def test_another_target_gets_the_ngram_drafter_and_raw_confidences():
