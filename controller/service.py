@@ -24,9 +24,12 @@ anything else), so only local users can act or write.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hmac
 import ipaddress
 import socket
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
@@ -113,25 +116,60 @@ def check_bind(host: str, token: str | None, writers: Writers | None = None) -> 
         )
 
 
+# Port 0 on several addresses: how many ports the system may pick before one free on every address is given up.
+PICK_TRIES = 8
+
+
 def listen(host: str, port: int) -> list[socket.socket]:
     """Sockets listening on ``host:port``, one per address ``host`` resolves to (``localhost``: 127.0.0.1 and
     ::1 where both are listed), each with SO_REUSEADDR and, for IPv6, IPV6_V6ONLY (``::`` is IPv6 alone): as
-    asyncio's ``create_server`` binds for ``uvicorn.run``. All share one port (``port`` 0: the one the system
-    picked for the first socket, which the list starts with). A command binds them before it opens or starts
-    anything, so an address it cannot have changes nothing, and it prints "listening" only once that is true.
+    asyncio's ``create_server`` binds for ``uvicorn.run``, which also skips an address whose family this kernel
+    cannot open a socket of (IPv6 switched off). All share one port (``port`` 0: the one the system picked for
+    the first socket, which the list starts with; picked again, up to ``PICK_TRIES`` times, when it is taken
+    on another address). A command binds them before it opens or starts anything, so an address it cannot
+    have changes nothing, and it prints "listening" only once that is true.
     Raises ``InputError`` naming ``host:port`` and why (a name that does not resolve, a port in use, an
-    address not this machine's, an empty host), with every socket it opened closed."""
+    address not this machine's, an empty host, no family this kernel opens), with every socket it opened
+    closed."""
     if not host:
         raise InputError("--host '': give the address to listen on (0.0.0.0: every IPv4 interface)")
-    sockets: list[socket.socket] = []
-    where = host
     try:
         found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        shared = port
         # An address listed twice (/etc/hosts) is bound once; dict keeps the resolver's order of preference.
-        for family, address in dict.fromkeys((family, address) for family, _, _, _, address in found):
+        addresses = list(dict.fromkeys((family, address) for family, _, _, _, address in found))
+        for _ in range(PICK_TRIES - 1):
+            with contextlib.suppress(_PickedTaken):
+                return _bind_all(addresses, port)
+        return _bind_all(addresses, port)
+    except _Unbound as failed:
+        where, exc = failed.args
+        reason = exc.strerror or str(exc)
+        raise InputError(
+            f"--host/--port {host}:{port}: cannot listen there ({reason if where == host else f'{where}: {reason}'})"
+        ) from None
+    except OSError as exc:  # socket.gaierror: a name that does not resolve
+        raise InputError(f"--host/--port {host}:{port}: cannot listen there ({exc.strerror or exc})") from None
+
+
+class _Unbound(Exception):
+    """(address, OSError): an address ``_bind_all`` could not listen on; its sockets are closed."""
+
+
+class _PickedTaken(_Unbound):
+    """The port the system picked for the first address is taken on a later one."""
+
+
+def _bind_all(addresses: Sequence[tuple[int, tuple]], port: int) -> list[socket.socket]:
+    sockets: list[socket.socket] = []
+    shared = port
+    where = ""
+    try:
+        for family, address in addresses:
             where = str(address[0])
-            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock = socket.socket(family, socket.SOCK_STREAM)
+            except OSError:
+                continue  # a family this kernel does not open (asyncio's create_server skips it too)
             sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:
@@ -139,13 +177,13 @@ def listen(host: str, port: int) -> list[socket.socket]:
             sock.bind((where, shared, *address[2:]))
             sock.listen()
             shared = sock.getsockname()[1]  # port 0: the others take the one the system chose for the first
-    except OSError as exc:  # socket.gaierror too: a name that does not resolve
+    except OSError as exc:
         for sock in sockets:
             sock.close()
-        reason = exc.strerror or str(exc)
-        raise InputError(
-            f"--host/--port {host}:{port}: cannot listen there ({reason if where == host else f'{where}: {reason}'})"
-        ) from None
+        picked = port == 0 and len(sockets) > 1 and exc.errno == errno.EADDRINUSE
+        raise (_PickedTaken if picked else _Unbound)(where, exc) from None
+    if not sockets:
+        raise _Unbound(where, OSError(errno.EAFNOSUPPORT, "no address of a family this machine opens"))
     return sockets
 
 

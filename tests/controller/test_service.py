@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import socket
 
@@ -18,7 +19,7 @@ from sparkgate.collectors.store import Store
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.collectors.wire import flatten
 from sparkgate.collectors.writers import Writer, Writers
-from sparkgate.controller.service import check_bind, create_app, listen
+from sparkgate.controller.service import PICK_TRIES, check_bind, create_app, listen
 from sparkgate.controller.supervisor import Controller
 from sparkgate.policies.errors import InputError
 from sparkgate.policies.rollout import parse_rollout_policy
@@ -330,6 +331,75 @@ def test_a_failed_listen_closes_the_sockets_it_opened(monkeypatch):
     with pytest.raises(InputError, match=r"^--host/--port 127\.0\.0\.1:0: cannot listen there \(192\.0\.2\.1: "):
         listen("127.0.0.1", 0)
     assert len(opened) == 2 and [s.fileno() for s in opened] == [-1, -1]
+
+
+# 63 is no address family this kernel has: socket() fails with EAFNOSUPPORT, as AF_INET6 does with IPv6 off.
+NO_SUCH_FAMILY = 63
+
+
+def test_listen_skips_a_family_the_kernel_cannot_open_as_asyncio_does(monkeypatch):
+    addresses = [
+        (NO_SUCH_FAMILY, socket.SOCK_STREAM, 6, "", ("::1", 0, 0, 0)),
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", 0)),
+    ]
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: addresses)
+    (sock,) = listening = listen("localhost", 0)
+    try:
+        assert sock.family == socket.AF_INET
+    finally:
+        close_all(listening)
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: addresses[:1])
+    with pytest.raises(
+        InputError, match=r"^--host/--port localhost:0: cannot listen there \(::1: no address of a family"
+    ):
+        listen("localhost", 0)
+
+
+def test_port_0_is_picked_again_when_the_first_pick_is_taken_on_another_address(monkeypatch):
+    # Which port the system picks cannot be steered, so the second address refuses the first pick once (a
+    # stand-in for another process holding it there); both addresses are this machine's loopback.
+    addresses = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, 0)) for a in ("127.0.0.1", "127.0.0.2")]
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: addresses)
+    refused = []
+
+    class TakenOnce(socket.socket):
+        def bind(self, address):
+            if address[0] == "127.0.0.2" and not refused:
+                refused.append(address[1])
+                raise OSError(errno.EADDRINUSE, "Address already in use")
+            super().bind(address)
+
+    monkeypatch.setattr(socket, "socket", TakenOnce)
+    listening = listen("127.0.0.1", 0)
+    try:
+        assert [s.getsockname()[0] for s in listening] == ["127.0.0.1", "127.0.0.2"] and len(refused) == 1
+        assert len({s.getsockname()[1] for s in listening}) == 1
+    finally:
+        close_all(listening)
+
+
+def test_port_0_gives_up_after_its_tries_and_a_given_port_is_not_picked_again(monkeypatch):
+    addresses = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, 0)) for a in ("127.0.0.1", "127.0.0.2")]
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: addresses)
+    tries = []
+
+    class AlwaysTaken(socket.socket):
+        def bind(self, address):
+            if address[0] == "127.0.0.2":
+                tries.append(address[1])
+                raise OSError(errno.EADDRINUSE, "Address already in use")
+            super().bind(address)
+
+    monkeypatch.setattr(socket, "socket", AlwaysTaken)
+    with pytest.raises(InputError, match=r"\(127\.0\.0\.2: Address already in use\)$"):
+        listen("127.0.0.1", 0)
+    assert len(tries) == PICK_TRIES
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+    tries.clear()
+    with pytest.raises(InputError):
+        listen("127.0.0.1", port)
+    assert tries == [port]
 
 
 @pytest.mark.parametrize(
