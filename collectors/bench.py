@@ -52,7 +52,7 @@ from sparkgate.collectors.wire import flatten, from_wire, to_ipc
 GAMMA, BATCH = 7, 32
 _ROWS_PER_STEP = GAMMA * BATCH
 # An NDJSON step of these records is about 19.7 kB (21 kB leaves a margin): a body of more steps than this
-# passes the endpoint's limit, is refused, and its rows would be reported lost.
+# passes the endpoint's limit, is refused, and its rows would be reported lost (tests measure the largest body).
 MAX_BODY_STEPS = DEFAULT_MAX_BODY // 21_000
 # Body encoding per HTTP arm: (content type, wire table -> body bytes).
 _BODIES = {

@@ -35,7 +35,7 @@ from .supervisor import Controller
 REPORT_CHECKS = 10_000
 TARGET_RATIO = 2.0
 # A step of these records (16 requests) is about 10.2 kB of NDJSON (11 kB leaves a margin): a body of more
-# steps than this passes the endpoint's limit and is refused, so the arm would time refusals.
+# steps than this passes the endpoint's limit and is refused, so the arm would time refusals (tests measure it).
 MAX_BODY_STEPS = DEFAULT_MAX_BODY // 11_000
 
 

@@ -64,3 +64,14 @@ def test_bench_ingest_refuses_a_size_it_cannot_measure(option, value):
     result = CliRunner().invoke(main, ["bench", "ingest", *small, option, value, "--json"])
     assert result.exit_code == 2 and f"Invalid value for '{option}': {value} is not in the range" in result.output
     assert "Traceback" not in result.output and not result.stdout
+
+
+def test_the_largest_body_the_option_allows_fits_the_endpoints_limit():
+    # MAX_BODY_STEPS comes from a step's estimated size; a body of that many steps, built as the HTTP arm
+    # builds it, is measured here, with room for longer ids in later bodies.
+    from sparkgate.collectors import bench
+    from sparkgate.collectors.ingest_api import DEFAULT_MAX_BODY
+
+    (wire,) = bench._wire_batches(bench.MAX_BODY_STEPS * bench._ROWS_PER_STEP, bench.MAX_BODY_STEPS, "http-9")
+    assert wire.num_rows == bench.MAX_BODY_STEPS
+    assert len(bench._BODIES["ndjson"][1](wire)) <= 0.97 * DEFAULT_MAX_BODY

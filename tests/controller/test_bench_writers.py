@@ -33,3 +33,14 @@ def test_bench_writers_names_the_option_and_value_out_of_range(option, value, ra
     result = CliRunner().invoke(main, ["bench", "writers", *small, option, value])
     assert result.exit_code == 2 and "Traceback" not in result.output and not result.stdout
     assert f"Invalid value for '{option}': {value} is not in the range {range_}" in result.output
+
+
+def test_the_largest_body_the_option_allows_fits_the_endpoints_limit():
+    # MAX_BODY_STEPS comes from a step's estimated size; a writer's last body of that many steps (the
+    # largest step ids an arm posts) is measured here.
+    from sparkgate.collectors.ingest_api import DEFAULT_MAX_BODY
+    from sparkgate.controller import bench_writers
+
+    steps = bench_writers.MAX_BODY_STEPS
+    (body,) = bench_writers._bodies(99, 1, steps, first=40 * steps)
+    assert len(body) <= 0.97 * DEFAULT_MAX_BODY
