@@ -10,8 +10,11 @@ acceptanceLength, iterLatencyMS, draftOverhead}`` (null without it), where ``dra
 drafting's ``iterLatencyMS`` over the iteration's. The PyTorch backend fills them only with
 ``enable_iter_perf_stats: true``, and on every iteration once speculation is on, with zero counts where
 no request drafted (a prefill): the draft overhead is over the iterations that drafted, weighted by their
-time. A build that buffers iterations client-side also writes ``statsSequence`` and
-``statsDroppedFrames``; a read whose rows say frames were dropped under-counts, and says so.
+time. Only a separate draft model's time is measured (``_update_iter_stats`` reads the drafter's
+``last_draft_latency_ms``, else 0.0): with one-model drafting (MTP, one-model EAGLE3) or n-gram the drafting
+time is 0 and the draft overhead is unknown (None), not zero. A build that buffers iterations client-side
+also writes ``statsSequence`` and ``statsDroppedFrames``; a read whose rows say frames were dropped
+under-counts, and says so.
 
 Under attention data parallelism an iteration is one row per rank (``attentionDpRank``), each a copy of
 the same iteration's report with that rank's batch counts: the speculative-decoding stats and the
@@ -47,7 +50,7 @@ class AcceptanceSummary:
     requests_with_drafts: int
     acceptance_rate: float | None  # accepted / draft tokens
     mean_acceptance_length: float | None  # tokens committed per request-step that drafted
-    draft_overhead: float | None  # share of the drafting iterations' time spent drafting
+    draft_overhead: float | None  # share of the drafting iterations' time spent drafting (None: not timed)
     # The largest statsDroppedFrames a row carried: at least that many frames of iteration stats were dropped
     # before this read, whether the engine counts them per frame or in total (None: it does not report them).
     dropped_frames: int | None
@@ -98,8 +101,10 @@ def summarize(iterations: list[Any]) -> AcceptanceSummary:
         requests += drafted
         if drafted > 0:
             drafting += 1
-            drafting_ms += overhead * latency
-            drafting_iteration_ms += latency
+            # A drafting time of 0 is one never measured (one-model drafting, n-gram), not a free draft.
+            if _number(sd, "iterLatencyMS", f"{where}.specDecodingStats") > 0:
+                drafting_ms += overhead * latency
+                drafting_iteration_ms += latency
     ordered = sorted(latencies)
     return AcceptanceSummary(
         iterations=len(latencies),  # one per iteration counted

@@ -17,7 +17,10 @@ Read from NVIDIA/TensorRT-LLM:
   iteration report (so the same specDecodingStats and iterLatencyMS) with ``attentionDpRank`` set, that
   rank's inflightBatchingStats, and (rank != 0) the queue and completion counts zeroed;
 - ``tensorrt_llm/_torch/pyexecutor/py_executor.py`` @ 9521caf4696c1fb79b0f946f0d980f8f0ebd3e64: the
-  timestamp is local time as ``%m-%d-%Y %H:%M:%S.%f``.
+  timestamp is local time as ``%m-%d-%Y %H:%M:%S.%f``; in a later version of the same file
+  ``_update_iter_stats`` fills the drafting time only "from drafter if available (only for two-model mode)"
+  (``self.drafter is not None and hasattr(self.drafter, 'last_draft_latency_ms')``), else
+  ``draft_latency_ms = 0.0``, and writes it as specDecodingStats' iterLatencyMS, draftOverhead 0.0 with it.
 """
 
 from __future__ import annotations
@@ -161,3 +164,13 @@ def test_collect_prints_one_line_per_trtllm_poll():
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert [(line["trtllm"], line["iterations"]) for line in lines] == [(url, 1), (url, 0)]
+
+
+def test_drafting_never_timed_leaves_the_draft_overhead_unknown_not_zero():
+    # One-model drafting (MTP) or n-gram: requests draft, but no separate drafter times it.
+    untimed = [iteration(1, 12, 6, 4, draft_ms=0.0), iteration(2, 12, 9, 4, latency=30.0, draft_ms=0.0)]
+    summary = summarize(untimed)
+    assert summary.drafting_iterations == 2 and summary.draft_overhead is None
+    assert summary.acceptance_rate == pytest.approx(15 / 24)  # the counts are still read
+    timed = summarize([*untimed, iteration(3, 12, 6, 4, latency=40.0, draft_ms=10.0)])
+    assert timed.draft_overhead == pytest.approx(10 / 40)  # over the iterations that timed their drafting
