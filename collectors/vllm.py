@@ -21,8 +21,9 @@ surface as ordinary rejections"): tell the scraper (``adaptive=True``, ``collect
 
 Per request (``response_curve``): a server started with
 ``--per-request-spec-decode-metrics detailed`` returns, in the top-level
-``metrics.speculative_decoding`` of each completion (the final chunk when
-streaming), ``per_step_accepted`` and ``per_step_drafted``: per verify step, the
+``metrics.speculative_decoding`` of each completion (when streaming, the final usage
+chunk, which comes only with ``stream_options.include_usage`` or
+``--enable-force-include-usage``), ``per_step_accepted`` and ``per_step_drafted``: per verify step, the
 drafts accepted (no bonus token) and the drafts proposed. That resolves the
 censoring of short drafts that the counters cannot (not trimming after
 scheduling, whose slots were scheduled and so count as proposed: ``adaptive``
@@ -30,8 +31,10 @@ says so here too): a step that proposed d drafts and accepted a < d observed
 depths 1..a+1 (the prefix failed at a+1, so deeper labels are 0); one that
 accepted all d < k observed 1..d and is censored beyond. ``S_k`` is then the
 product-limit (Kaplan-Meier) estimate over steps, exact when no step is
-censored. ``summary`` responses carry only ``acceptance_histogram`` (steps by
-drafts accepted): exact when every step proposed all k drafts
+censored. ``summary`` responses carry ``acceptance_histogram`` (steps by drafts
+accepted) and, in newer builds, ``acceptance_histogram_by_draft_length`` (steps by
+drafts proposed, then accepted), which resolves short drafts as the per-step arrays
+do. With the first alone a summary is exact when every step proposed all k drafts
 (``num_draft_tokens == num_spec_steps * num_spec_tokens``), else a lower bound,
 marked censored.
 """
@@ -184,6 +187,31 @@ def _steps(spec: dict[str, Any], line: int) -> list[tuple[int, int]] | None:
     return list(zip(drafted, accepted))
 
 
+def _summary_steps(spec: dict[str, Any], width: int, line: int) -> tuple[list[tuple[int, int]], bool]:
+    """(drafted, accepted) per verify step of a summary response, and whether they are exact: from the
+    histogram by draft length where the build writes it, else every step counted as proposing ``width``."""
+    by_length = spec.get("acceptance_histogram_by_draft_length")
+    if by_length is None:
+        counts = spec.get("acceptance_histogram") or []
+        steps = [(width, a) for a, count in enumerate(counts) for _ in range(int(count))]
+        return steps, spec.get("num_draft_tokens") == spec.get("num_spec_steps", 0) * width
+    where = f"response {line}: metrics.speculative_decoding.acceptance_histogram_by_draft_length"
+    if not isinstance(by_length, dict):
+        raise ValueError(f"{where}: expected an object of draft length to counts, got {by_length!r}")
+    steps = []
+    for key, counts in by_length.items():
+        if not (isinstance(key, str) and key.isdigit()):
+            raise ValueError(f"{where}: key {key!r} is not a draft length")
+        d = int(key)
+        if not (isinstance(counts, list) and len(counts) == d + 1):
+            raise ValueError(f"{where}[{key!r}]: expected a list of {d + 1} counts, got {counts!r}")
+        for a, count in enumerate(counts):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise ValueError(f"{where}[{key!r}][{a}]: expected a count, got {count!r}")
+            steps += [(d, a)] * count
+    return steps, True
+
+
 def response_curve(responses: Iterable[Any], adaptive: bool = False) -> SurvivalCurve:
     """The survival curve of decoded vLLM responses (one per request; those without speculative metrics,
     n > 1 or no speculation, are skipped). Raises ``ValueError`` naming the line of a malformed one.
@@ -207,9 +235,8 @@ def response_curve(responses: Iterable[Any], adaptive: bool = False) -> Survival
         k = max(k, width)
         per_step = _steps(spec, line)
         if per_step is None:
-            counts = spec.get("acceptance_histogram") or []
-            per_step = [(width, a) for a, count in enumerate(counts) for _ in range(int(count))]
-            exact_summaries &= spec.get("num_draft_tokens") == spec.get("num_spec_steps", 0) * width
+            per_step, exact = _summary_steps(spec, width, line)
+            exact_summaries &= exact
         for d, a in per_step:
             for depth in range(1, min(a + 1, d) + 1):
                 at_risk[depth] = at_risk.get(depth, 0) + 1
@@ -249,4 +276,10 @@ def read_responses(path: str, adaptive: bool = False) -> SurvivalCurve:
                     decoded.append(json.loads(text))
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"{path}: line {line}: not JSON ({exc.msg})") from exc
+    if not any(_speculative(response, line) for line, response in enumerate(decoded, 1)):
+        # An empty curve would read as "no drafts"; say why nothing was read instead.
+        raise ValueError(
+            f"{path}: no response carries metrics.speculative_decoding (the server needs "
+            "--per-request-spec-decode-metrics, a stream stream_options.include_usage, and a request n = 1)"
+        )
     return response_curve(decoded, adaptive)

@@ -85,7 +85,7 @@ def test_a_curve_whose_drafts_did_not_all_reach_the_deep_positions_is_marked_cen
 # counts accepted drafts without the bonus token; ``per_step_drafted`` the drafts proposed at that step;
 # ``acceptance_histogram[j]`` counts steps that accepted exactly j drafts. At ``summary`` the per-step arrays are
 # null (non-streaming) or absent (the final stream chunk is dumped with exclude_none).
-def spec(accepted, drafted, k=3, detailed=True):
+def spec(accepted, drafted, k=3, detailed=True, by_length=False):
     body = {
         "mean_acceptance_length": 1 + sum(accepted) / len(accepted),
         "draft_acceptance_rate": sum(accepted) / sum(drafted),
@@ -97,6 +97,11 @@ def spec(accepted, drafted, k=3, detailed=True):
         "per_step_accepted": accepted if detailed else None,
         "per_step_drafted": drafted if detailed else None,
     }
+    if by_length:  # newer builds (docs/features/speculative_decoding/acceptance_metrics.md @ 02cf515f)
+        lengths = sorted(set(drafted))
+        body["acceptance_histogram_by_draft_length"] = {
+            str(d): [sum(a == j and n == d for a, n in zip(accepted, drafted)) for j in range(d + 1)] for d in lengths
+        }
     return {"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "…"}],
             "usage": {"completion_tokens": 9}, "metrics": {"time_to_first_token_ms": None,
                                                            "speculative_decoding": body}}  # fmt: skip
@@ -135,6 +140,39 @@ def test_summary_responses_are_exact_only_when_every_step_proposed_every_draft()
     assert both.survival == pytest.approx([3 / 4, 3 / 4, 2 / 4]) and both.drafts == 4
     short = response_curve([spec([0, 1], [3, 1], detailed=False)])
     assert short.censored and "lower bound" in short.censored
+
+
+# vllm-project/vllm docs/features/speculative_decoding/acceptance_metrics.md @ 02cf515f0b62e6fc36d5ff8fb9b486a30e8dbe08:
+# "acceptance_histogram_by_draft_length: Maps each observed proposed draft length k to a dense list of k + 1
+# accepted-count buckets ... JSON object keys are strings"; "A k = 0 row means a verification step had no valid
+# drafts left after adjustment".
+def test_a_summary_by_draft_length_resolves_short_drafts_as_the_per_step_arrays_do():
+    accepted, drafted = [1, 1, 3, 0], [3, 1, 3, 0]
+    summary = response_curve([spec(accepted, drafted, detailed=False, by_length=True)])
+    assert summary.survival == pytest.approx([1.0, 0.5, 0.5]) and summary.censored is None
+    assert summary.survival == response_curve([spec(accepted, drafted)]).survival
+    # Without the map the same summary could only count every step as proposing k = 3: a lower bound.
+    assert "lower bound" in response_curve([spec(accepted, drafted, detailed=False)]).censored
+
+
+@pytest.mark.parametrize(
+    "by_length, named",
+    [([1, 2], "expected an object"), ({"x": [1]}, "key 'x' is not a draft length"),
+     ({"2": [1, 0]}, r"\['2'\]: expected a list of 3 counts"), ({"1": [1, -1]}, r"\['1'\]\[1\]: expected a count")],
+)  # fmt: skip
+def test_a_malformed_histogram_by_draft_length_is_named(by_length, named):
+    response = spec([1], [3], detailed=False)
+    response["metrics"]["speculative_decoding"]["acceptance_histogram_by_draft_length"] = by_length
+    with pytest.raises(ValueError, match=f"response 1: .*acceptance_histogram_by_draft_length.*{named}"):
+        response_curve([response])
+
+
+def test_a_file_with_no_spec_decode_metrics_is_named_not_read_as_no_drafts(tmp_path):
+    path = tmp_path / "responses.jsonl"
+    # A stream saved without include_usage, and an n > 1 completion: neither carries the metrics.
+    path.write_text(json.dumps({"choices": [{"index": 0, "delta": {}}]}) + "\n" + json.dumps({"metrics": None}) + "\n")
+    with pytest.raises(ValueError, match=r"responses\.jsonl: no response carries metrics\.speculative_decoding"):
+        read_responses(str(path))
 
 
 def test_saved_responses_are_read_from_jsonl_and_bad_ones_named(tmp_path):
