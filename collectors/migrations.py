@@ -193,6 +193,11 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         "each sum bucket counts the writes of its sums: the version a kept window's closed buckets check",
         label_sums.BUCKETS_SQL,
     ),
+    (
+        15,
+        "decisions carry the ladder rung they leave the rollout on (paused: the rung a resume returns to)",
+        "ALTER TABLE decisions ADD COLUMN rung VARCHAR;",
+    ),
 )
 
 

@@ -336,12 +336,13 @@ class Store:
         outcome: str | None = None,
         operator: str | None = None,
         contract: str | None = None,
+        rung: str | None = None,
     ) -> None:
         """Persist a rollout decision with its reasons (committed before this returns)."""
         with self._lock:
             self._con.execute(
                 "INSERT INTO decisions (decided_at, revision, phase_from, phase_to, action, reasons, "
-                "compact_fraction, outcome, operator, contract) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "compact_fraction, outcome, operator, contract, rung) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     time.time() if decided_at is None else decided_at,
                     revision,
@@ -353,6 +354,7 @@ class Store:
                     outcome,
                     operator,
                     contract,
+                    rung,
                 ],
             )
 

@@ -16,7 +16,9 @@ from sparkgate.policies.vocabulary import CHANGES_POLICY
 
 from .rollout_state import Decision, RolloutState, replay, stage_of
 
-_COLUMNS = "decided_at, revision, phase_from, phase_to, compact_fraction, action, outcome, reasons, operator, contract"
+_COLUMNS = (
+    "decided_at, revision, phase_from, phase_to, compact_fraction, action, outcome, reasons, operator, contract, rung"
+)
 
 
 def record(store: Store, decision: Decision) -> None:
@@ -32,13 +34,14 @@ def record(store: Store, decision: Decision) -> None:
         outcome=decision.outcome,
         operator=decision.operator,
         contract=decision.contract,
+        rung=decision.rung,
     )
 
 
 def _decision(row: dict, policy: RolloutPolicy | None) -> Decision:
     stage = None
     if policy is not None and row["action"] in CHANGES_POLICY:
-        stage = stage_of(policy, row["phase_to"], row["compact_fraction"] or 0.0, row["phase_from"])
+        stage = stage_of(policy, row["phase_to"], row["compact_fraction"] or 0.0, row["phase_from"], row["rung"])
     return Decision(
         row["decided_at"],
         row["revision"],
@@ -51,6 +54,7 @@ def _decision(row: dict, policy: RolloutPolicy | None) -> Decision:
         row["operator"],
         stage,
         row["contract"],
+        row["rung"],
     )
 
 

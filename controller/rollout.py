@@ -68,10 +68,10 @@ def _move(
 ) -> Decision:
     """A decision that changes the served policy to ladder ``stage`` (None: fallback); ``contract`` is the one
     in force after it (default: the state's)."""
-    if stage is None:
+    rung = None if stage is None else policy.stages()[stage]
+    if rung is None:
         phase, fraction = Phase.FALLBACK, 0.0
     else:
-        rung = policy.stages()[stage]
         phase, fraction = (Phase.PAUSED if paused else rung.phase), rung.compact_fraction
     return Decision(
         now,
@@ -85,6 +85,7 @@ def _move(
         operator,
         stage,
         contract if contract is not None else (state.contract if state else None),
+        None if rung is None else str(rung.phase),
     )
 
 

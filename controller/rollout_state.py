@@ -95,6 +95,9 @@ class Decision:
     operator: str | None = None
     stage: int | None = None
     contract: str | None = None
+    # The phase of the ladder rung ``stage`` is (None: fallback, or a decision that changes no policy): what
+    # a restart finds the stage by, since a paused rollout's own phase names no rung.
+    rung: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -160,12 +163,15 @@ def _streaks(
     return tuple((name, p, f) for name, (p, f) in sorted(streaks.items()))
 
 
-def stage_of(policy: RolloutPolicy, phase: str, compact_fraction: float, phase_from: str | None) -> int | None:
-    """The ladder index a persisted policy change points at (paused: the stage it paused from).
+def stage_of(
+    policy: RolloutPolicy, phase: str, compact_fraction: float, phase_from: str | None, rung: str | None = None
+) -> int | None:
+    """The ladder index a persisted policy change points at: the rung it names (``rung``), or for a decision
+    persisted before rungs were (None) the phase it changed to (paused: the phase it paused from).
     Raises ``LookupError`` when the policy file no longer has that stage."""
     if phase == Phase.FALLBACK:
         return None
-    rung_phase = phase_from if phase == Phase.PAUSED else phase
+    rung_phase = rung or (phase_from if phase == Phase.PAUSED else phase)
     for i, stage in enumerate(policy.stages()):
         if stage.phase == rung_phase and abs(stage.compact_fraction - compact_fraction) < 1e-9:
             return i

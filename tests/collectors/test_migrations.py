@@ -152,6 +152,7 @@ def test_migration_12_gives_a_store_kept_before_it_the_windowed_sums_of_its_rows
             store.execute(f"DELETE FROM {table} WHERE kind = 2")
         store.execute("ALTER TABLE phase_spans DROP COLUMN writes")  # migration 13's
         store.execute("DROP TABLE bucket_writes")  # migration 14's
+        store.execute("ALTER TABLE decisions DROP COLUMN rung")  # migration 15's
         store.execute("DELETE FROM schema_migrations WHERE version >= 12")
     assert all(rows[0]["n"] > 0 for rows in kept.values())
     with Store(path) as store:
@@ -171,6 +172,7 @@ def test_migration_13_counts_writes_from_zero_in_a_store_kept_before_it(tmp_path
         # The store as version 12 left it: spans without a count of writes.
         store.execute("ALTER TABLE phase_spans DROP COLUMN writes")
         store.execute("DROP TABLE bucket_writes")  # migration 14's
+        store.execute("ALTER TABLE decisions DROP COLUMN rung")  # migration 15's
         store.execute("DELETE FROM schema_migrations WHERE version >= 13")
     with Store(path) as store:
         assert store.version >= 13 and [r["writes"] for r in store.query(writes).to_pylist()] == [0]
@@ -190,9 +192,26 @@ def test_migration_14_counts_a_write_of_every_bucket_a_store_kept_before_it_hold
         assert [tuple(r.values()) for r in store.query(writes).to_pylist()] == [(1e8, 1), (1e8 + 2, 1)]
         # The store as version 13 left it: sums without a count of writes per bucket.
         store.execute("DROP TABLE bucket_writes")
-        store.execute("DELETE FROM schema_migrations WHERE version = 14")
+        store.execute("ALTER TABLE decisions DROP COLUMN rung")  # migration 15's
+        store.execute("DELETE FROM schema_migrations WHERE version >= 14")
     with Store(path) as store:
         assert store.version >= 14
         assert [tuple(r.values()) for r in store.query(writes).to_pylist()] == [(1e8, 1), (1e8 + 2, 1)]
         store.ingest(from_wire(synthetic_wire(5, 8, 5, "r0", first_step=40, seed=5, ts=1e9 + 26)), "test")
         assert [tuple(r.values()) for r in store.query(writes).to_pylist()] == [(1e8, 1), (1e8 + 2, 2)]
+
+
+def test_migration_15_keeps_the_decisions_of_a_store_kept_before_it_without_a_rung(tmp_path):
+    path = tmp_path / "events.duckdb"
+    with Store(path) as store:
+        store.record_decision(1, None, "baseline", "start", [{"rule": "start"}], 10.0, compact_fraction=0.0)
+        store.record_decision(2, "baseline", "paused", "pause", [{"rule": "operator pause"}], 20.0,
+                              compact_fraction=0.0, operator="ops")  # fmt: skip
+        # The store as version 14 left it: decisions without their rung.
+        store.execute("ALTER TABLE decisions DROP COLUMN rung")
+        store.execute("DELETE FROM schema_migrations WHERE version >= 15")
+    with Store(path) as store:
+        assert store.version >= 15
+        rows = store.query("SELECT action, phase_to, rung FROM decisions ORDER BY decided_at").to_pylist()
+    assert rows == [{"action": "start", "phase_to": "baseline", "rung": None},
+                    {"action": "pause", "phase_to": "paused", "rung": None}]  # fmt: skip

@@ -70,3 +70,34 @@ def test_decisions_of_one_clock_tick_keep_their_order(store):
     assert [d.action for d in ledger.decisions(store)] == ["start", "promote", "hold", "pause"]
     assert ledger.decisions(store, limit=1)[0].action == "pause"
     assert ledger.load_state(store, POLICY) == write.state and write.state.phase == "paused"
+
+
+def test_a_paused_rollout_that_reevaluates_resumes_paused_at_its_new_rung_after_a_restart(tmp_path):
+    from sparkgate.controller.contract import ContractReading
+
+    path = tmp_path / "ledger.duckdb"
+    on = lambda contract: ContractReading("A", (contract,), (10,), ("target",) if contract != "A" else ())
+    with Store(path) as store:
+        write = Writer(store)
+        write(start(POLICY, 0.0))
+        for t in (10.0, 20.0, 30.0):
+            write(command(POLICY, write.state, "promote", "ops", t))  # shadow, canary 0.1, canary 0.5
+        write(decide(POLICY, write.state, [], 40.0, on("A")))  # the rollout pins contract A
+        write(command(POLICY, write.state, "pause", "ops", 50.0))
+        again = write(decide(POLICY, write.state, [], 60.0, on("B")))
+        # Paused to paused: neither phase names the rung (shadow) it re-evaluates from, the decision does.
+        assert (again.action, again.phase_from, again.phase_to) == ("reevaluate", "paused", "paused")
+        assert again.rung == "shadow"
+        expected = write.state
+    with Store(path) as store:  # a restarted controller
+        state = ledger.load_state(store, POLICY)
+    assert state == expected and (state.phase, state.stage, state.contract) == ("paused", 1, "B")
+
+
+def test_decisions_persisted_before_rungs_were_find_their_stage_by_phase(store):
+    write = Writer(store)
+    write(start(POLICY, 0.0))
+    write(command(POLICY, write.state, "promote", "ops", 10.0))
+    write(command(POLICY, write.state, "pause", "ops", 20.0))
+    store.execute("UPDATE decisions SET rung = NULL")  # as migration 15 leaves older rows
+    assert ledger.load_state(store, POLICY) == write.state and write.state.stage == 1
