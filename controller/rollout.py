@@ -47,7 +47,7 @@ from sparkgate.policies.vocabulary import (
 
 from .contract import ContractReading
 from .gates import Verdict, interval_outcome
-from .rollout_state import Decision, RolloutState
+from .rollout_state import UNJUDGED, Decision, RolloutState
 
 
 class TransitionError(ValueError):
@@ -155,7 +155,8 @@ def decide(
         return move(Action.REEVALUATE, target, because(rule, **detail), paused=state.phase == Phase.PAUSED)
     if state.phase == Phase.PAUSED:
         return hold(because("paused"))
-    failed = [v for v in verdicts if v.decides and v.outcome == Outcome.FAIL]
+    # Over two contracts no gate is judged: its failure neither reverts, nor rolls back, nor counts later.
+    failed = [] if reading.mixed else [v for v in verdicts if v.decides and v.outcome == Outcome.FAIL]
     table_failed = [v.gate for v in failed if v.metric in TABLE_METRICS]
     if table_failed and len(table_failed) == len(failed) and state.phase == Phase.ADAPTIVE and state.tables:
         # Fitted tables are the one thing adaptive changes: undo them first, and fall back only when the
@@ -163,9 +164,9 @@ def decide(
         rule = "a gate a cost table can fail failed on fitted tables: back to the static tables"
         return move(Action.REVERT_TABLE, state.stage, because(rule, tables=dict(state.tables), gates=table_failed))
     limits = {g.name: g for g in policy.gates}
-    for v in verdicts:
+    for v in failed:
         gate = limits.get(v.gate)
-        if v.decides and v.outcome == Outcome.FAIL and gate is not None and gate.failure_limit is not None:
+        if gate is not None and gate.failure_limit is not None:
             failures = state.recent_failures(now, policy.failure_window_s, v.gate) + 1
             if failures > gate.failure_limit:
                 return move(Action.ROLLBACK, None, because("gate failure limit", gate=v.gate, failures=failures,
@@ -186,7 +187,7 @@ def decide(
             return move(Action.PAUSE, state.stage, because("progress deadline: paused for an operator", **late), True)
         return move(Action.ROLLBACK, None, because("progress deadline", **late))
     if outcome == Outcome.INCONCLUSIVE and reading.mixed:
-        return hold(because("contracts mixed in the window: nothing is judged", contracts=reading.to_dict()["seen"]))
+        return hold(because(UNJUDGED, contracts=reading.to_dict()["seen"]))
     if outcome == Outcome.INCONCLUSIVE:
         return hold(because("inconclusive", inconclusive_s=inconclusive_for, deadline_s=policy.progress_deadline_s))
     passes = state.passes + 1

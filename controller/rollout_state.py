@@ -16,6 +16,9 @@ from typing import Any
 from sparkgate.policies.rollout import RolloutPolicy
 from sparkgate.policies.vocabulary import CHANGES_POLICY, Action, Outcome, Phase
 
+# The rule of an interval whose window mixes contracts: its figures judge neither, so no gate was judged.
+UNJUDGED = "contracts mixed in the window: nothing is judged"
+
 
 @dataclass(frozen=True)
 class RolloutState:
@@ -151,7 +154,9 @@ def _streaks(
     state: RolloutState, reasons: tuple[dict[str, Any], ...], at: float
 ) -> tuple[tuple[str, int, tuple[float, ...]], ...]:
     """Per-gate streaks after an interval decided ``at`` whose verdicts are ``reasons[1:]`` (dry runs do not
-    count)."""
+    count). An interval that judged no gate (``UNJUDGED``) leaves every streak as it was."""
+    if reasons and reasons[0].get("rule") == UNJUDGED:
+        return state.gate_streaks
     streaks: dict[str, tuple[int, tuple[float, ...]]] = {name: (p, f) for name, p, f in state.gate_streaks}
     for v in reasons[1:]:
         if "gate" in v and not v.get("dry_run"):

@@ -110,3 +110,32 @@ def test_references_are_read_for_the_contract_being_judged_only(store):
     reading = contract.read(store, Window(), pinned="A")
     assert reading.mixed and reading.judged == "A" and not reading.changed
     assert contract.read(store, Window(since=T0 + 1), pinned="A").seen == ()
+
+
+def test_a_gate_failing_in_a_mixed_window_neither_rolls_back_nor_reverts_nor_counts_later():
+    from sparkgate.controller.contract import ContractReading
+    from sparkgate.controller.gates import judge
+    from sparkgate.controller.measurement import Measurement
+    from sparkgate.controller.rollout import decide
+    from sparkgate.controller.rollout_state import UNJUDGED, RolloutState, apply
+
+    mixed, one = ContractReading("A", ("A", "B"), (50, 50)), ContractReading("A", ("A",), (100,))
+    policy = parse_rollout_policy({"canary_steps": [0.1], "gates": [
+        {"metric": "tier_miss_rate", "threshold": 0.02, "direction": "at_most", "failure_limit": 1},
+        {"metric": "cost_prediction_error", "threshold": 0.25, "direction": "at_most", "guard": True,
+         "phases": ["adaptive"]}]})  # fmt: skip
+    misses, table = policy.gates
+    canary = RolloutState(5, "canary", 2, 0.1, 0.0, contract="A")
+    failing = [judge(misses, Measurement(0.5, 1000))]
+    held = decide(policy, canary, failing, 60.0, mixed)
+    assert (held.action, held.outcome, held.reasons[0]["rule"]) == ("hold", "inconclusive", UNJUDGED)
+    after = apply(canary, held)
+    assert after.streak(misses.name) == (0, 0)  # the failure was not judged, so it does not count later
+    first_judged = decide(policy, after, failing, 120.0, one)
+    assert (first_judged.action, first_judged.reasons[0]["rule"]) == ("hold", "failed interval")
+    # In adaptive on fitted tables, a table gate's failure over two contracts reverts nothing either.
+    top = len(policy.stages()) - 1
+    adaptive = RolloutState(9, "adaptive", top, 1.0, 0.0, contract="A", tables=(("g", "g+a1"),))
+    table_failing = [judge(table, Measurement(0.9, 1000, 0.8, 1.0, "median"))]
+    assert decide(policy, adaptive, table_failing, 60.0, mixed).action == "hold"
+    assert decide(policy, adaptive, table_failing, 60.0, one).action == "revert_table"
