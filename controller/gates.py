@@ -105,13 +105,16 @@ def _judge_interval(gate: Gate, m: Measurement, stale: str | None, verdict: Call
         return verdict(Outcome.INCONCLUSIVE, f"{m.samples} samples are too few for an interval: collect more")
     interval = span(m.low, m.high)
     good, bad = (m.high, m.low) if gate.direction == "at_most" else (m.low, m.high)
-    if stale is not None:
-        return verdict(Outcome.INCONCLUSIVE, stale)
     limit = gate.fail_limit
     # An open side can neither pass nor fail the gate: only the bound that is there decides.
+    failed = bad is not None and gate.fails(bad)
+    if failed and gate.critical:  # as for a value: a correctness bug counts whatever the age of the steps
+        return verdict(Outcome.FAIL, f"interval {interval} wholly beyond {limit:g}")
+    if stale is not None:
+        return verdict(Outcome.INCONCLUSIVE, stale)
     if good is not None and gate.passes(good):
         return verdict(Outcome.PASS, f"interval {interval} wholly {_symbol(gate.direction)} {gate.threshold:g}")
-    if bad is not None and gate.fails(bad):
+    if failed:
         return verdict(Outcome.FAIL, f"interval {interval} wholly beyond {limit:g}")
     where = (
         f"straddles {gate.threshold:g}"

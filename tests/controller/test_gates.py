@@ -27,6 +27,18 @@ def test_fresh_data_passes_exactly_on_the_right_side_of_the_threshold(value, thr
     assert (verdict.value, verdict.threshold, verdict.samples) == (value, threshold, 10)
 
 
+@given(st.floats(0.0, 3.0), st.floats(0.0, 3.0), st.booleans(), st.booleans())
+def test_a_gate_judged_by_an_interval_on_stale_data_fails_only_when_critical_and_wholly_beyond(a, b, critical, stale):
+    gate = Gate(metric="p99_step_ratio", threshold=1.1, direction="at_most", critical=critical)
+    low, high = sorted((a, b))
+    verdict = judge(gate, Measurement((low + high) / 2, 12, low, high, "sign test"), "old steps" if stale else None)
+    fresh = "pass" if high <= 1.1 else "fail" if low > 1.1 else "inconclusive"
+    if not stale:
+        assert verdict.outcome == fresh
+    else:  # as a value: stale data never passes, and only a critical failure still counts
+        assert verdict.outcome == ("fail" if critical and fresh == "fail" else "inconclusive")
+
+
 def test_equality_passes_and_the_notes_say_why():
     at_most = Gate(metric="tier_miss_rate", threshold=0.02, direction="at_most", min_samples=100)
     assert judge(at_most, Measurement(0.02, 100)).outcome == "pass"
