@@ -1,10 +1,14 @@
 """Gate values from Prometheus (docs/design.md §7): an instant PromQL query per gate that sets ``promql``.
 
-The value is the query's scalar, or the largest sample of an instant vector
-(gates compare a worst case); ``samples`` is the number of series it came from.
-An empty result has no value, so the gate is inconclusive; an unreachable server
-or a query error is reported as the measurement's ``error`` and the gate stays
-inconclusive too (never a pass).
+The value is the query's scalar, or the worst sample of an instant vector for the
+gate's direction (the largest for ``at_most``, the smallest for ``at_least``);
+``samples`` is the number of series it came from. Samples are read as
+Prometheus's own comparisons read them (an alerting rule ``expr > t`` fires on
++Inf, never on NaN): an infinite sample (``x/0``) is a value beyond any
+threshold, and a NaN sample (``0/0``: a rate over nothing) has none and is left
+out. An empty result has no value, so the gate is inconclusive; an unreachable
+server or a query error is reported as the measurement's ``error`` and the gate
+stays inconclusive too (never a pass).
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ class PromQLError(RuntimeError):
     """Prometheus could not answer a query; the message names the query."""
 
 
-def query(base_url: str, promql: str, timeout_s: float = 5.0) -> Measurement:
-    """Evaluate ``promql`` at ``base_url`` (``/api/v1/query``); raises ``PromQLError``."""
+def query(base_url: str, promql: str, direction: str = "at_most", timeout_s: float = 5.0) -> Measurement:
+    """Evaluate ``promql`` at ``base_url`` (``/api/v1/query``) for a gate of ``direction``; raises
+    ``PromQLError``."""
     try:
         response = httpx.get(f"{base_url.rstrip('/')}/api/v1/query", params={"query": promql}, timeout=timeout_s)
         body = response.json()
@@ -36,5 +41,6 @@ def query(base_url: str, promql: str, timeout_s: float = 5.0) -> Measurement:
         values = [float(sample["value"][1]) for sample in data["result"]]
     else:
         raise PromQLError(f"promql {promql!r}: result type {data['resultType']!r}, expected scalar or vector")
-    values = [v for v in values if math.isfinite(v)]
-    return Measurement(max(values) if values else None, len(values))
+    values = [v for v in values if not math.isnan(v)]
+    worst = max if direction == "at_most" else min
+    return Measurement(worst(values) if values else None, len(values))

@@ -227,7 +227,7 @@ class Controller:
                 # effect to measure: the gates are recorded, and cannot hold the stage back.
                 gates = tuple(g.model_copy(update={"dry_run": True}) if g in comparing else g for g in gates)
         measured.update(self._adaptive_measurements(state, gates, now))
-        measured.update({g.name: self._promql(g.promql) for g in gates if g.promql})
+        measured.update({g.name: self._promql(g.promql, g.direction) for g in gates if g.promql})
         windowed -= {g.metric for g in gates if g.promql}
         return _widened(judge_all(gates, measured, stale), windowed, evaluation.window, self.window(state, now))
 
@@ -267,11 +267,11 @@ class Controller:
             else None
         )
 
-    def _promql(self, query: str) -> Measurement:
+    def _promql(self, query: str, direction: str) -> Measurement:
         if self.prometheus_url is None:
             return Measurement(None, 0)
         try:
-            return promql.query(self.prometheus_url, query)
+            return promql.query(self.prometheus_url, query, direction)
         except promql.PromQLError as exc:
             log.warning("gate query failed: %s", exc)
             return Measurement(None, 0, error=str(exc))

@@ -45,20 +45,24 @@ def prometheus(tmp_path_factory):
         server.wait(timeout=30)
 
 
-def test_promql_takes_the_worst_sample_of_a_vector(prometheus):
+def test_promql_takes_the_worst_sample_of_a_vector_for_the_gates_direction(prometheus):
     m = query(prometheus, f"{_labelled('0.5', 'a')} or {_labelled('1.5', 'b')}")
     assert (m.value, m.samples) == (1.5, 2)
+    least = query(prometheus, f"{_labelled('0.5', 'a')} or {_labelled('1.5', 'b')}", direction="at_least")
+    assert (least.value, least.samples) == (0.5, 2)
     assert query(prometheus, "scalar(vector(3))").value == 3.0  # a scalar result
     with pytest.raises(PromQLError, match="bad_data: .*parse error"):
         query(prometheus, "rate(")
 
 
-def test_an_empty_or_non_finite_result_has_no_value(prometheus):
+def test_an_empty_or_nan_result_has_no_value_and_an_infinite_sample_is_the_worst_case(prometheus):
     empty = query(prometheus, "vector(1) > 2")
-    odd = query(prometheus, " or ".join(_labelled(v, i) for v, i in (("0/0", "a"), ("1/0", "b"), ("0.25", "c"))))
+    mixed = " or ".join(_labelled(v, i) for v, i in (("0/0", "a"), ("1/0", "b"), ("0.25", "c")))
     none = query(prometheus, "vector(0/0)")
     assert (empty.value, empty.samples) == (None, 0)
-    assert (odd.value, odd.samples) == (0.25, 1)  # NaN and Inf samples are dropped, never the worst case
+    odd = query(prometheus, mixed)
+    assert (odd.value, odd.samples) == (float("inf"), 2)  # NaN is no value; +Inf exceeds any threshold
+    assert query(prometheus, mixed, direction="at_least").value == 0.25
     assert (none.value, none.samples) == (None, 0)
 
 
