@@ -102,6 +102,8 @@ from .queries import LOAD_BUCKET_SQL
 
 # Metrics whose ratio is bad when high (latencies); the others are bad when low (rates).
 BAD_WHEN_HIGH = frozenset({"p99_step_ratio", "p99_tpot_ratio", "p99_ttft_ratio"})
+# Metrics whose per-pair values are counts (good requests per replica), where an arm's 0 is a value.
+COUNTS = frozenset({"goodput_ratio"})
 # The one unit of a group design.
 GROUPS = "groups"
 # per_pair's cells of the covariate that tokens_per_s_ratio is adjusted for (not a metric of its own).
@@ -234,10 +236,15 @@ def per_pair(store: Store, design: Design, spec: Comparison) -> dict[str, dict]:
     return out
 
 
-def paired(per_pair: dict) -> dict[str, np.ndarray]:
-    """Per unit: ``ln(treatment / control)`` of every pair with a positive value in both arms, matched load
-    bucket by load bucket: a pair's log ratio is the mean over the buckets both arms served, weighted by the
-    lesser weight of the two."""
+# Added to both arms' counts of good requests before their ratio (Haldane's correction): an epoch where no
+# request met the SLOs is the worst goodput there is, and must weigh in, not drop out as ln(0).
+COUNT_OFFSET = 0.5
+
+
+def paired(per_pair: dict, offset: float = 0.0) -> dict[str, np.ndarray]:
+    """Per unit: ``ln((treatment + offset) / (control + offset))`` of every pair where both are positive,
+    matched load bucket by load bucket: a pair's log ratio is the mean over the buckets both arms served,
+    weighted by the lesser weight of the two. ``offset`` > 0 (counts, where 0 is a value): every pair."""
     out: dict[str, list[float]] = {}
     by_pair: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for (unit, pair, arm, bucket), (t, tw) in per_pair.items():
@@ -247,8 +254,8 @@ def paired(per_pair: dict) -> dict[str, np.ndarray]:
         if control is None:
             continue
         c, cw = control
-        if t > 0 and c > 0:
-            by_pair.setdefault((unit, pair), []).append((math.log(t / c), min(tw, cw)))
+        if t + offset > 0 and c + offset > 0:
+            by_pair.setdefault((unit, pair), []).append((math.log((t + offset) / (c + offset)), min(tw, cw)))
     for (unit, _), parts in sorted(by_pair.items()):
         weights = sum(w for _, w in parts)
         out.setdefault(unit, []).append(sum(d * w for d, w in parts) / weights)
@@ -353,7 +360,7 @@ def _paired(store: Store, design: Design, spec: Comparison) -> tuple[dict[str, d
     carries its survival), and what was done to tokens per second."""
     cells = per_pair(store, design, spec)
     predicted = cells.pop(PREDICTED, None)
-    out = {metric: paired(values) for metric, values in cells.items()}
+    out = {metric: paired(values, COUNT_OFFSET if metric in COUNTS else 0.0) for metric, values in cells.items()}
     if predicted is None:
         return out, "not adjusted for the drafts' predicted length: a request in the window carries no survival"
     z = paired(predicted)

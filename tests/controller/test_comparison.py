@@ -103,6 +103,26 @@ def test_epoch_pairs_read_from_the_store_compare_treatment_with_control(store):
     assert comparisons(store, Epochs(revision=4, origin=T0, since=T0), spec)["p99_step_ratio"].samples == 0
 
 
+def test_a_treatment_whose_requests_never_meet_the_slos_fails_goodput_instead_of_leaving_it_no_pairs(store):
+    schedule, spec = Switchback(5, 1.0, T0), Comparison(epoch_s=1.0, burn_in_s=0.2, ttft_slo_ms=100.0)
+    lines = []
+    for epoch in range(40):
+        arm = str(schedule.arm("r0", epoch))
+        ttft = 500.0 if arm == "treatment" else 40.0  # every treatment request misses the TTFT SLO
+        for i in range(3):
+            start = schedule.start(epoch) + 0.3 + 0.1 * i
+            lines.append(request_record(request_id=f"e{epoch}-{i}", arrival_ts=start, epoch=epoch, arm=arm,
+                                        policy_revision=3, first_token_ts=start + ttft / 1000,
+                                        finish_ts=start + ttft / 1000 + 0.01,
+                                        commit_offsets_ms=[ttft, ttft + 10]))  # fmt: skip
+    store.commit_requests(prepare_requests("\n".join(map(json.dumps, lines)).encode()), "test")
+    goodput = comparisons(store, Epochs(revision=3, origin=T0, since=T0), spec)["goodput_ratio"]
+    assert goodput.samples == 20  # every pair counts: 0 good requests is goodput's worst value, not no value
+    assert goodput.value == pytest.approx(0.5 / 3.5)  # (0 + ½) / (3 + ½)
+    gate = Gate(metric="goodput_ratio", threshold=0.95, direction="at_least", min_samples=7)
+    assert judge(gate, goodput).outcome == "fail"
+
+
 @given(st.floats(-1e6, 1e6), st.floats(0.1, 100), st.floats(0, 1e6), st.one_of(st.none(), st.floats(0.2, 1e5)))
 def test_a_comparison_window_starts_at_a_whole_pair_inside_it_or_at_the_stages_first(first, period, age, window):
     now = first + age
