@@ -153,18 +153,20 @@ def apply(state: RolloutState | None, decision: Decision) -> RolloutState:
 def _streaks(
     state: RolloutState, reasons: tuple[dict[str, Any], ...], at: float
 ) -> tuple[tuple[str, int, tuple[float, ...]], ...]:
-    """Per-gate streaks after an interval decided ``at`` whose verdicts are ``reasons[1:]`` (dry runs do not
-    count). An interval that judged no gate (``UNJUDGED``) leaves every streak as it was."""
-    if reasons and reasons[0].get("rule") == UNJUDGED:
-        return state.gate_streaks
+    """Per-gate streaks after an interval decided ``at`` whose verdicts are ``reasons[1:]`` (a dry run's leaves
+    its gate's alone). A gate's pass streak grows only by its pass: any other verdict, or none (an interval
+    whose evaluation failed), starts it over, as the interval's own streak does. An interval that judged no
+    gate (``UNJUDGED``) adds no failure."""
+    unjudged = bool(reasons) and reasons[0].get("rule") == UNJUDGED
+    judged = () if unjudged else reasons[1:]
+    verdicts = {v["gate"]: v["outcome"] for v in judged if "gate" in v and not v.get("dry_run")}
+    dry = {v["gate"] for v in reasons[1:] if "gate" in v and v.get("dry_run")}
     streaks: dict[str, tuple[int, tuple[float, ...]]] = {name: (p, f) for name, p, f in state.gate_streaks}
-    for v in reasons[1:]:
-        if "gate" in v and not v.get("dry_run"):
-            passes, failed = streaks.get(v["gate"], (0, ()))
-            streaks[v["gate"]] = (
-                passes + 1 if v["outcome"] == Outcome.PASS else 0,
-                failed + ((at,) if v["outcome"] == Outcome.FAIL else ()),
-            )
+    for name in (set(streaks) - dry) | set(verdicts):
+        passes, failed = streaks.get(name, (0, ()))
+        outcome = verdicts.get(name)
+        failed += (at,) if outcome == Outcome.FAIL else ()
+        streaks[name] = (passes + 1 if outcome == Outcome.PASS else 0, failed)
     return tuple((name, p, f) for name, (p, f) in sorted(streaks.items()))
 
 

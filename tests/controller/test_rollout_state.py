@@ -71,6 +71,14 @@ def test_a_gates_streak_counts_its_own_verdicts_and_a_dry_run_counts_none():
     assert (counters["failures"], counters["failure_window_s"], counters["passes"]) == (0, 300.0, 2)
 
 
+def test_an_interval_that_judged_no_gate_starts_every_gates_pass_streak_over():
+    passing = [_hold(60.0 * i, Outcome.PASS, Outcome.PASS) for i in (1, 2)]
+    error = ({"rule": "measurement error"}, {"gate": "evaluation", "outcome": "error"})
+    evaluation_failed = Decision(180.0, 1, Phase.BASELINE, Phase.BASELINE, 0.0, Action.HOLD, Outcome.ERROR, error)
+    state = replay([start(POLICY, 0.0), *passing, evaluation_failed, _hold(240.0, Outcome.PASS, Outcome.PASS)])
+    assert state is not None and state.passes == 1 and state.streak("survival_ece") == (1, 0)
+
+
 def test_a_published_table_is_served_per_group_and_changes_no_counter_or_revision():
     state = replay([start(POLICY, 0.0), _hold(60.0, Outcome.PASS), _advance(120.0, 2)])
     assert state is not None
