@@ -38,7 +38,8 @@ def compact_ece(
     else:
         unknown = {d: c + counts["estimated"].get(d, 0) for d, c in unknown.items()}
     labels = n.sum(axis=1)
-    depths_seen = [d for d in range(1, len(labels)) if labels[d]]
+    # A depth whose labels are all still censored is seen too: wholly censored is the share at its worst.
+    depths_seen = [d for d in range(1, len(labels)) if labels[d] or unknown[d]]
     if not depths_seen:
         return Measurement(None, 0)
     share = {d: unknown[d] / (labels[d] + unknown[d]) for d in depths_seen}

@@ -42,6 +42,17 @@ def test_too_many_labels_still_censored_leave_no_value_and_say_why():
     assert verdict.outcome == "inconclusive" and "still censored" in verdict.note
 
 
+def test_a_depth_whose_labels_are_all_still_censored_leaves_no_value_rather_than_dropping_out():
+    # Depth 1 observed and calibrated; depth 2 only censored: one observed label there or none, no value either way.
+    shallow = CalibrationStats.from_rows(np.full(100, COMPACT), np.ones(100, int), np.full(100, 0.8),
+                                         np.array([1] * 80 + [0] * 20), 2)  # fmt: skip
+    wholly = {"censored": {2: 1500}, "estimated": {}, "recovered": {}}
+    one_seen = shallow.merge(stats(0.5, [0], depth=2))
+    assert compact_ece(one_seen, wholly, None).value is None
+    none_seen = compact_ece(shallow, wholly, None)
+    assert none_seen.value is None and none_seen.samples == 0 and "100.0% of depth 2" in none_seen.why
+
+
 def test_estimated_labels_are_soft_outcomes_with_use_estimated_and_unknown_without():
     labels = stats(0.5, [1] * 50 + [0] * 50)
     estimated = np.zeros((2, N_BINS, 3))
