@@ -149,7 +149,7 @@ def _check_steps(report: _Report, gamma: np.ndarray, n_requests: np.ndarray) -> 
     )
     ts = _floats(steps, "ts", 1.0)
     report.steps(~np.isfinite(ts) | (ts <= 0) | (ts > MAX_UNIX_S), "ts", "must be unix seconds in (0, 4102444800]")
-    for name in _TIMINGS + ("predicted_step_ms", "table_step_ms"):
+    for name in _TIMINGS + ("predicted_step_ms", "table_step_ms", "step_cpu_ms"):
         ms = _floats(steps, name)
         report.steps(~np.isfinite(ms) | (ms < 0), name, "must be finite and >= 0")
     hit = pc.fill_null(steps.column("graph_hit"), True).to_numpy(zero_copy_only=False)

@@ -207,7 +207,7 @@ def per_pair(store: Store, design: Design, spec: Comparison) -> dict[str, dict]:
                      bool_and(r.survival IS NOT NULL) AS has_predicted
               FROM requests r JOIN s ON r.replica_id = s.replica_id AND r.step_id = s.step_id GROUP BY ALL)
         SELECT s.unit, s.pair, s.cmp_arm, s.bucket, count(*) AS steps,
-               quantile_cont(s.cost, 0.99) AS p99_step, sum(c.tokens) / (sum(s.cost) / 1000) AS tokens_per_s,
+               quantile_cont(s.cost, 0.99) AS p99_step, sum(c.tokens) / nullif(sum(s.cost) / 1000, 0) AS tokens_per_s,
                CASE WHEN bool_and(c.has_predicted) THEN sum(c.predicted) / sum(c.rows) END AS predicted
         FROM s JOIN c ON c.replica_id = s.replica_id AND c.step_id = s.step_id
         WHERE s.cmp_arm IS NOT NULL GROUP BY ALL""",

@@ -55,6 +55,8 @@ def test_generated_valid_records_have_no_problems(record):
         (step(ts=math.nan), "ts", math.nan),
         (step(ts=1.75e12), "ts", 1.75e12),  # milliseconds: the sums' buckets could not index it
         (step(step_ms=-1.0), "step_ms", -1.0),
+        (step(step_cpu_ms=math.nan), "step_cpu_ms", math.nan),
+        (step(step_cpu_ms=-2.0), "step_cpu_ms", -2.0),
         (step(replica_id=""), "replica_id", ""),
         (step(graph_hit=False), "miss_reason", None),
         (step(graph_hit=False, miss_reason="cosmic_ray"), "miss_reason", "cosmic_ray"),

@@ -103,6 +103,14 @@ def test_epoch_pairs_read_from_the_store_compare_treatment_with_control(store):
     assert comparisons(store, Epochs(revision=4, origin=T0, since=T0), spec)["p99_step_ratio"].samples == 0
 
 
+def test_an_epoch_of_no_measured_time_has_no_tokens_per_second_rather_than_infinitely_many(store):
+    schedule, spec = Switchback(5, 1.0, T0), Comparison(epoch_s=1.0, burn_in_s=0.2)
+    for epoch in range(16):
+        steps_in(store, schedule, epoch, "r0", 1000 * epoch, 10.0 if epoch >= 4 else 0.0)  # a clock that read 0
+    found = comparisons(store, Epochs(revision=3, origin=T0, since=T0), spec)["tokens_per_s_ratio"]
+    assert found.samples == 6 and math.isfinite(found.value)  # the 2 pairs of zero time are left out
+
+
 def test_a_treatment_whose_requests_never_meet_the_slos_fails_goodput_instead_of_leaving_it_no_pairs(store):
     schedule, spec = Switchback(5, 1.0, T0), Comparison(epoch_s=1.0, burn_in_s=0.2, ttft_slo_ms=100.0)
     lines = []
