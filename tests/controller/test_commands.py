@@ -190,6 +190,18 @@ def test_serve_refuses_bad_input_before_binding_or_opening_the_store(tmp_path, a
     assert not db.exists()
 
 
+def test_serve_refuses_a_policy_whose_gates_read_prometheus_without_its_url(tmp_path):
+    policy = tmp_path / "rollout.yaml"
+    policy.write_text("gates:\n  - {name: p99, metric: p99_step_ratio, promql: 'max(up)', threshold: 1.1, "
+                      "direction: at_most}\n")  # fmt: skip
+    db = tmp_path / "s.duckdb"
+    result = CliRunner().invoke(main, ["serve", "--db", str(db), "--policy", str(policy)])
+    assert result.exit_code == 2 and "Invalid value for --prometheus: the policy's gates p99 read Prometheus" in (
+        result.output
+    ), result.output
+    assert "Traceback" not in result.output and not db.exists()
+
+
 def test_serve_refuses_a_snapshot_dir_under_a_file_before_binding_or_opening_the_store(tmp_path):
     db = tmp_path / "s.duckdb"
     (tmp_path / "file").write_text("not a folder\n")
