@@ -357,7 +357,8 @@ class Engine:
     def _retire(self) -> None:
         still = []
         for r in self.active:
-            if r.stop_at_eos and EOS in r.output:
+            # A step may commit past the limit: an EOS counts only among the tokens the request keeps.
+            if r.stop_at_eos and EOS in r.output[: r.max_new_tokens]:
                 del r.output[r.output.index(EOS) + 1 :]
                 r.finish_reason = "eos"
             elif len(r.output) >= r.max_new_tokens:

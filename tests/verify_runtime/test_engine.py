@@ -214,6 +214,25 @@ def test_finishes_at_eos_and_frees_the_slot():
     assert len(out["b"]) <= 2 and engine.cache.free_slots == 1
 
 
+@pytest.mark.parametrize("mode", ["static", "compact"])
+@pytest.mark.parametrize("limit", [2, 3, 4])
+def test_an_eos_committed_past_the_limit_in_the_same_step_is_cut_with_the_rest(mode, limit):
+    model = tiny_model(vocab=260, seed=3)
+    stop_at = greedy_decode(model, [10, 11], 8)[3]
+    with torch.no_grad():  # greedy now emits EOS where it emitted `stop_at`
+        model.output.weight[EOS] = model.output.weight[stop_at]
+        model.output.weight[stop_at] -= 100.0 * model.output.weight[stop_at].sign()
+    ref = greedy_decode(model, [10, 11], 8)
+    assert ref.index(EOS) == 3
+    records = []
+    # An exact copy drafts what greedy emits, so the first step commits past the limit, EOS among the tokens.
+    engine = Engine(model, ModelDrafter(model), EngineConfig(gamma=7, max_batch=1), request_sink=records.append)
+    engine.submit(Request("a", [10, 11], limit, mode=mode))
+    reason = "eos" if limit > 3 else "length"  # EOS is the fourth token: kept only within a limit of 4
+    assert engine.run()["a"] == ref[:limit] and engine.finished["a"].finish_reason == reason
+    assert (records[0].output_tokens, records[0].finish_reason) == (limit, reason)
+
+
 def test_bad_requests_fail_clearly(target, drafter):
     engine = Engine(target, drafter, EngineConfig(gamma=4, max_batch=2))
     with pytest.raises(ValueError, match="'long' needs 104 positions"):
