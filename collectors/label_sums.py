@@ -33,6 +33,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from sparkgate.collectors.registered import registered
 from sparkgate.collectors.schema import MODES, STATUSES
 from sparkgate.policies.binning import FINE_BINS, N_BINS, REQUEST_GROUPS
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES, WINDOWED_MODES
@@ -226,15 +227,11 @@ def batch_sums(labels: pa.Table, requests: pa.Table, steps: pa.Table) -> dict[st
     if con is None:
         con = _PRIVATE.con = duckdb.connect(":memory:", config={"threads": 1, "checkpoint_threshold": "1TB"})
         con.execute(create_sql())
-    tables = {"sum_labels": labels, "sum_requests": requests, "sum_steps": steps}
-    for name, table in tables.items():
-        con.register(name, table)
     try:
-        add_batch(con, "sum_labels", "sum_requests", "sum_steps")
-        return {t: con.sql(f"SELECT * FROM {t}").to_arrow_table() for t in TABLES}
+        with registered(con, sum_labels=labels, sum_requests=requests, sum_steps=steps):
+            add_batch(con, "sum_labels", "sum_requests", "sum_steps")
+            return {t: con.sql(f"SELECT * FROM {t}").to_arrow_table() for t in TABLES}
     finally:
-        for name in tables:
-            con.unregister(name)
         for t in TABLES:
             con.execute(f"DELETE FROM {t}")
 
@@ -326,23 +323,14 @@ class Keeper:
         computed here."""
         if not steps.num_rows:
             return
-        tables = {"sum_labels": labels, "sum_requests": requests, "sum_steps": steps}
-        for name, table in tables.items():
-            con.register(name, table)
-        try:
+        with registered(con, sum_labels=labels, sum_requests=requests, sum_steps=steps):
             if not sums_written:
                 add_batch(con, "sum_labels", "sum_requests", "sum_steps")
             add_spans(con, "sum_steps")
-        finally:
-            for name in tables:
-                con.unregister(name)
         touched = [steps.column("ts")]
         if settled is not None and settled.num_rows and since is not None:
-            con.register("sum_settled", settled)
-            try:
+            with registered(con, sum_settled=settled):
                 move_settled(con, "sum_settled", since)
-            finally:
-                con.unregister("sum_settled")
             touched.append(settled.column("ts"))
         per = [np.unique(np.floor(ts.to_numpy() / SUM_BUCKET_S)).astype(np.int64).tolist() for ts in touched]
         _count_bucket_writes(con, sorted(set().union(*per)))

@@ -35,6 +35,8 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkgate.collectors.registered import registered
+
 # Rows of a touched request older than this (step time, before the batch's oldest step) are not read.
 HORIZON_S = 600.0
 
@@ -93,21 +95,15 @@ def recover(con: duckdb.DuckDBPyConnection, requests: pa.Table) -> Settled | Non
     known = requests.filter(pc.is_valid(requests.column("position")))
     if not known.num_rows:
         return None
-    con.register("recovery_keys", known.select(["replica_id", "request_id"]))
-    try:
-        since = pc.min(known.column("ts")).as_py() - HORIZON_S
+    since = pc.min(known.column("ts")).as_py() - HORIZON_S
+    with registered(con, recovery_keys=known.select(["replica_id", "request_id"])):
         stops = con.sql(_SETTLE, params=[since, since]).to_arrow_table()
-    finally:
-        con.unregister("recovery_keys")
     if not stops.num_rows:
         return None
-    con.register("recovery_stops", stops)
-    try:
+    with registered(con, recovery_stops=stops):
         # The ts bound keeps old row groups unread.
         settled = con.sql(_UPDATE, params=[since]).to_arrow_table()
         con.execute(_CLOSE, [since])
-    finally:
-        con.unregister("recovery_stops")
     return Settled(settled, since) if settled is not None and settled.num_rows else None
 
 

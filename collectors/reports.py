@@ -14,6 +14,7 @@ import duckdb
 import pyarrow as pa
 
 from sparkgate.collectors.aggregate import Aggregate
+from sparkgate.collectors.registered import registered
 
 CONSISTENCY_SCHEMA = pa.schema(
     [
@@ -55,15 +56,12 @@ def insert_consistency(con: duckdb.DuckDBPyConnection, rows: list[dict]) -> int:
         [{c: r.get(c) for c in CONSISTENCY_SCHEMA.names} for r in rows], schema=CONSISTENCY_SCHEMA
     )
     before = con.execute("SELECT count(*) FROM consistency_checks").fetchall()[0][0]
-    con.register("incoming_checks", table)
-    try:
+    with registered(con, incoming_checks=table):
         con.execute(
             "INSERT INTO consistency_checks BY NAME SELECT * FROM incoming_checks "
             "QUALIFY row_number() OVER (PARTITION BY replica_id, kind, request_id, tokens) = 1 "
             "ON CONFLICT DO NOTHING"
         )
-    finally:
-        con.unregister("incoming_checks")
     return int(con.execute("SELECT count(*) FROM consistency_checks").fetchall()[0][0] - before)
 
 

@@ -36,12 +36,16 @@ from typing import Any
 
 import pyarrow as pa
 
-from sparkgate.policies.vocabulary import MissReason, Mode, Status
+from sparkgate.policies.vocabulary import MissReason, Mode, Phase, Status
 
 SCHEMA_VERSION = 3
 # The latest unix time a record may carry (2100-01-01): beyond it a value is milliseconds or garbage, and the
 # per-bucket sums (``label_sums``) could not index it.
 MAX_UNIX_S = 4_102_444_800.0
+# The phase a record was served in: a rollout phase, or ``external`` for an engine's own records that no
+# sparkgate policy drove (SGLang's observability dump read by ``collect``).
+EXTERNAL_PHASE = "external"
+RECORD_PHASES = (*Phase, EXTERNAL_PHASE)
 READABLE_VERSIONS = (1, 2, 3)
 # ``sts_version`` of records whose ``confidence`` was already calibrated where it was produced (an SGLang
 # server applies its STS temperatures before it dumps them): refitting STS on them would calibrate twice.

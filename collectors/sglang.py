@@ -80,7 +80,13 @@ from typing import Any
 import httpx
 
 from sparkgate.collectors.ingest import Ingestor
-from sparkgate.collectors.schema import CALIBRATED_AT_SOURCE, SCHEMA_VERSION, TIER_UNREPORTED, Problem
+from sparkgate.collectors.schema import (
+    CALIBRATED_AT_SOURCE,
+    EXTERNAL_PHASE,
+    SCHEMA_VERSION,
+    TIER_UNREPORTED,
+    Problem,
+)
 from sparkgate.collectors.store import IngestResult
 from sparkgate.collectors.wire import from_dicts, reject
 from sparkgate.policies.contract import Contract
@@ -224,7 +230,7 @@ def convert_record(
         "step_ms": ms("step_gpu_ms") or ms("step_cpu_ms"),
         "predicted_step_ms": _present(record.get("predicted_step_ms")),
         "host_syncs": 0,
-        "phase": "external",
+        "phase": EXTERNAL_PHASE,
         "policy_revision": 0,
         "model_version": SGLANG_MODEL,
         "drafter_version": SGLANG_MODEL,

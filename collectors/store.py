@@ -40,6 +40,7 @@ from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.batch import Prepared, prepare
 from sparkgate.collectors.migrations import StoreOpenError, migrate
 from sparkgate.collectors.recovery import recover
+from sparkgate.collectors.registered import registered
 from sparkgate.collectors.request_ingest import PreparedRequests
 from sparkgate.collectors.snapshots import EVENT_TABLES, EVENT_TIME
 from sparkgate.collectors.wire import Flat, Parsed, flatten
@@ -196,13 +197,10 @@ class Store:
                 "step_id": steps.column("step_id"),
             }
         )
-        self._con.register("incoming_keys", keys)
-        try:
+        with registered(self._con, incoming_keys=keys):
             hits = self._con.execute(
                 "SELECT k.i FROM incoming_keys k JOIN steps s ON s.replica_id = k.replica_id AND s.step_id = k.step_id"
             ).fetchall()
-        finally:
-            self._con.unregister("incoming_keys")
         mask = np.zeros(steps.num_rows, dtype=bool)
         mask[[i for (i,) in hits]] = True
         return mask
@@ -273,9 +271,8 @@ class Store:
         with self._transaction():
             for name, table in tables.items():
                 if table.num_rows:
-                    self._con.register("incoming", table)
-                    self._con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM incoming")
-                    self._con.unregister("incoming")
+                    with registered(self._con, incoming=table):
+                        self._con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM incoming")
             if then is not None:
                 then()
 
@@ -283,14 +280,11 @@ class Store:
         """Commit request records (``collectors.request_ingest``) as one transaction: the valid ones not yet
         stored, and quarantine rows for the rest. Returns what was committed."""
         with self._lock:
-            self._con.register("incoming_keys", prepared.rows.select(["replica_id", "request_id"]))
-            try:
+            with registered(self._con, incoming_keys=prepared.rows.select(["replica_id", "request_id"])):
                 stored = self._con.execute(
                     "SELECT k.replica_id, k.request_id FROM incoming_keys k JOIN request_records r "
                     "ON r.replica_id = k.replica_id AND r.request_id = k.request_id"
                 ).fetchall()
-            finally:
-                self._con.unregister("incoming_keys")
             prepared = prepared.without(set(stored))
             tables = {"request_records": prepared.rows, "quarantine": prepared.quarantine_table(source, time.time())}
             self._insert(tables)

@@ -24,6 +24,7 @@ from sparkgate.collectors.schema import (
     NULLABLE_REQUEST_FIELDS,
     NULLABLE_STEP_FIELDS,
     READABLE_VERSIONS,
+    RECORD_PHASES,
     REQUEST_TYPE,
     STEP_SCHEMA,
     TIER_UNREPORTED,
@@ -31,7 +32,7 @@ from sparkgate.collectors.schema import (
     StepRecord,
 )
 from sparkgate.collectors.wire import Flat, flatten, from_dicts
-from sparkgate.policies.vocabulary import Arm
+from sparkgate.policies.vocabulary import Arm, Phase
 
 # Bounds the explode: a step yields batch rows x gamma depth labels.
 MAX_GAMMA = 64
@@ -41,6 +42,8 @@ _NON_NEGATIVE = ("step_id", "verify_rows", "tier_rows", "host_syncs", "policy_re
 NO_TIER = -1
 # Ids are keys and labels: the same cap as the HTTP API's, and no control or bidirectional-format characters.
 MAX_ID_CHARS = 512
+# A token's place in its sequence: far above any context, far below where recovery's sums of positions overflow.
+MAX_POSITION = 2**40
 _HIDDEN_CHARS = "[\\x00-\\x1f\\x7f-\\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]"
 
 
@@ -135,6 +138,12 @@ def _check_steps(report: _Report, gamma: np.ndarray, n_requests: np.ndarray) -> 
     epoch_null, arm_null = _nulls(steps, "epoch"), _nulls(steps, "arm")
     report.steps(epoch_null != arm_null, "arm", "epoch and arm are set together or not at all")
     report.steps(~epoch_null & (_ints(steps, "epoch") < 0), "epoch", "must be >= 0")
+    phase = pc.fill_null(steps.column("phase"), str(Phase.BASELINE))  # a missing one is named above
+    report.steps(
+        ~pc.is_in(phase, pa.array([str(p) for p in RECORD_PHASES])).to_numpy(zero_copy_only=False),
+        "phase",
+        f"expected one of {', '.join(RECORD_PHASES)}",
+    )
     arm = pc.fill_null(steps.column("arm"), str(Arm.TREATMENT))
     report.steps(
         ~pc.is_in(arm, pa.array(list(Arm))).to_numpy(zero_copy_only=False), "arm", f"expected one of {', '.join(Arm)}"
@@ -271,7 +280,10 @@ def _check_lists(report: _Report, g: np.ndarray, accepted: np.ndarray) -> None:
 def _check_recovery(report: _Report, g: np.ndarray, mode: np.ndarray) -> None:
     """The optional fields censored-label recovery reads (``collectors.recovery``)."""
     reqs = report.flat.requests
-    report.requests(~_nulls(reqs, "position") & (_ints(reqs, "position") < 0), "position", "must be >= 0")
+    position = _ints(reqs, "position")
+    report.requests(
+        ~_nulls(reqs, "position") & ((position < 0) | (position > MAX_POSITION)), "position", "must be in [0, 2^40]"
+    )
     prob, prob_null = _floats(reqs, "next_accept_prob"), _nulls(reqs, "next_accept_prob")
     report.requests(
         ~prob_null & (~np.isfinite(prob) | (prob < 0) | (prob > 1)), "next_accept_prob", "must be in [0, 1]"

@@ -66,6 +66,9 @@ def test_generated_valid_records_have_no_problems(record):
         (step(graph_hit=False, miss_reason="over_max_tier", tier=-2), "tier", -2),
         (step(requests=[static_row()], batch_size=0), "batch_size", 0),
         (step(phase=None), "phase", None),
+        (step(phase="shadw"), "phase", "shadw"),  # no read that filters on a phase would ever count it
+        (step(phase="Canary"), "phase", "Canary"),
+        (with_row(position=2**63 - 1), "requests[0].position", 2**63 - 1),  # recovery adds to positions
     ],
 )
 def test_each_rule_names_field_and_value(record, field, value):
