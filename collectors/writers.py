@@ -82,9 +82,10 @@ class Writers:
         return found[0]
 
     def permit(self, writer: Writer, replica_ids: Iterable[str | None]) -> None:
-        """Refused (403) unless ``writer`` may post for every replica a body names."""
+        """Refused (403) unless ``writer`` may post for every replica a body names. A record that names none
+        (null) is left to validation, which refuses it, naming the missing field, and stores nothing of it."""
         for replica_id in replica_ids:
-            if replica_id is None or not writer.may_post_for(replica_id):
+            if replica_id is not None and not writer.may_post_for(replica_id):
                 raise self._refuse(403, f"writer {writer.name!r} may not post for replica {replica_id!r}", writer.name)
 
 

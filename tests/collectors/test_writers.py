@@ -88,6 +88,18 @@ def test_a_writer_posts_only_for_the_replicas_it_is_bound_to(guarded):
     assert 'writer_refusals_total{reason="forbidden",writer="fleet-a"} 2.0' in metrics.exposition().decode()
 
 
+def test_a_signed_record_that_names_no_replica_is_refused_by_name_and_its_body_siblings_stored(guarded):
+    url, controller, _ = guarded
+    lines = ndjson(2, "replica-a1").splitlines()
+    missing = {k: v for k, v in json.loads(lines[1]).items() if k != "replica_id"}
+    body = lines[0] + b"\n" + json.dumps(missing).encode() + b"\n"
+    with httpx.Client(base_url=url, headers=bearer("token-a")) as http:
+        reply = http.post("/v1/records", content=body, headers=NDJSON)
+    # Not a 403 for replica None: the record is bad input, named as such, and the valid line is kept.
+    assert reply.status_code == 422 and "replica_id" in json.dumps(reply.json()["problems"])
+    assert controller.store.counts()["steps"] == 1
+
+
 def test_a_replica_signs_with_the_writer_token_from_its_environment(guarded, monkeypatch):
     url, _, _ = guarded
     monkeypatch.setenv("SPARKGATE_WRITER_TOKEN", "token-a")
