@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from sparkgate.collectors.labels import explode
-from sparkgate.collectors.schema import REQUEST_SCHEMA, Problem
+from sparkgate.collectors.schema import REQUEST_SCHEMA, Problem, unicode_safe
 from sparkgate.collectors.validate import validate_steps
 from sparkgate.collectors.wire import Flat, Parsed, flatten
 
@@ -71,7 +71,9 @@ def quarantine_table(q: list[Quarantined], source: str, received_at: float) -> p
             "received_at": pa.array([received_at] * len(q), pa.float64()),
             "source": pa.array([source] * len(q), pa.string()),
             "position": pa.array([r.position for r in q], pa.int64()),
-            "replica_id": pa.array([r.replica_id for r in q], pa.string()),
+            "replica_id": pa.array(
+                [None if r.replica_id is None else unicode_safe(r.replica_id) for r in q], pa.string()
+            ),
             "step_id": pa.array([r.step_id for r in q], pa.int64()),
             "reason": pa.array(["; ".join(str(p) for p in r.problems) for r in q], pa.string()),
             "problems": pa.array([json.dumps([p.to_dict() for p in r.problems], default=repr) for r in q]),

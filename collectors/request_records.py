@@ -22,12 +22,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from sparkgate.collectors.schema import MAX_UNIX_S, Problem
+from sparkgate.collectors.schema import MAX_UNIX_S, RECORD_PHASES, Problem, encodable
+from sparkgate.collectors.validate import HIDDEN_CHARS, MAX_ID_CHARS
 from sparkgate.policies.vocabulary import Arm, FinishReason, Mode
 
 REQUEST_RECORD_VERSION = 2
@@ -96,13 +98,16 @@ REQUEST_RECORD_SCHEMA = pa.schema(
 )
 NULLABLE = frozenset({"first_token_ts", "epoch", "arm", "contract"})
 _FIELDS = tuple(f.name for f in dataclasses.fields(RequestRecord))
-_STRINGS = ("replica_id", "request_id", "finish_reason", "mode", "phase")
+_STRINGS = ("replica_id", "request_id", "finish_reason", "mode", "phase", "contract")
+_IDS = ("replica_id", "request_id")
+# What an int64 column holds: a larger integer would fail the store's write, not name itself.
+_INT64_MAX = 2**63 - 1
 _TIMES = ("arrival_ts", "first_token_ts", "finish_ts")
 _COUNTS = ("prompt_tokens", "output_tokens", "policy_revision", "epoch", "schema_version")
 
 
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, int) and not isinstance(v, bool) and abs(v) <= _INT64_MAX
 
 
 def _is_number(v: Any) -> bool:
@@ -115,14 +120,19 @@ def _types(obj: dict[str, Any]) -> list[Problem]:
     ]
     problems += [Problem(k, obj[k], "unknown field") for k in obj if k not in _FIELDS]
     for k in _STRINGS:
-        if obj.get(k) is not None and not (isinstance(obj[k], str) and 0 < len(obj[k]) <= 512):
-            problems.append(Problem(k, obj[k], "expected a string of 1 to 512 characters"))
+        value = obj.get(k)
+        if value is not None and not (isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS):
+            problems.append(Problem(k, value, f"expected a string of 1 to {MAX_ID_CHARS} characters"))
+        elif value is not None and not encodable(value):
+            problems.append(Problem(k, value, "not valid Unicode (a lone surrogate escape)"))
+        elif k in _IDS and value is not None and re.search(HIDDEN_CHARS, value):
+            problems.append(Problem(k, value, "no control or bidirectional-format characters in an id"))
     for k in _TIMES:
         if obj.get(k) is not None and not (_is_number(obj[k]) and 0 <= obj[k] <= MAX_UNIX_S):
             problems.append(Problem(k, obj[k], "expected finite unix seconds in [0, 4102444800]"))
     for k in _COUNTS:
         if obj.get(k) is not None and not (_is_int(obj[k]) and obj[k] >= 0):
-            problems.append(Problem(k, obj[k], "expected an integer >= 0"))
+            problems.append(Problem(k, obj[k], "expected an integer in [0, 2^63)"))
     for k, ok in (("commit_offsets_ms", _is_number), ("commit_tokens", _is_int)):
         value = obj.get(k)
         if value is not None and not (isinstance(value, list) and all(ok(v) for v in value)):
@@ -134,7 +144,7 @@ def _types(obj: dict[str, Any]) -> list[Problem]:
 
 def _vocabulary(obj: dict[str, Any]) -> list[Problem]:
     problems = []
-    for k, words in (("finish_reason", FinishReason), ("mode", Mode), ("arm", Arm)):
+    for k, words in (("finish_reason", FinishReason), ("mode", Mode), ("phase", RECORD_PHASES), ("arm", Arm)):
         if obj.get(k) is not None and obj[k] not in tuple(words):
             problems.append(Problem(k, obj[k], f"expected one of {', '.join(words)}"))
     if obj["schema_version"] != REQUEST_RECORD_VERSION:

@@ -74,17 +74,34 @@ class Problem:
 
 
 def json_safe(value: Any) -> Any:
-    """``value`` with every non-finite float as its text (``nan``, ``inf``) and bytes decoded (bad ones
-    replaced): JSON has neither, and an error reply that echoes the bad value must still serialise."""
+    """``value`` with every non-finite float as its text (``nan``, ``inf``), bytes decoded and lone
+    surrogates (``"\\ud800"`` in JSON) replaced: JSON has no non-finite numbers, UTF-8 no surrogates, and
+    an error reply or quarantine row that echoes the bad value must still serialise and store."""
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
     if isinstance(value, bytes):
         return value.decode(errors="replace")
+    if isinstance(value, str):
+        return unicode_safe(value)
     if isinstance(value, dict):
         return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value
+
+
+def encodable(text: str) -> bool:
+    """Whether ``text`` has a UTF-8 form: not when JSON's escapes gave it a lone surrogate."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def unicode_safe(text: str) -> str:
+    """``text`` with each lone surrogate replaced by U+FFFD (a valid string is returned as it is)."""
+    return text if encodable(text) else text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 @dataclass

@@ -44,7 +44,7 @@ NO_TIER = -1
 MAX_ID_CHARS = 512
 # A token's place in its sequence: far above any context, far below where recovery's sums of positions overflow.
 MAX_POSITION = 2**40
-_HIDDEN_CHARS = "[\\x00-\\x1f\\x7f-\\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]"
+HIDDEN_CHARS = "[\\x00-\\x1f\\x7f-\\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]"
 
 
 class _Report:
@@ -87,7 +87,7 @@ def _bad_ids(column: pa.ChunkedArray) -> np.ndarray:
     """Ids too long to be keys (over ``MAX_ID_CHARS``) or holding control or bidirectional-format characters,
     which print as something else in a log, a table or a terminal."""
     too_long = pc.greater(pc.utf8_length(column), MAX_ID_CHARS)
-    hidden = pc.match_substring_regex(column, _HIDDEN_CHARS)
+    hidden = pc.match_substring_regex(column, HIDDEN_CHARS)
     return pc.fill_null(pc.or_(too_long, hidden), False).to_numpy(zero_copy_only=False)
 
 

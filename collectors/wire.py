@@ -247,7 +247,7 @@ def from_ndjson(data: bytes) -> Parsed:
         try:
             objs.append(json.loads(line))
             kept.append(i)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than json.loads goes
             rejected.append(
                 Rejected(i, line, [Problem("<line>", line[:80].decode(errors="replace"), f"invalid JSON: {exc}")])
             )

@@ -1,0 +1,79 @@
+"""One bad line never poisons its body: nested too deep, a lone surrogate, an integer no column holds, a phase
+no read counts. Each gets a 422 naming the line and field, is quarantined, and its valid siblings are stored
+(a 503 would have the sender retry the same body for ever, losing them)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import httpx
+import pytest
+
+from sparkgate.collectors.ingest import Ingestor
+from sparkgate.collectors.ingest_api import ingest_app, serve_in_thread
+from tests.collectors.strategies import compact_row, ndjson, step
+from tests.conftest import request_record
+
+NDJSON = {"content-type": "application/x-ndjson"}
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def _post(store, path: str, body: bytes) -> httpx.Response:
+    with serve_in_thread(ingest_app(Ingestor(store))) as url, httpx.Client(base_url=url, timeout=60) as http:
+        return http.post(path, content=body, headers=NDJSON)
+
+
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        (DEEP, "<line>"),
+        ('{"requests": ' + DEEP + "}", "<line>"),
+        (
+            json.dumps(step(3, requests=[compact_row(request_id="bad")]).to_dict()).replace('"bad"', '"b\\ud800d"'),
+            "request_id",
+        ),
+        (json.dumps(step(3, phase="shadw").to_dict()), "phase"),
+        (json.dumps(step(3, requests=[dataclasses.replace(compact_row(), position=2**63 - 1)]).to_dict()), "position"),
+    ],
+)
+def test_a_bad_step_line_is_named_and_its_valid_sibling_stored(store, bad, field):
+    reply = _post(store, "/v1/ingest", ndjson(step(1, requests=[compact_row()])) + bad.encode() + b"\n")
+    assert reply.status_code == 422, reply.text
+    (problem,) = reply.json()["problems"]
+    assert problem["position"] == 1 and field in json.dumps(problem["problems"])
+    assert store.counts()["steps"] == 1 and store.counts()["quarantine"] == 1
+
+
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        ({"prompt_tokens": 2**70}, "prompt_tokens"),
+        ({"epoch": 2**64, "arm": "control"}, "epoch"),
+        ({"phase": "shadw"}, "phase"),
+        ({"contract": 7}, "contract"),
+        ({"request_id": "q\u202e1"}, "request_id"),
+    ],
+)
+def test_a_bad_request_record_is_named_and_its_valid_sibling_stored(store, changes, field):
+    good = json.dumps(request_record(request_id="good")).encode()
+    bad = json.dumps(request_record(**{"request_id": "bad", **changes})).encode()
+    reply = _post(store, "/v1/request-records", good + b"\n" + bad + b"\n")
+    assert reply.status_code == 422, reply.text
+    (problem,) = reply.json()["problems"]
+    assert problem["position"] == 1 and [p["field"] for p in problem["problems"]] == [field]
+    assert store.counts()["request_records"] == 1 and store.counts()["quarantine"] == 1
+
+
+def test_a_lone_surrogate_in_a_request_record_is_named_and_quarantined_whole(store):
+    good = json.dumps(request_record(request_id="good")).encode()
+    bad = json.dumps(request_record(request_id="bad")).replace('"bad"', '"b\\udc00d"').encode()
+    reply = _post(store, "/v1/request-records", good + b"\n" + bad + b"\n")
+    assert reply.status_code == 422, reply.text
+    (problem,) = reply.json()["problems"][0]["problems"]
+    assert problem == {
+        "field": "request_id",
+        "value": "b\ufffdd",
+        "message": "not valid Unicode (a lone surrogate escape)",
+    }
+    assert store.counts()["request_records"] == 1 and store.counts()["quarantine"] == 1
