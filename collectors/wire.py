@@ -140,11 +140,27 @@ def _integer_problems(obj: dict[str, Any]) -> list[Problem]:
     return problems
 
 
+_STEP_FIELDS = frozenset(WIRE_SCHEMA.names)
+_ROW_FIELDS = frozenset(f.name for f in REQUEST_TYPE)
+
+
+def _unknown_fields(obj: dict[str, Any]) -> list[Problem]:
+    """Fields the schema lacks, each named: a misspelt field's value would otherwise be lost unnoticed."""
+    problems = [Problem(k, v, "unknown field") for k, v in obj.items() if k not in _STEP_FIELDS]
+    rows = obj.get("requests")
+    for slot, row in enumerate(rows if isinstance(rows, list) else []):
+        if isinstance(row, dict):
+            problems += [
+                Problem(f"requests[{slot}].{k}", v, "unknown field") for k, v in row.items() if k not in _ROW_FIELDS
+            ]
+    return problems
+
+
 def _field_problems(obj: Any) -> list[Problem]:
     """Why ``obj`` does not fit ``WIRE_SCHEMA``, field by field (the slow path only)."""
     if not isinstance(obj, dict):
         return [Problem("<record>", type(obj).__name__, "a step record must be a JSON object")]
-    problems = _integer_problems(obj)
+    problems = _integer_problems(obj) + _unknown_fields(obj)
     for f in STEP_SCHEMA:
         try:
             pa.array([obj.get(f.name)], f.type)
@@ -172,9 +188,12 @@ def _objects(
     check_integers: bool = True,
 ) -> Parsed:
     """Type ``objs`` (dicts in wire form); ``positions`` maps them to input indices. ``check_integers``
-    False skips the search for fractions in integer fields (typed records, whose fields are ints)."""
+    False skips the search for fractions in integer fields and for unknown fields (typed records, whose
+    fields are the schema's, as ints)."""
     index = np.arange(len(objs)) if positions is None else np.asarray(positions, dtype=np.int64)
-    clean = not check_integers or not any(isinstance(o, dict) and _integer_problems(o) for o in objs)
+    clean = not check_integers or not any(
+        isinstance(o, dict) and (_integer_problems(o) or _unknown_fields(o)) for o in objs
+    )
     try:
         if clean:
             return Parsed(pa.Table.from_pylist(list(objs), schema=WIRE_SCHEMA), index, [], payload)
@@ -235,7 +254,8 @@ def from_ndjson(data: bytes) -> Parsed:
         read = pajson.read_json(
             io.BytesIO(data),
             read_options=pajson.ReadOptions(block_size=max(_JSON_BLOCK, len(data) + 1)),
-            parse_options=pajson.ParseOptions(explicit_schema=_FLOAT_WIRE, unexpected_field_behavior="ignore"),
+            # A field the schema lacks (a misspelt "contrat") fails the fast path; the per-line pass names it.
+            parse_options=pajson.ParseOptions(explicit_schema=_FLOAT_WIRE, unexpected_field_behavior="error"),
         )
         wire = _exact_integers(read.select(WIRE_SCHEMA.names))
         if wire is not None and wire.num_rows == len(lines):

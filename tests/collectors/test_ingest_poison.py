@@ -34,6 +34,11 @@ def _post(store, path: str, body: bytes) -> httpx.Response:
             "request_id",
         ),
         (json.dumps(step(3, phase="shadw").to_dict()), "phase"),
+        (json.dumps({**step(3).to_dict(), "step_cpu_msec": 3.0}), "step_cpu_msec"),  # a misspelt field's value
+        (
+            json.dumps(step(3, requests=[compact_row()]).to_dict()).replace('"window":', '"windw": 1, "window":'),
+            "requests[0].windw",
+        ),
         (json.dumps(step(3, requests=[dataclasses.replace(compact_row(), position=2**63 - 1)]).to_dict()), "position"),
     ],
 )
