@@ -276,22 +276,53 @@ def from_ndjson(data: bytes) -> Parsed:
     return parsed
 
 
+def _same_kind(got: pa.DataType, want: pa.DataType) -> bool:
+    """Whether a column of ``got`` holds ``want``'s values as they are: a wider or narrower integer, a float
+    or an integer for a float, a dictionary of them, nulls; not a string for a number, nor a number for a
+    flag or a string, which a cast would turn into other values without a word (``"10"`` into 10)."""
+    if pa.types.is_null(got) or got == want:
+        return True
+    if pa.types.is_dictionary(got):
+        return _same_kind(got.value_type, want)
+    if pa.types.is_integer(want):
+        return pa.types.is_integer(got)
+    if pa.types.is_floating(want):
+        return pa.types.is_integer(got) or pa.types.is_floating(got)
+    if pa.types.is_string(want):
+        return pa.types.is_string(got) or pa.types.is_large_string(got)
+    if pa.types.is_list(want):
+        return (pa.types.is_list(got) or pa.types.is_large_list(got)) and _same_kind(got.value_type, want.value_type)
+    if pa.types.is_struct(want):
+        if not pa.types.is_struct(got):
+            return False
+        fields = {f.name: f.type for f in got}
+        return set(fields) <= set(want.names) and all(_same_kind(t, want.field(n).type) for n, t in fields.items())
+    return False
+
+
 def from_ipc(data: bytes) -> Parsed:
     """Type an Arrow IPC stream whose rows are step records (columns by wire name).
 
     Missing columns become nulls, so validation names every missing required field;
-    a body that is not an IPC stream, or whose columns cannot be cast, is rejected whole.
+    a body that is not an IPC stream, that has a column the schema lacks, or whose columns hold another
+    kind of value than the schema's (``_same_kind``) is rejected whole, naming the column.
     """
     try:
         table = pa.ipc.open_stream(data).read_all()
         table.validate(full=True)  # checks UTF-8 too, which a later read of an id would otherwise trip on
     except (pa.ArrowException, ValueError) as exc:
         return _whole_body_rejected(data, Problem("<body>", None, f"not an Arrow IPC stream: {exc}"))
+    unknown = [name for name in table.column_names if name not in _STEP_FIELDS]
+    if unknown:
+        return _whole_body_rejected(data, Problem(unknown[0], None, "unknown column"))
     columns = []
     for f in WIRE_SCHEMA:
         if f.name not in table.column_names:
             columns.append(pa.nulls(table.num_rows, f.type))
             continue
+        got = table.schema.field(f.name).type
+        if not _same_kind(got, f.type):
+            return _whole_body_rejected(data, Problem(f.name, str(got), f"expected {f.type}, not {got}"))
         try:
             columns.append(table.column(f.name).cast(f.type))
         except (pa.ArrowException, ValueError) as exc:

@@ -8,10 +8,13 @@ import dataclasses
 import json
 
 import httpx
+import pyarrow as pa
 import pytest
 
 from sparkgate.collectors.ingest import Ingestor
-from sparkgate.collectors.ingest_api import ingest_app, serve_in_thread
+from sparkgate.collectors.ingest_api import ARROW_TYPES, ingest_app, serve_in_thread
+from sparkgate.collectors.synth import synthetic_wire
+from sparkgate.collectors.wire import from_ipc, to_ipc
 from tests.collectors.strategies import compact_row, ndjson, step
 from tests.conftest import request_record
 
@@ -82,3 +85,31 @@ def test_a_lone_surrogate_in_a_request_record_is_named_and_quarantined_whole(sto
         "message": "not valid Unicode (a lone surrogate escape)",
     }
     assert store.counts()["request_records"] == 1 and store.counts()["quarantine"] == 1
+
+
+@pytest.mark.parametrize(
+    "column, values, named",
+    [
+        ("step_id", pa.array(["0", "1"]), "step_id"),  # a cast would store the strings as numbers
+        ("replica_id", pa.array([7, 7]), "replica_id"),
+        ("graph_hit", pa.array([5, 5]), "graph_hit"),
+        ("stepms", pa.array([1.0, 1.0]), "stepms"),  # a column the schema lacks
+    ],
+)
+def test_an_arrow_body_whose_column_holds_another_kind_of_value_is_refused_naming_it(store, column, values, named):
+    wire = synthetic_wire(2, 2, 3)
+    wire = wire.set_column(wire.schema.get_field_index(column), column, values) if column in wire.column_names else (
+        wire.append_column(column, values))  # fmt: skip
+    with serve_in_thread(ingest_app(Ingestor(store))) as url, httpx.Client(base_url=url, timeout=60) as http:
+        reply = http.post("/v1/ingest", content=to_ipc(wire), headers={"content-type": ARROW_TYPES[0]})
+    assert reply.status_code == 422 and reply.json()["problems"][0]["problems"][0]["field"] == named, reply.text
+    assert store.counts()["steps"] == 0
+
+
+def test_an_arrow_body_of_narrower_numbers_is_read_as_the_schemas():
+    wire = synthetic_wire(2, 2, 3)
+    narrow = wire
+    for name, kind in (("batch_size", pa.int32()), ("step_ms", pa.float32())):
+        narrow = narrow.set_column(wire.schema.get_field_index(name), name, wire[name].cast(kind))
+    parsed = from_ipc(to_ipc(narrow))
+    assert parsed.rejected == [] and parsed.wire.column("batch_size").to_pylist() == wire["batch_size"].to_pylist()
