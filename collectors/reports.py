@@ -51,7 +51,9 @@ class TooManyReports(ValueError):
 
 def insert_consistency(con: duckdb.DuckDBPyConnection, rows: list[dict]) -> int:
     """Insert checks (``consistency_checks`` columns); returns how many were new. A check is keyed by
-    (replica, kind, request, tokens compared), so a retried report counts once."""
+    (replica, kind, request, tokens compared), so a retried report counts once; but a report of a mismatch
+    is never lost to an earlier one of the same key that found none (a mismatch is what the critical gate
+    acts on): it replaces it, and within a body the mismatching one is kept."""
     table = pa.Table.from_pylist(
         [{c: r.get(c) for c in CONSISTENCY_SCHEMA.names} for r in rows], schema=CONSISTENCY_SCHEMA
     )
@@ -59,8 +61,14 @@ def insert_consistency(con: duckdb.DuckDBPyConnection, rows: list[dict]) -> int:
     with registered(con, incoming_checks=table):
         con.execute(
             "INSERT INTO consistency_checks BY NAME SELECT * FROM incoming_checks "
-            "QUALIFY row_number() OVER (PARTITION BY replica_id, kind, request_id, tokens) = 1 "
-            "ON CONFLICT DO NOTHING"
+            "QUALIFY row_number() OVER (PARTITION BY replica_id, kind, request_id, tokens "
+            "ORDER BY mismatch_at IS NULL) = 1 ON CONFLICT DO NOTHING"
+        )
+        con.execute(
+            "UPDATE consistency_checks c SET mismatch_at = i.mismatch_at, expected = i.expected, got = i.got, "
+            "received_at = i.received_at FROM incoming_checks i WHERE c.replica_id = i.replica_id "
+            "AND c.kind = i.kind AND c.request_id = i.request_id AND c.tokens = i.tokens "
+            "AND c.mismatch_at IS NULL AND i.mismatch_at IS NOT NULL"
         )
     return int(con.execute("SELECT count(*) FROM consistency_checks").fetchall()[0][0] - before)
 

@@ -62,6 +62,19 @@ def test_a_consistency_report_is_stored_whole_and_once(store):
     assert store.query("SELECT count(*) AS n FROM consistency_checks").column("n")[0].as_py() == 10_001
 
 
+def test_a_mismatch_is_never_lost_to_an_earlier_report_of_the_same_key_that_found_none(store):
+    mismatches = "SELECT request_id, mismatch_at FROM consistency_checks WHERE mismatch_at IS NOT NULL ORDER BY 1"
+    first, second = check(1), check(2)
+    assert store.record_consistency([first]) == 1
+    assert store.record_consistency([{**first, "mismatch_at": 3, "expected": 7, "got": 8}]) == 0  # not new
+    assert store.query(mismatches).to_pylist() == [{"request_id": first["request_id"], "mismatch_at": 3}]
+    assert store.record_consistency([first]) == 0  # a later clean retry does not clear it
+    both = [second, {**second, "mismatch_at": 1, "expected": 1, "got": 2}]  # one body, both answers
+    assert store.record_consistency(both) == 1
+    assert store.query(mismatches).to_pylist() == [{"request_id": first["request_id"], "mismatch_at": 3},
+                                                   {"request_id": second["request_id"], "mismatch_at": 1}]  # fmt: skip
+
+
 def test_a_span_with_more_reports_than_the_limit_is_refused_before_any_is_parsed(store):
     for start in range(5):
         assert store.record_aggregate("r0", float(start), float(start + 1), _AGG, received_at=float(start))
