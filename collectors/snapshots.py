@@ -55,12 +55,24 @@ def export(
                 "(FORMAT parquet, PARTITION_BY (date, replica_id))"
             ).fetchall()[0][0]
     for partition in sorted(staging.glob("*/date=*/replica_id=*")):
-        target = out / partition.relative_to(staging)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(target, ignore_errors=True)
-        partition.rename(target)
+        _replace_files(partition, out / partition.relative_to(staging), staging.name)
     shutil.rmtree(staging)
     return written
+
+
+def _replace_files(partition: Path, target: Path, stamp: str) -> None:
+    """``target``'s files replaced by ``partition``'s: the new ones moved in first (under names of this
+    export's), the old ones removed after. A crash between leaves both, rows twice but none lost, and the
+    next export of the partition replaces them all; removing the old directory first would lose its rows."""
+    target.mkdir(parents=True, exist_ok=True)
+    old = list(target.iterdir())
+    for file in sorted(partition.iterdir()):
+        file.rename(target / f"{stamp}-{file.name}")
+    for path in old:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def publish(con: duckdb.DuckDBPyConnection, lock: threading.Lock, root: Path) -> Path:

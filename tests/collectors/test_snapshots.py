@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import duckdb
 import pyarrow.parquet as pq
+import pytest
 
 from sparkgate.collectors.snapshots import open_snapshot
 from sparkgate.collectors.wire import from_records
@@ -35,6 +37,26 @@ def test_export_is_hive_partitioned_and_reexport_does_not_duplicate(store, tmp_p
         f"SELECT count(*) FROM read_parquet('{out}/depth_labels/**/*.parquet', hive_partitioning=true)"
     ).fetchall()[0][0]
     assert count == 8
+
+
+def test_an_export_that_dies_while_replacing_a_partition_loses_none_of_its_rows(store, tmp_path, monkeypatch):
+    day = 86400.0 * 20000
+    store.ingest(from_records([step(1, requests=[compact_row()], ts=day + 5)]), "t")
+    out = tmp_path / "export"
+    store.export(out)
+    labels = f"SELECT count(*) FROM read_parquet('{out}/depth_labels/**/*.parquet', hive_partitioning=true)"
+    assert duckdb.sql(labels).fetchall() == [(4,)]
+
+    def killed(path, *args, **kwargs):
+        raise KeyboardInterrupt("killed while the old files go")
+
+    monkeypatch.setattr(Path, "unlink", killed)
+    with pytest.raises(KeyboardInterrupt):
+        store.export(out)
+    assert duckdb.sql(labels).fetchall() == [(8,)]  # both exports' files: rows twice, none lost
+    monkeypatch.undo()
+    store.export(out)
+    assert duckdb.sql(labels).fetchall() == [(4,)]  # the next export replaces both
 
 
 def test_snapshot_is_readable_from_another_process_while_the_writer_holds_the_file(store, tmp_path):
