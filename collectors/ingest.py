@@ -61,12 +61,14 @@ class StoreSink:
 
     A batch is committed when it holds ``batch_records`` records or its oldest
     record has waited ``max_delay_s``. ``flush`` blocks until everything passed in
-    so far is committed; ``close`` flushes and stops the thread. A commit that
-    fails is logged and reported by the next ``flush``/``close``.
+    so far is committed; ``close`` flushes and stops the thread. A bad record is
+    quarantined with the batch's commit, never failing it; a commit that fails
+    (the store's own failure: a full disk, a closed store) loses its batch, and
+    is logged and raised by the next ``flush``/``close``.
 
     At most ``max_pending`` records wait; past that ``sink(record)`` blocks until
     the writer catches up. A stalled disk thus slows the engine down instead of
-    growing memory without bound, and no record handed over is ever dropped.
+    growing memory without bound, and no record handed over is dropped to make room.
     """
 
     def __init__(
