@@ -43,7 +43,7 @@ from pydantic import BaseModel, Field
 
 from sparkgate.collectors.aggregate import Aggregate, AggregateError
 from sparkgate.collectors.ingest import Ingestor
-from sparkgate.collectors.ingest_api import ARROW_TYPES, NDJSON_TYPES, ingest_router
+from sparkgate.collectors.ingest_api import ARROW_TYPES, DEFAULT_MAX_BODY, NDJSON_TYPES, BodyLimit, ingest_router
 from sparkgate.collectors.reports import IntervalOverlap, TooManyReports
 from sparkgate.collectors.schema import Problem, json_safe
 from sparkgate.collectors.writers import Refused, Writers
@@ -218,6 +218,7 @@ def create_app(
 ) -> FastAPI:
     """The service over ``controller`` (whose store ``ingestor`` writes to)."""
     app = FastAPI(title="sparkgate controller", version="1", description=__doc__)
+    app.add_middleware(BodyLimit, limit=DEFAULT_MAX_BODY)  # the records routes' limit, for every route
     authorize = _authorizer(token)
     store = controller.store
 

@@ -10,9 +10,11 @@ import sys
 import threading
 
 import httpx
+from fastapi import FastAPI
+from pydantic import BaseModel
 
 from sparkgate.collectors.ingest import Ingestor
-from sparkgate.collectors.ingest_api import ARROW_TYPES, ingest_app, serve_in_thread
+from sparkgate.collectors.ingest_api import ARROW_TYPES, BodyLimit, ingest_app, serve_in_thread
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.store import Store
 from sparkgate.collectors.synth import synthetic_wire
@@ -64,7 +66,7 @@ def test_http_ingest_ndjson_arrow_problems_and_limits(store):
 WRITER = """
 import sys, time
 from sparkgate.collectors.ingest import Ingestor
-from sparkgate.collectors.ingest_api import ARROW_TYPES, ingest_app, serve_in_thread
+from sparkgate.collectors.ingest_api import ARROW_TYPES, BodyLimit, ingest_app, serve_in_thread
 from sparkgate.collectors.store import Store
 with serve_in_thread(ingest_app(Ingestor(Store(sys.argv[1])))) as url:
     print(url, flush=True)
@@ -136,3 +138,23 @@ def test_request_records_over_http_stored_or_quarantined_with_their_problems(sto
     assert "sparkgate_ingested_request_records_total 1.0" in scrape
     assert 'sparkgate_request_ttft_seconds_count{arm="control"} 1.0' in scrape
     assert store.counts()["request_records"] == 1 and store.counts()["quarantine"] == 2
+
+
+class _Report(BaseModel):
+    text: str
+
+
+def test_a_body_past_the_limit_is_refused_before_a_json_route_reads_it_whole():
+    app = FastAPI()
+    app.add_middleware(BodyLimit, limit=1000)
+
+    @app.post("/report")
+    def report(body: _Report) -> dict:
+        return {"length": len(body.text)}
+
+    with serve_in_thread(app) as url, httpx.Client(base_url=url) as http:
+        assert http.post("/report", json={"text": "x" * 900}).json() == {"length": 900}
+        declared = http.post("/report", json={"text": "x" * 2000})
+        assert declared.status_code == 413 and declared.json() == {"error": "body larger than 1000 bytes"}
+        chunked = http.post("/report", content=iter([b'{"text": "', b"x" * 2000, b'"}']))  # no Content-Length
+        assert chunked.status_code == 413 and "body larger than 1000 bytes" in chunked.text

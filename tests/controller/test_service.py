@@ -257,3 +257,11 @@ def test_a_non_finite_number_gets_a_422_naming_it_and_the_connection_lives_on(se
     assert error["loc"] == loc and error["input"] == echoed
     assert http.get("/healthz").status_code == 200  # the same keep-alive client still works
     assert controller.store.query("SELECT count(*) AS n FROM consistency_checks").column("n")[0].as_py() == 0
+
+
+def test_every_route_of_the_controller_has_the_records_routes_body_limit(store):
+    from sparkgate.collectors.ingest_api import DEFAULT_MAX_BODY, BodyLimit
+
+    app = create_app(Controller(store, POLICY, resamples=20), Ingestor(store))
+    limits = [m.kwargs["limit"] for m in app.user_middleware if m.cls is BodyLimit]
+    assert limits == [DEFAULT_MAX_BODY]
