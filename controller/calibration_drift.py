@@ -12,9 +12,10 @@ enough the 0.03 threshold to hold stages inconclusive until the progress deadlin
 So this statistic compares the curves bin by bin instead of their magnitudes. Per depth, with r_b the
 window's mean (y − p) in equal-width bin b of S_k and s_b the reference's,
 
-    D = Σ_b w_b |r_b − s_b| − Σ_b w_b σ_b √(2/π),    σ_b² = p̄_b(1 − p̄_b)/n_b + q̄_b(1 − q̄_b)/m_b,
+    D = Σ_b w_b |r_b − s_b| − Σ_b w_b σ_b √(2/π),    σ_b² = ȳ_b(1 − ȳ_b)(1/n_b + 1/m_b),
 
-over the bins both hold, w_b the window's share of their labels. Invariant: when the curve is the same in
+over the bins both hold, w_b the window's share of their labels and ȳ_b the bin's acceptance rate over both
+sides (its outcomes', not its predictions': a miscalibrated bin's labels spread as their outcomes do). Invariant: when the curve is the same in
 both (whatever its miscalibration, and whatever the two sizes) r_b − s_b has mean zero, the second sum is
 E|r_b − s_b| under the normal approximation, and D is zero in expectation; a drift of δ in every bin reads
 about |δ| once σ_b ≪ |δ|. Its standard error comes from resampling both sides' request groups.
@@ -41,9 +42,12 @@ def _sums(window: tuple[np.ndarray, ...], reference: tuple[np.ndarray, ...]) -> 
     (n, sp, sy), (m, sq, sz) = window, reference
     both = (n > 0) & (m > 0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        p, q = np.clip(sp / n, 0, 1), np.clip(sq / m, 0, 1)
+        # A label's spread in its bin is its outcome's, so σ_b comes from the bin's acceptance rate, not its
+        # mean prediction (the two differ by the miscalibration D must ignore); pooled over both sides, whose
+        # rates are the same exactly where the correction is meant to be exact: an unmoved curve.
+        rate = np.clip((sy + sz) / (n + m), 0, 1)
         gap = np.abs((sy - sp) / n - (sz - sq) / m)
-        noise = np.sqrt(p * (1 - p) / n + q * (1 - q) / m) * math.sqrt(2 / math.pi)
+        noise = np.sqrt(rate * (1 - rate) * (1 / n + 1 / m)) * math.sqrt(2 / math.pi)
         mass = np.where(both, n, 0.0)
         total = mass.sum(axis=-1)
         weights = mass / total[..., None]
