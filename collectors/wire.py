@@ -76,7 +76,7 @@ def _exact_integers(table: pa.Table) -> pa.Table | None:
     for f in WIRE_SCHEMA:
         for chunk in table.column(f.name).chunks:
             for leaf in _integer_leaves(chunk, f.type):
-                ok = pc.and_(pc.equal(leaf, pc.floor(leaf)), pc.less_equal(pc.abs(leaf), _EXACT))
+                ok = pc.and_(pc.equal(leaf, pc.floor(leaf)), pc.less(pc.abs(leaf), _EXACT))
                 if pc.any(pc.invert(ok)).as_py():
                     return None
     return table.cast(WIRE_SCHEMA)

@@ -14,7 +14,7 @@ import pytest
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.ingest_api import ARROW_TYPES, ingest_app, serve_in_thread
 from sparkgate.collectors.synth import synthetic_wire
-from sparkgate.collectors.wire import from_ipc, to_ipc
+from sparkgate.collectors.wire import from_ipc, from_ndjson, to_ipc
 from tests.collectors.strategies import compact_row, ndjson, step
 from tests.conftest import request_record
 
@@ -113,3 +113,9 @@ def test_an_arrow_body_of_narrower_numbers_is_read_as_the_schemas():
         narrow = narrow.set_column(wire.schema.get_field_index(name), name, wire[name].cast(kind))
     parsed = from_ipc(to_ipc(narrow))
     assert parsed.rejected == [] and parsed.wire.column("batch_size").to_pylist() == wire["batch_size"].to_pylist()
+
+
+def test_an_id_float64_cannot_hold_exactly_is_read_exactly_not_rounded_onto_another():
+    body = ndjson(step(2**53 + 1), step(2**53))  # 2^53 + 1 reads as 2^53 in float64: one key, twice
+    parsed = from_ndjson(body)
+    assert parsed.rejected == [] and parsed.wire.column("step_id").to_pylist() == [2**53 + 1, 2**53]
