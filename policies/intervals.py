@@ -104,15 +104,21 @@ def _kth_difference(x: np.ndarray, y: np.ndarray, k: int) -> float:
     """The ``k``-th smallest (1-based) of the ``len(x) * len(y)`` differences ``x_i - y_j``, ``x`` and ``y``
     sorted, without forming them: bisection on the count of differences at or below a value, which
     ``searchsorted`` gives in O(m log n), so memory stays linear however long the windows are."""
-    lo, hi = float(x[0] - y[-1]), float(x[-1] - y[0])
+    # Invariant: fewer than k differences at or below lo, at least k at or below hi. lo starts below the
+    # smallest, which may itself be the k-th (tied values).
+    lo, hi = float(np.nextafter(x[0] - y[-1], -np.inf)), float(x[-1] - y[0])
     n = len(y)
     for _ in range(200):
         mid = (lo + hi) / 2
-        if not lo < mid < hi:  # adjacent floats: hi is the k-th difference
+        if not lo < mid < hi:
             break
         at_or_below = int(np.sum(n - np.searchsorted(y, x - mid, side="left")))
         lo, hi = (lo, mid) if at_or_below >= k else (mid, hi)
-    return hi
+    # hi is now the k-th difference up to rounding (of x - mid, and near zero, where floats are dense and the
+    # bisection stops short): the data's own difference nearest it, on either side of each row's cut.
+    j = np.searchsorted(y, x - hi, side="left")
+    near = np.concatenate([x[j < n] - y[j[j < n]], x[j > 0] - y[j[j > 0] - 1]])
+    return float(near[np.argmin(np.abs(near - hi))])
 
 
 def rank_sum_interval(x: np.ndarray, y: np.ndarray, level: float) -> tuple[float | None, float | None, float | None]:

@@ -110,6 +110,19 @@ def test_the_rank_sum_interval_is_the_order_statistics_of_every_difference(m, n,
         assert (low, high) == pytest.approx((every[k - 1], every[m * n - k]), abs=1e-9)
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 40), st.integers(0, 10_000))
+def test_with_ties_the_rank_sum_interval_is_still_the_order_statistics_of_every_difference(m, n, seed):
+    # Counts (goodput) tie often: the k-th difference may be the smallest, or zero, and must be found exactly.
+    rng = np.random.default_rng(seed)
+    x, y = rng.integers(-1, 2, m).astype(float) * 0.25, rng.choice([0.0, 0.0, 0.0, 1.0], n)
+    estimate, low, high = rank_sum_interval(x, y, 0.95)
+    every = np.sort(np.subtract.outer(x, y).ravel())
+    assert estimate == float(np.median(every))
+    k = math.floor(m * n / 2 - NormalDist().inv_cdf(0.975) * math.sqrt(m * n * (m + n + 1) / 12))
+    assert (low, high) == ((None, None) if k < 1 else (every[k - 1], every[m * n - k]))
+
+
 def test_the_rank_sum_interval_covers_the_shift_at_its_level_and_empty_samples_have_none():
     rng = np.random.default_rng(3)
     runs, covered = 1000, 0
