@@ -126,21 +126,27 @@ def test_listen_skips_a_family_the_kernel_cannot_open_as_asyncio_does(monkeypatc
         listen("localhost", 0)
 
 
-def test_port_0_is_picked_again_when_the_first_pick_is_taken_on_another_address(monkeypatch):
-    # Which port the system picks cannot be steered, so the second address refuses the first pick once (a
-    # stand-in for another process holding it there); both addresses are this machine's loopback.
+def _second_address_taken(monkeypatch, times: int) -> list[int]:
+    """Two loopback addresses, the second refusing its first ``times`` binds as taken: which port the system
+    picks cannot be steered, so this stands in for another process holding it there. Returns the ports the
+    refused binds asked for."""
     addresses = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, 0)) for a in ("127.0.0.1", "127.0.0.2")]
     monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: addresses)
-    refused = []
+    refused: list[int] = []
 
-    class TakenOnce(socket.socket):
+    class Taken(socket.socket):
         def bind(self, address):
-            if address[0] == "127.0.0.2" and not refused:
+            if address[0] == "127.0.0.2" and len(refused) < times:
                 refused.append(address[1])
                 raise OSError(errno.EADDRINUSE, "Address already in use")
             super().bind(address)
 
-    monkeypatch.setattr(socket, "socket", TakenOnce)
+    monkeypatch.setattr(socket, "socket", Taken)
+    return refused
+
+
+def test_port_0_is_picked_again_when_the_first_pick_is_taken_on_another_address(monkeypatch):
+    refused = _second_address_taken(monkeypatch, times=1)
     listening = listen("127.0.0.1", 0)
     try:
         assert [s.getsockname()[0] for s in listening] == ["127.0.0.1", "127.0.0.2"] and len(refused) == 1
@@ -150,24 +156,13 @@ def test_port_0_is_picked_again_when_the_first_pick_is_taken_on_another_address(
 
 
 def test_port_0_gives_up_after_its_tries_and_a_given_port_is_not_picked_again(monkeypatch):
-    addresses = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, 0)) for a in ("127.0.0.1", "127.0.0.2")]
-    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: addresses)
-    tries = []
-
-    class AlwaysTaken(socket.socket):
-        def bind(self, address):
-            if address[0] == "127.0.0.2":
-                tries.append(address[1])
-                raise OSError(errno.EADDRINUSE, "Address already in use")
-            super().bind(address)
-
-    monkeypatch.setattr(socket, "socket", AlwaysTaken)
+    refused = _second_address_taken(monkeypatch, times=10**6)
     with pytest.raises(InputError, match=r"\(127\.0\.0\.2: Address already in use\)$"):
         listen("127.0.0.1", 0)
-    assert len(tries) == PICK_TRIES
+    assert len(refused) == PICK_TRIES
     with socket.create_server(("127.0.0.1", 0)) as held:
         port = held.getsockname()[1]
-    tries.clear()
+    refused.clear()
     with pytest.raises(InputError):
         listen("127.0.0.1", port)
-    assert tries == [port]
+    assert refused == [port]
