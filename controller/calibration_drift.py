@@ -14,11 +14,12 @@ window's mean (y − p) in equal-width bin b of S_k and s_b the reference's,
 
     D = Σ_b w_b |r_b − s_b| − Σ_b w_b σ_b √(2/π),    σ_b² = ȳ_b(1 − ȳ_b)(1/n_b + 1/m_b),
 
-over the bins both hold, w_b the window's share of their labels and ȳ_b the bin's acceptance rate over both
-sides (its outcomes', not its predictions': a miscalibrated bin's labels spread as their outcomes do). Invariant: when the curve is the same in
-both (whatever its miscalibration, and whatever the two sizes) r_b − s_b has mean zero, the second sum is
-E|r_b − s_b| under the normal approximation, and D is zero in expectation; a drift of δ in every bin reads
-about |δ| once σ_b ≪ |δ|. Its standard error comes from resampling both sides' request groups.
+over the bins both hold, w_b the window's share of their labels and ȳ_b the bin's acceptance rate over
+both sides (its outcomes', not its predictions': a miscalibrated bin's labels spread as their outcomes
+do). Invariant: when the curve is the same in both (whatever its miscalibration, and whatever the two
+sizes) r_b − s_b has mean zero, the second sum is E|r_b − s_b| under the normal approximation, and D is
+zero in expectation; a drift of δ in every bin reads about |δ| once σ_b ≪ |δ|. Its standard error comes
+from resampling both sides' request groups.
 
 The noise term is exact only where r_b − s_b has mean zero: a real shift hides most of the noise, so D
 reads a drift low, as the debiased ECE reads a gap low. The fail side is bounded from D; the pass side
