@@ -28,8 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sparkgate.collectors.schema import MAX_UNIX_S, RECORD_PHASES, Problem, encodable
-from sparkgate.collectors.validate import HIDDEN_CHARS, MAX_ID_CHARS
+from sparkgate.collectors.schema import HIDDEN_CHARS, MAX_ID_CHARS, MAX_UNIX_S, RECORD_PHASES, Problem, encodable
 from sparkgate.policies.vocabulary import Arm, FinishReason, Mode
 
 REQUEST_RECORD_VERSION = 2

@@ -47,6 +47,10 @@ MAX_UNIX_S = 4_102_444_800.0
 EXTERNAL_PHASE = "external"
 RECORD_PHASES = (*Phase, EXTERNAL_PHASE)
 READABLE_VERSIONS = (1, 2, 3)
+# Ids of either record kind are keys and labels: the same cap as the HTTP API's, and no control or
+# bidirectional-format characters.
+MAX_ID_CHARS = 512
+HIDDEN_CHARS = "[\\x00-\\x1f\\x7f-\\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]"
 # ``sts_version`` of records whose ``confidence`` was already calibrated where it was produced (an SGLang
 # server applies its STS temperatures before it dumps them): refitting STS on them would calibrate twice.
 CALIBRATED_AT_SOURCE = "calibrated-at-source"

@@ -18,6 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkgate.collectors.schema import (
+    HIDDEN_CHARS,
+    MAX_ID_CHARS,
     MAX_UNIX_S,
     MISS_REASONS,
     MODES,
@@ -40,11 +42,8 @@ _TIMINGS = ("draft_ms", "schedule_ms", "verify_ms", "accept_ms", "step_ms")
 _NON_NEGATIVE = ("step_id", "verify_rows", "tier_rows", "host_syncs", "policy_revision")
 # A miss ran eager, in no tier; the runtime records it as tier -1.
 NO_TIER = -1
-# Ids are keys and labels: the same cap as the HTTP API's, and no control or bidirectional-format characters.
-MAX_ID_CHARS = 512
 # A token's place in its sequence: far above any context, far below where recovery's sums of positions overflow.
 MAX_POSITION = 2**40
-HIDDEN_CHARS = "[\\x00-\\x1f\\x7f-\\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]"
 
 
 class _Report:
