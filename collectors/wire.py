@@ -44,6 +44,15 @@ _ROW_INT_LISTS = tuple(
     f.name for f in REQUEST_TYPE if pa.types.is_list(f.type) and pa.types.is_integer(f.type.value_type)
 )
 _EXACT = float(2**53)
+# Arrow reads `true` into a float64 field as 1.0, silently, on both paths; a boolean must be rejected there. The
+# only boolean field is the step's ``graph_hit``, so a body whose `true`/`false` bytes outnumber its typed
+# ``graph_hit`` values holds a boolean elsewhere (a literal inside a string only sends it to the per-line pass).
+_STEP_FLOATS = tuple(f.name for f in STEP_SCHEMA if pa.types.is_floating(f.type))
+_ROW_FLOATS = tuple(f.name for f in REQUEST_TYPE if pa.types.is_floating(f.type))
+_ROW_FLOAT_LISTS = tuple(
+    f.name for f in REQUEST_TYPE if pa.types.is_list(f.type) and pa.types.is_floating(f.type.value_type)
+)
+_BOOLEANS = tuple(f.name for f in WIRE_SCHEMA if pa.types.is_boolean(f.type))
 
 
 def _as_float(t: pa.DataType) -> pa.DataType:
@@ -123,20 +132,28 @@ def _fraction(value: Any) -> bool:
     return isinstance(value, float) and not (math.isfinite(value) and value.is_integer())
 
 
-def _integer_problems(obj: dict[str, Any]) -> list[Problem]:
-    """Non-integral numbers in integer fields (which Arrow would truncate), each named."""
-    want = "expected an integer (it would be truncated)"
-    problems = [Problem(n, obj[n], want) for n in _STEP_INTS if _fraction(obj.get(n))]
+def _boolean(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _number_problems(obj: dict[str, Any]) -> list[Problem]:
+    """Values Arrow would silently turn into other numbers, each named: a fraction in an integer field
+    (truncated) and a boolean in a float field (read as 0.0 or 1.0)."""
+    whole, number = "expected an integer (it would be truncated)", "expected a number, not a boolean"
+    problems = [Problem(n, obj[n], whole) for n in _STEP_INTS if _fraction(obj.get(n))]
+    problems += [Problem(n, obj[n], number) for n in _STEP_FLOATS if _boolean(obj.get(n))]
     rows = obj.get("requests")
     for slot, row in enumerate(rows if isinstance(rows, list) else []):
         if not isinstance(row, dict):
             continue
-        problems += [Problem(f"requests[{slot}].{n}", row[n], want) for n in _ROW_INTS if _fraction(row.get(n))]
-        for n in _ROW_INT_LISTS:
-            values = row.get(n)
-            for i, v in enumerate(values if isinstance(values, list) else []):
-                if _fraction(v):
-                    problems.append(Problem(f"requests[{slot}].{n}[{i}]", v, want))
+        for names, wrong, want in ((_ROW_INTS, _fraction, whole), (_ROW_FLOATS, _boolean, number)):
+            problems += [Problem(f"requests[{slot}].{n}", row[n], want) for n in names if wrong(row.get(n))]
+        for names, wrong, want in ((_ROW_INT_LISTS, _fraction, whole), (_ROW_FLOAT_LISTS, _boolean, number)):
+            for n in names:
+                values = row.get(n)
+                for i, v in enumerate(values if isinstance(values, list) else []):
+                    if wrong(v):
+                        problems.append(Problem(f"requests[{slot}].{n}[{i}]", v, want))
     return problems
 
 
@@ -160,7 +177,7 @@ def _field_problems(obj: Any) -> list[Problem]:
     """Why ``obj`` does not fit ``WIRE_SCHEMA``, field by field (the slow path only)."""
     if not isinstance(obj, dict):
         return [Problem("<record>", type(obj).__name__, "a step record must be a JSON object")]
-    problems = _integer_problems(obj) + _unknown_fields(obj)
+    problems = _number_problems(obj) + _unknown_fields(obj)
     for f in STEP_SCHEMA:
         try:
             pa.array([obj.get(f.name)], f.type)
@@ -185,14 +202,14 @@ def _objects(
     objs: Sequence[Any],
     payload: Callable[[int], bytes],
     positions: Sequence[int] | None = None,
-    check_integers: bool = True,
+    check_values: bool = True,
 ) -> Parsed:
-    """Type ``objs`` (dicts in wire form); ``positions`` maps them to input indices. ``check_integers``
-    False skips the search for fractions in integer fields and for unknown fields (typed records, whose
-    fields are the schema's, as ints)."""
+    """Type ``objs`` (dicts in wire form); ``positions`` maps them to input indices. ``check_values`` False
+    skips the search for numbers Arrow would change and for unknown fields (typed records, whose fields are
+    the schema's, as their types)."""
     index = np.arange(len(objs)) if positions is None else np.asarray(positions, dtype=np.int64)
-    clean = not check_integers or not any(
-        isinstance(o, dict) and (_integer_problems(o) or _unknown_fields(o)) for o in objs
+    clean = not check_values or not any(
+        isinstance(o, dict) and (_number_problems(o) or _unknown_fields(o)) for o in objs
     )
     try:
         if clean:
@@ -236,7 +253,7 @@ def from_dicts(objs: Sequence[Any]) -> Parsed:
 def from_records(records: Sequence[StepRecord]) -> Parsed:
     """Type in-process ``StepRecord`` objects (typed: their integer fields are ints)."""
     objs = [r.to_dict() for r in records]
-    return _objects(objs, lambda i: _json_bytes(objs[i]), check_integers=False)
+    return _objects(objs, lambda i: _json_bytes(objs[i]), check_values=False)
 
 
 def from_ndjson(data: bytes) -> Parsed:
@@ -258,7 +275,7 @@ def from_ndjson(data: bytes) -> Parsed:
             parse_options=pajson.ParseOptions(explicit_schema=_FLOAT_WIRE, unexpected_field_behavior="error"),
         )
         wire = _exact_integers(read.select(WIRE_SCHEMA.names))
-        if wire is not None and wire.num_rows == len(lines):
+        if wire is not None and wire.num_rows == len(lines) and _booleans_typed(wire, data):
             return Parsed(wire.select(WIRE_SCHEMA.names), np.arange(len(lines)), [], lines.__getitem__)
     except (pa.ArrowException, ValueError):
         pass  # the per-line pass below tells which lines are at fault
@@ -274,6 +291,13 @@ def from_ndjson(data: bytes) -> Parsed:
     parsed = _objects(objs, lines.__getitem__, kept)
     parsed.rejected.extend(rejected)
     return parsed
+
+
+def _booleans_typed(wire: pa.Table, data: bytes) -> bool:
+    """Whether every `true`/`false` literal of the body is one of its boolean fields (see ``_BOOLEANS``).
+    Each typed boolean is a literal, so the body's count exceeds theirs as soon as one line holds another."""
+    typed = sum(len(wire) - wire.column(n).null_count for n in _BOOLEANS)
+    return data.count(b"true") + data.count(b"false") <= typed
 
 
 def _same_kind(got: pa.DataType, want: pa.DataType) -> bool:

@@ -91,6 +91,30 @@ def test_a_fraction_in_an_integer_field_is_rejected_not_truncated(changes, field
         assert problem.field == field and "expected an integer" in problem.message
 
 
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        ({"verify_ms": True}, "verify_ms"),
+        ({"graph_hit": None, "ts": False}, "ts"),  # no boolean field beside it to hide behind
+        ({"row1__temperature": True}, "requests[1].temperature"),
+        ({"row0__confidence": [0.9, False, 0.5, 0.4]}, "requests[0].confidence[1]"),
+    ],
+)
+def test_a_boolean_in_a_float_field_is_rejected_not_read_as_a_number(changes, field):
+    """Arrow reads `true` into a float64 field as 1.0, on the fast path and the object path alike."""
+    record = _one(**changes)
+    for parsed in (from_ndjson(json.dumps(record).encode() + b"\n"), from_dicts([record])):
+        assert parsed.wire.num_rows == 0
+        (problem,) = parsed.rejected[0].problems
+        assert problem.field == field and "not a boolean" in problem.message
+
+
+def test_boolean_literals_inside_strings_are_kept():
+    record = _one(replica_id="true-false", graph_hit=True)
+    parsed = from_ndjson(json.dumps(record).encode() + b"\n")
+    assert parsed.wire.column("replica_id").to_pylist() == ["true-false"] and not parsed.rejected
+
+
 def test_integers_written_as_floats_and_beyond_float_precision_are_kept_exactly():
     assert from_ndjson(json.dumps(_one(gamma=4.0)).encode() + b"\n").wire.column("gamma").to_pylist() == [4]
     big = _one(step_id=2**60 + 1)  # float64 cannot hold it: the exact per-line pass takes it
