@@ -5,11 +5,15 @@ another host) read these instead. Invariants: a snapshot generation is one MVCC 
 and readers find the newest complete one through ``CURRENT``, replaced only after every file of the
 generation is written; an export replaces each partition it writes, so re-exporting never duplicates
 rows. The callers hold no lock: each function takes the store's connection and lock, and holds the lock
-only while it reads.
+only while it reads. Each also holds an exclusive file lock on its directory while it writes there, so two
+writers never interleave their moves, and a staging directory found under that lock was left by a writer
+that died: it is removed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import threading
@@ -44,8 +48,19 @@ def export(
     """
     out.mkdir(parents=True, exist_ok=True)
     since = None if since_ts is None else float(since_ts // 86400 * 86400)
-    staging = out / f".staging-{time.time_ns()}"
-    staging.mkdir()
+    with _sole_writer(out, ".staging-*"):
+        staging = out / f".staging-{time.time_ns()}"
+        staging.mkdir()
+        written = _copy_events(con, lock, staging, since)
+        for partition in sorted(staging.glob("*/date=*/replica_id=*")):
+            _replace_files(partition, out / partition.relative_to(staging), staging.name)
+        shutil.rmtree(staging)
+    return written
+
+
+def _copy_events(
+    con: duckdb.DuckDBPyConnection, lock: threading.Lock, staging: Path, since: float | None
+) -> dict[str, int]:
     written = {}
     with lock:
         for table, column in EVENT_TIME.items():
@@ -54,10 +69,21 @@ def export(
                 f"COPY (SELECT *, {_date(column)} AS date FROM {table} {where}) TO {_sql_path(staging / table)} "
                 "(FORMAT parquet, PARTITION_BY (date, replica_id))"
             ).fetchall()[0][0]
-    for partition in sorted(staging.glob("*/date=*/replica_id=*")):
-        _replace_files(partition, out / partition.relative_to(staging), staging.name)
-    shutil.rmtree(staging)
     return written
+
+
+@contextlib.contextmanager
+def _sole_writer(directory: Path, staging: str):
+    """Hold ``directory``'s writer lock (blocking until another writer is done), removing the ``staging``
+    directories a dead writer left: under the lock no live writer owns one."""
+    with open(directory / ".writer.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            for stale in directory.glob(staging):
+                shutil.rmtree(stale, ignore_errors=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _replace_files(partition: Path, target: Path, stamp: str) -> None:
@@ -82,22 +108,23 @@ def publish(con: duckdb.DuckDBPyConnection, lock: threading.Lock, root: Path) ->
     which is replaced only after every file of the generation is written.
     """
     root.mkdir(parents=True, exist_ok=True)
-    generation = root / f"gen-{time.time_ns()}"
-    staging = root / f".{generation.name}.tmp"
-    staging.mkdir()
-    with lock:
-        con.execute("BEGIN TRANSACTION")  # one MVCC snapshot for every table
-        try:
-            for table in SNAPSHOT_TABLES:
-                con.execute(f"COPY {table} TO {_sql_path(staging / f'{table}.parquet')} (FORMAT parquet)")
-        finally:
-            con.execute("COMMIT")
-    staging.rename(generation)
-    pointer = root / ".CURRENT.tmp"
-    pointer.write_text(generation.name)
-    os.replace(pointer, root / "CURRENT")
-    for old in sorted(root.glob("gen-*"), key=lambda p: int(p.name[4:]))[:-_KEEP_GENERATIONS]:
-        shutil.rmtree(old, ignore_errors=True)
+    with _sole_writer(root, ".gen-*.tmp"):
+        generation = root / f"gen-{time.time_ns()}"
+        staging = root / f".{generation.name}.tmp"
+        staging.mkdir()
+        with lock:
+            con.execute("BEGIN TRANSACTION")  # one MVCC snapshot for every table
+            try:
+                for table in SNAPSHOT_TABLES:
+                    con.execute(f"COPY {table} TO {_sql_path(staging / f'{table}.parquet')} (FORMAT parquet)")
+            finally:
+                con.execute("COMMIT")
+        staging.rename(generation)
+        pointer = root / ".CURRENT.tmp"
+        pointer.write_text(generation.name)
+        os.replace(pointer, root / "CURRENT")
+        for old in sorted(root.glob("gen-*"), key=lambda p: int(p.name[4:]))[:-_KEEP_GENERATIONS]:
+            shutil.rmtree(old, ignore_errors=True)
     return generation
 
 

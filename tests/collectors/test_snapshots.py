@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import duckdb
 import pyarrow.parquet as pq
 import pytest
 
+from sparkgate.collectors import snapshots
 from sparkgate.collectors.snapshots import open_snapshot
 from sparkgate.collectors.wire import from_records
 from tests.collectors.strategies import compact_row, step
@@ -57,6 +59,54 @@ def test_an_export_that_dies_while_replacing_a_partition_loses_none_of_its_rows(
     monkeypatch.undo()
     store.export(out)
     assert duckdb.sql(labels).fetchall() == [(4,)]  # the next export replaces both
+
+
+def test_a_dead_writers_staging_is_removed_by_the_next_export_and_snapshot(store, tmp_path, monkeypatch):
+    store.ingest(from_records([step(1, requests=[compact_row()])]), "t")
+    out, snapdir = tmp_path / "export", tmp_path / "snap"
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed after staging")
+
+    monkeypatch.setattr(snapshots, "_replace_files", killed)
+    monkeypatch.setattr(Path, "rename", killed)
+    for write in (lambda: store.export(out), lambda: store.snapshot(snapdir)):
+        with pytest.raises(KeyboardInterrupt):
+            write()
+    assert list(out.glob(".staging-*")) and list(snapdir.glob(".gen-*.tmp"))
+    monkeypatch.undo()
+    store.export(out)
+    generation = store.snapshot(snapdir)
+    assert not list(out.glob(".staging-*")) and not list(snapdir.glob(".gen-*.tmp"))
+    assert (snapdir / "CURRENT").read_text() == generation.name
+
+
+def test_a_second_export_waits_for_the_first_to_finish_its_moves(store, tmp_path, monkeypatch):
+    store.ingest(from_records([step(1, requests=[compact_row()])]), "t")
+    out = tmp_path / "export"
+    store.export(out)
+    first_moving, release = threading.Event(), threading.Event()
+    replace_files = snapshots._replace_files
+
+    def slow(*args):
+        first_moving.set()
+        release.wait(10)
+        replace_files(*args)
+
+    monkeypatch.setattr(snapshots, "_replace_files", slow)
+    first = threading.Thread(target=store.export, args=(out,))
+    first.start()
+    assert first_moving.wait(10)
+    monkeypatch.setattr(snapshots, "_replace_files", replace_files)
+    second = threading.Thread(target=store.export, args=(out,))
+    second.start()
+    second.join(0.5)
+    assert second.is_alive()  # held at the writer lock, not moving files under the first
+    release.set()
+    first.join(10)
+    second.join(10)
+    labels = f"SELECT count(*) FROM read_parquet('{out}/depth_labels/**/*.parquet', hive_partitioning=true)"
+    assert duckdb.sql(labels).fetchall() == [(4,)] and not list(out.glob(".staging-*"))
 
 
 def test_snapshot_is_readable_from_another_process_while_the_writer_holds_the_file(store, tmp_path):
