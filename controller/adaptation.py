@@ -22,7 +22,7 @@ from .rollout_state import RolloutState
 
 
 def measurements(
-    store: Store, state: RolloutState, metrics: set[str], window: Window, policy: RolloutPolicy, resamples: int
+    store: Store, state: RolloutState, metrics: set[str], window: Window, policy: RolloutPolicy
 ) -> dict[str, Measurement]:
     """The inputs of the adaptive gates among ``metrics``, over ``window`` of ``state``'s stage."""
     level, since = policy.comparison.level, window.since or state.entered_at
@@ -32,11 +32,11 @@ def measurements(
             store, since, window.until, policy.adaptive.step_time, level
         )
     if "window_oscillation" in metrics:
-        out["window_oscillation"] = _oscillation(store, state, window, level, resamples)
+        out["window_oscillation"] = _oscillation(store, state, window, level)
     return out
 
 
-def _oscillation(store: Store, state: RolloutState, window: Window, level: float, resamples: int) -> Measurement:
+def _oscillation(store: Store, state: RolloutState, window: Window, level: float) -> Measurement:
     """Over every epoch since the fitted tables in force were published (an oscillation shows across many
     epochs, not in one window); no value while the static tables are served, whose windows are the
     control's own."""
@@ -44,7 +44,7 @@ def _oscillation(store: Store, state: RolloutState, window: Window, level: float
     since = [e.created_at for e in published if e is not None]
     if not since:
         return Measurement(None, 0, why="no fitted table served")
-    return adaptive_gates.window_oscillation(store, min(since), window.until, level, resamples)
+    return adaptive_gates.window_oscillation(store, min(since), window.until, level)
 
 
 def updates(

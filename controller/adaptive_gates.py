@@ -8,8 +8,8 @@
 - ``window_oscillation``: whether adaptation makes windows swing. Per
   switchback epoch the mean window of compact rows; per arm the coefficient of
   variation of those means across epochs; treatment minus control (the control
-  arm serves the static tables at the same time), with a bootstrap interval
-  over epochs.
+  arm serves the static tables at the same time), with each arm's chi-square
+  interval combined by MOVER (``policies.variation``).
 """
 
 from __future__ import annotations
@@ -19,13 +19,12 @@ import numpy as np
 from sparkgate.collectors.cost_tables import Source
 from sparkgate.collectors.store import Store
 from sparkgate.policies.intervals import median_interval
+from sparkgate.policies.variation import cv_difference
 from sparkgate.policies.vocabulary import Arm, Mode
 
 from . import served_steps
 from .measurement import Measurement
 from .queries import time_bounds
-
-BOOTSTRAP_SEED = 0
 
 
 def prediction_error(store: Store, since: float, until: float | None, step_time: str, level: float) -> Measurement:
@@ -42,14 +41,7 @@ def prediction_error(store: Store, since: float, until: float | None, step_time:
     return Measurement(float(np.median(errors)), len(errors), low, high, method)
 
 
-def _cv(x: np.ndarray) -> np.ndarray:
-    """Coefficient of variation along the last axis (sample standard deviation)."""
-    return x.std(axis=-1, ddof=1) / x.mean(axis=-1)
-
-
-def window_oscillation(
-    store: Store, since: float, until: float | None, level: float, resamples: int = 200
-) -> Measurement:
+def window_oscillation(store: Store, since: float, until: float | None, level: float) -> Measurement:
     """CV of the per-epoch mean compact window, treatment minus control, over [since, until)."""
     bounds, params = time_bounds("s", since, until)
     rows = store.query(
@@ -63,10 +55,6 @@ def window_oscillation(
     n = int(min(len(treated), len(control)))
     if n < 3:
         return Measurement(None, n, why="fewer than 3 epochs of each arm with compact rows")
-    estimate = float(_cv(treated) - _cv(control))
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    draws = _cv(rng.choice(treated, (resamples, len(treated)))) - _cv(rng.choice(control, (resamples, len(control))))
-    alpha = 1 - level
-    low, high = np.quantile(draws, [alpha / 2, 1 - alpha / 2])
-    method = f"bootstrap over epochs, {len(treated)} treatment and {len(control)} control, {level:.2%}"
-    return Measurement(estimate, n, float(low), float(high), method)
+    estimate, low, high = cv_difference(treated, control, level)
+    method = f"chi-square intervals of each arm's CV by MOVER, {len(treated)} treatment and {len(control)} control "
+    return Measurement(estimate, n, low, high, method + f"epochs, {level:.2%}")

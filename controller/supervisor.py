@@ -238,7 +238,7 @@ class Controller:
             return {}
         from . import adaptation  # torch (cost tables) loads only in adaptive: the commands start without it
 
-        return adaptation.measurements(self.store, state, metrics, self.window(state, now), self.policy, self.resamples)
+        return adaptation.measurements(self.store, state, metrics, self.window(state, now), self.policy)
 
     def _judged(self, state: RolloutState) -> tuple[str, tuple[Gate, ...]]:
         """The phase whose gates judge ``state`` (paused: the paused stage's) and those gates (fallback: every

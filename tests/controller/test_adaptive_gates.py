@@ -26,7 +26,7 @@ def test_windows_that_swing_with_the_fitted_tables_show_as_oscillation(store):
     ingest_epochs(store, {"treatment": swinging, "control": steady})
     m = window_oscillation(store, T0, None, 0.95)
     assert m.samples == 12 and m.value > 0.05 and m.low > 0.05  # wholly above the default threshold
-    assert "bootstrap over epochs, 12 treatment and 12 control" in m.method
+    assert "MOVER, 12 treatment and 12 control epochs" in m.method
 
 
 def test_the_same_windows_in_both_arms_show_none(store):
