@@ -388,6 +388,17 @@ def test_a_guards_inconclusive_interval_starts_its_own_streak_over_before_an_adv
     assert decision.reasons[0] == {"rule": "gate streak", "gate": "tier_miss_rate", "passes": 0, "needed": 2}
 
 
+def test_a_guard_that_cannot_be_measured_counts_towards_the_error_limit(store):
+    # Unlike its inconclusive verdicts: a guard whose query fails cannot fail, so what it guards is unwatched.
+    gates = [g.model_dump(mode="json") for g in POLICY.gates]
+    gates = [dict(g, guard=True) if g["metric"] == "tier_miss_rate" else g for g in gates]
+    script = Script(store, POLICY.replace(error_limit=1, gates=gates))
+    script.climb_to("shadow")
+    broken = good(tier_miss_rate=Measurement(None, 0, error="promql 'x': connection refused"))
+    assert [script.interval(broken).outcome for _ in range(2)] == ["error", "error"]
+    assert ledger.decisions(store)[-1].reasons[0] == {"rule": "error limit", "errors": 2, "limit": 1}
+
+
 def test_failures_count_within_the_failure_window_so_a_stage_without_end_rolls_back_on_a_burst_not_on_stragglers(
     store,
 ):
