@@ -36,11 +36,17 @@ from .supervisor import Controller
 
 
 class Replay(Controller):
-    """A controller that keeps its decisions in memory and reads the store as of ``clock()``."""
+    """A controller that keeps its decisions in memory and reads the store as of ``clock()``: it starts
+    where the stored ledger stood at that time (``resumed``), or with a new rollout where it held none."""
 
     def _resume(self) -> RolloutState:
         self.decisions: list[Decision] = []
-        return self._commit(None, rollout.start(self.policy, self.clock()))
+        try:
+            resumed = ledger.load_state(self.store, self.policy, before=self.clock())
+        except LookupError as exc:
+            raise click.ClickException(f"the stored rollout then was on a stage this policy lacks: {exc}") from None
+        self.resumed = resumed is not None
+        return resumed if resumed is not None else self._commit(None, rollout.start(self.policy, self.clock()))
 
     def _commit(self, state: RolloutState | None, decision: Decision) -> RolloutState:
         self.decisions.append(decision)
@@ -97,14 +103,15 @@ def _brief(d: Decision) -> dict:
 
 
 def replay(store: Store, policy: RolloutPolicy, since: float | None = None, resamples: int = 200) -> list[Row]:
-    """Every stored decision from ``since`` on beside what ``policy`` would have decided at its time."""
+    """Every stored decision from ``since`` on beside what ``policy`` would have decided at its time, the
+    replay starting from the state the stored decisions before ``since`` left."""
     stored = ledger.decisions(store, since=since)
     if not stored:
         return []
     clock = {"now": stored[0].decided_at}
     ctl = Replay(store, policy, clock=lambda: clock["now"], resamples=resamples)
-    rows = [Row(stored[0].decided_at, stored[0], ctl.decisions[0])]
-    for decision in stored[1:]:
+    rows = [] if ctl.resumed else [Row(stored[0].decided_at, stored[0], ctl.decisions[0])]
+    for decision in stored[len(rows) :]:
         clock["now"] = decision.decided_at
         if decision.action == Action.PUBLISH_TABLE:
             try:

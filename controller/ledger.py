@@ -78,19 +78,23 @@ def decisions(
     return [_decision(r, None) for r in reversed(rows)]
 
 
-def load_state(store: Store, policy: RolloutPolicy) -> RolloutState | None:
-    """The state the ledger ends in (None when empty). Only decisions since the last policy change
-    matter, so only those are read. Raises ``LookupError`` when that change names a stage
-    ``policy`` does not have."""
+def load_state(store: Store, policy: RolloutPolicy, before: float | None = None) -> RolloutState | None:
+    """The state the ledger ends in (None when empty), or was in just before ``before`` (its decisions
+    decided earlier). Only decisions since the last policy change matter, so only those are read. Raises
+    ``LookupError`` when that change names a stage ``policy`` does not have."""
+    until, params = ("decided_at < ?", [before]) if before is not None else ("TRUE", [])
     last = (
         store.query(
-            f"SELECT max(rowid) AS r FROM decisions WHERE action IN ({', '.join('?' * len(CHANGES_POLICY))})",
-            sorted(CHANGES_POLICY),
+            f"SELECT max(rowid) AS r FROM decisions WHERE {until} "
+            f"AND action IN ({', '.join('?' * len(CHANGES_POLICY))})",
+            [*params, *sorted(CHANGES_POLICY)],
         )
         .column("r")[0]
         .as_py()
     )
     if last is None:
         return None
-    rows = store.query(f"SELECT {_COLUMNS} FROM decisions WHERE rowid >= ? ORDER BY rowid", [last]).to_pylist()
+    rows = store.query(
+        f"SELECT {_COLUMNS} FROM decisions WHERE rowid >= ? AND {until} ORDER BY rowid", [last, *params]
+    ).to_pylist()
     return replay(_decision(r, policy) for r in rows)

@@ -74,6 +74,17 @@ def test_a_bad_policy_is_named_before_the_store_is_opened(tmp_path):
     assert (tmp_path / "empty.duckdb").read_bytes() == before
 
 
+def test_since_on_a_stage_the_policy_lacks_is_a_clear_error(fixture_store, tmp_path):
+    db = copied(fixture_store, tmp_path)
+    with Store(db) as store:
+        last = replay(store, load_rollout_policy(fixture_store.policy_path))[-1].at
+    shorter = {**POLICY, "phases": ["baseline", "canary", "compact", "adaptive"]}  # no shadow
+    policy = tmp_path / "shorter.yaml"
+    policy.write_text(yaml.safe_dump(shorter))
+    result = CliRunner().invoke(main, ["backtest", "--db", str(db), "--policy", str(policy), "--since", repr(last)])
+    assert result.exit_code == 1 and "on a stage this policy lacks" in result.output
+
+
 def test_since_takes_the_times_report_takes(fixture_store, tmp_path):
     import datetime as dt
 
@@ -85,6 +96,10 @@ def test_since_takes_the_times_report_takes(fixture_store, tmp_path):
     for since in (iso, repr(second)):
         result = CliRunner().invoke(main, [*argv, since])
         assert result.exit_code == 0, result.output
-        assert [r["stored"]["action"] for r in json.loads(result.output)["rows"]] == ["advance", "rollback"]
+        body = json.loads(result.output)
+        assert [r["stored"]["action"] for r in body["rows"]] == ["advance", "rollback"]
+        # The replay starts where the stored rollout stood then (baseline, one pass in), not from a new start.
+        assert [r["replayed"]["action"] for r in body["rows"]] == ["advance", "rollback"]
+        assert body["summary"]["agree"] == 2
     bad = CliRunner().invoke(main, [*argv, "nan"])
     assert bad.exit_code == 2 and "Invalid value for '--since': 'nan': expected unix seconds" in bad.output
