@@ -7,6 +7,7 @@ several stores or tests never share counters. Counting is vectorised: one
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -82,9 +83,11 @@ class Metrics:
         )
         self.utilization = Gauge(
             "sparkgate_upper_bound_utilization",
-            "Accepted drafts over what the full block would have accepted.",
+            "Accepted drafts over what the full block would have accepted (NaN: not measured).",
             registry=r,
         )
+        self.set_utilization(None)  # a new gauge reads 0, the worst utilization, which nothing measured
+        self._ece_depths: set[str] = set()
         self.phase = Gauge(
             "sparkgate_rollout_phase", "1 for the current rollout phase, else 0.", ("phase",), registry=r
         )
@@ -168,19 +171,24 @@ class Metrics:
             for seconds in steps.column(f"{part}_ms").to_numpy() / 1000.0:
                 child.observe(seconds)
 
-    def publish(self, aggregate: Aggregate) -> None:
-        """Set the calibration and utilization gauges from an interval's (merged) aggregate."""
-        self.set_calibration(aggregate.survival.ece())
-        utilization = aggregate.upper_bound_utilization()
-        if utilization is not None:
-            self.set_utilization(utilization)
+    def publish(self, aggregate: Aggregate | None) -> None:
+        """Set the calibration and utilization gauges from an interval's (merged) aggregate; None (the
+        interval could not be read) leaves none of an older window's values standing."""
+        self.set_calibration({} if aggregate is None else aggregate.survival.ece())
+        self.set_utilization(None if aggregate is None else aggregate.upper_bound_utilization())
 
     def set_calibration(self, ece_by_depth: Mapping[int, float]) -> None:
-        for depth, value in ece_by_depth.items():
-            self.ece.labels(str(depth)).set(value)
+        """Exactly these depths' ECE: a depth the window lacks loses its series, not keeps an older value."""
+        depths = {str(d): v for d, v in ece_by_depth.items()}
+        for stale in self._ece_depths - set(depths):
+            self.ece.remove(stale)
+        for depth, value in depths.items():
+            self.ece.labels(depth).set(value)
+        self._ece_depths = set(depths)
 
-    def set_utilization(self, value: float) -> None:
-        self.utilization.set(value)
+    def set_utilization(self, value: float | None) -> None:
+        """The utilization, NaN when the window measured none (a comparison with NaN alerts on nothing)."""
+        self.utilization.set(math.nan if value is None else value)
 
     def set_phase(self, current: str) -> None:
         """Mark ``current`` as the rollout phase (one-hot over every ``Phase``)."""

@@ -40,6 +40,7 @@ class ControllerMetrics:
         self.decisions = Counter(
             "sparkgate_rollout_decisions_total", "Rollout decisions taken.", ("action",), registry=r
         )
+        self._gates: set[str] = set()
 
     def state(self, state: RolloutState) -> None:
         self.metrics.set_phase(state.phase)
@@ -49,10 +50,21 @@ class ControllerMetrics:
     def decision(self, decision: Decision) -> None:
         self.decisions.labels(decision.action).inc()
 
-    def evaluation(self, evaluation: Evaluation, verdicts: list[Verdict]) -> None:
-        self.metrics.publish(evaluation.aggregate)
+    def evaluation(self, evaluation: Evaluation | None, verdicts: list[Verdict]) -> None:
+        """The interval's verdicts and its window's aggregate (``evaluation`` None: the store could not be
+        read, and its ``error`` verdicts are exported all the same). Only what this interval judged is
+        exported: a gate it did not judge (another phase's) loses its series, and a gate with no value its
+        value series, rather than show an older interval's figure beside this one's verdict."""
+        self.metrics.publish(None if evaluation is None else evaluation.aggregate)
+        judged = {v.gate for v in verdicts}
+        for gate in self._gates - judged:
+            for gauge in (self.gate_value, self.gate_samples, self.gate_verdict):
+                gauge.remove(gate)
         for v in verdicts:
-            if v.value is not None:
+            if v.value is None:
+                self.gate_value.remove(v.gate)
+            else:
                 self.gate_value.labels(v.gate).set(v.value)
             self.gate_samples.labels(v.gate).set(v.samples)
             self.gate_verdict.labels(v.gate).set(VERDICT_CODES[v.outcome])
+        self._gates = judged

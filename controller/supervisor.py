@@ -306,7 +306,7 @@ class Controller:
             decision = rollout.decide(self.policy, state, verdicts, now, reading)
             self._commit(state, decision)
             self.last_verdicts = verdicts
-        if self.exporter is not None and evaluation is not None:
+        if self.exporter is not None:
             self.exporter.evaluation(evaluation, verdicts)
         if decision.action not in CHANGES_POLICY:
             self._adapt(now)

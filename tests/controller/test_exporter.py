@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from sparkgate.collectors.metrics import Metrics
 from sparkgate.controller.evaluate import evaluate
 from sparkgate.controller.exporter import ControllerMetrics
-from sparkgate.controller.gates import judge, judge_all
+from sparkgate.controller.gates import error_verdict, judge, judge_all
+from sparkgate.controller.queries import Window
 from sparkgate.controller.rollout import command, start
 from sparkgate.controller.rollout_state import apply
 from sparkgate.policies.gate import Gate
@@ -61,3 +64,48 @@ def test_each_gate_exports_its_value_samples_and_verdict_code(store):
     assert value("sparkgate_gate_verdict", {"gate": "p99_step_ratio"}) == -1.0
     # The window's aggregate is published through the collectors' gauges.
     assert value("sparkgate_survival_ece", {"depth": "1"}) == evaluation.aggregate.survival.ece()[1]
+
+
+def test_only_what_this_interval_judged_is_exported(store):
+    """A gate another phase judged, a value this interval lacks and the window's calibration of an earlier
+    interval lose their series instead of standing beside this interval's verdicts."""
+    ingest_synthetic(store, 20, T0)
+    evaluation = evaluate(store)
+    measured = evaluation.measurements("shadow")
+    shadow = [
+        Gate(metric="survival_ece", threshold=1.0, direction="at_most"),
+        Gate(metric="upper_bound_utilization", threshold=2.0, direction="at_least"),
+    ]
+    metrics = Metrics()
+    exporter = ControllerMetrics(metrics)
+    value = metrics.registry.get_sample_value
+    exporter.evaluation(evaluation, judge_all(shadow, measured))
+    assert value("sparkgate_gate_verdict", {"gate": "upper_bound_utilization"}) == 0.0
+    assert value("sparkgate_upper_bound_utilization") == evaluation.aggregate.upper_bound_utilization()
+    canary = [judge(shadow[0], None)]  # no data yet in the new stage
+    exporter.evaluation(evaluate(store, Window(since=T0 + 10**6)), canary)
+    assert value("sparkgate_gate_verdict", {"gate": "survival_ece"}) == -1.0
+    assert value("sparkgate_gate_value", {"gate": "survival_ece"}) is None  # not the shadow interval's value
+    assert value("sparkgate_gate_verdict", {"gate": "upper_bound_utilization"}) is None  # canary does not judge it
+    assert value("sparkgate_survival_ece", {"depth": "1"}) is None
+    assert math.isnan(value("sparkgate_upper_bound_utilization"))
+
+
+def test_an_interval_that_could_not_read_the_store_exports_its_error_verdicts(store):
+    ingest_synthetic(store, 20, T0)
+    evaluation = evaluate(store)
+    gate = Gate(metric="survival_ece", threshold=1.0, direction="at_most")
+    metrics = Metrics()
+    exporter = ControllerMetrics(metrics)
+    value = metrics.registry.get_sample_value
+    exporter.evaluation(evaluation, judge_all([gate], evaluation.measurements("shadow")))
+    exporter.evaluation(None, [error_verdict("store: IO Error"), error_verdict("poll failed", "collector")])
+    assert value("sparkgate_gate_verdict", {"gate": "evaluation"}) == -2.0
+    assert value("sparkgate_gate_verdict", {"gate": "collector"}) == -2.0
+    assert value("sparkgate_gate_verdict", {"gate": "survival_ece"}) is None  # not the last interval's pass
+    assert value("sparkgate_survival_ece", {"depth": "1"}) is None
+
+
+def test_utilization_reads_nan_not_zero_before_anything_is_measured():
+    # 0 is the worst utilization: an alert on a floor would fire on every restart.
+    assert math.isnan(Metrics().registry.get_sample_value("sparkgate_upper_bound_utilization"))
