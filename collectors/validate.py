@@ -39,7 +39,7 @@ from sparkgate.policies.vocabulary import Arm, Phase
 # Bounds the explode: a step yields batch rows x gamma depth labels.
 MAX_GAMMA = 64
 _TIMINGS = ("draft_ms", "schedule_ms", "verify_ms", "accept_ms", "step_ms")
-_NON_NEGATIVE = ("step_id", "verify_rows", "tier_rows", "host_syncs", "policy_revision")
+_NON_NEGATIVE = ("step_id", "batch_size", "verify_rows", "tier_rows", "host_syncs", "policy_revision")
 # A miss ran eager, in no tier; the runtime records it as tier -1.
 NO_TIER = -1
 # A token's place in its sequence: far above any context, far below where recovery's sums of positions overflow.

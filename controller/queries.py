@@ -30,8 +30,9 @@ from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
 from .calibration import REQUEST_GROUPS
 
-# Batch sizes are bucketed by powers of two: bucket b holds sizes [2^b, 2^(b+1)).
-LOAD_BUCKET_SQL = "floor(log2(batch_size))::INTEGER"
+# Batch sizes are bucketed by powers of two: bucket b holds sizes [2^b, 2^(b+1)); a step that carried no
+# request (batch 0, e.g. an SGLang record without reqs) sits in bucket 0, not in log2(0) = -inf.
+LOAD_BUCKET_SQL = "floor(log2(greatest(batch_size, 1)))::INTEGER"
 
 
 def load_bucket_label(bucket: int) -> str:

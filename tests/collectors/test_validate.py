@@ -65,6 +65,7 @@ def test_generated_valid_records_have_no_problems(record):
         (step(tier=-3), "tier", -3),
         (step(graph_hit=False, miss_reason="over_max_tier", tier=-2), "tier", -2),
         (step(requests=[static_row()], batch_size=0), "batch_size", 0),
+        (step(batch_size=-1), "batch_size", -1),  # in no load bucket (log2)
         (step(phase=None), "phase", None),
         (step(phase="shadw"), "phase", "shadw"),  # no read that filters on a phase would ever count it
         (step(phase="Canary"), "phase", "Canary"),

@@ -77,3 +77,13 @@ def test_row_queries_select_the_window_and_slice_they_are_given(store):
     assert miss_reasons(store, Window(until=T0 + 50), Slice()) == {}
     buckets = step_buckets(store, everything, Slice()).to_pylist()
     assert [(b["bucket"], b["steps"], b["misses"]) for b in buckets] == [(3, 10, 0), (4, 6, 6)]
+
+
+def test_a_step_that_carried_no_request_sits_in_the_first_load_bucket(store):
+    # log2(0) is -inf, which no INTEGER holds: one such step used to make every read of its window fail.
+    ingest_synthetic(store, 4, T0, batch=8)
+    store.ingest(from_dicts([dict(synthetic_wire(1, 1, 7, "r0", first_step=99, ts=T0 + 1).to_pylist()[0],
+                                  batch_size=0, requests=[])]), "t")  # fmt: skip
+    assert slice_values(store, "load", Window()) == [0, 3]
+    assert step_buckets(store, Window(), Slice()).column("steps").to_pylist() == [1, 4]
+    assert evaluate(store).report()["tiers"]["steps"] == 5
