@@ -1,7 +1,8 @@
 """OpenTelemetry: one INTERNAL span per committed verify step.
 
-Spans are built after the fact from the step record: the span starts at the
-record's ``ts`` (the step's start, unix seconds) and lasts ``step_ms``. An OTLP
+Spans are built after the fact from the step record: the span ends at the
+record's ``ts`` (when the step finished, unix seconds: the runtime stamps its record
+then) and lasts ``step_ms``. An OTLP
 exporter is used when an endpoint is configured (the ``otlp`` extra), an
 in-memory exporter in tests.
 """
@@ -66,10 +67,11 @@ def emit_step_spans(tracer: Tracer, flat: Flat) -> None:
     if flat.requests.num_rows:
         np.add.at(per_mode, (flat.parent, mode_codes(flat.requests.column("mode"))), 1)
     for i in range(steps.num_rows):
-        start_ns = int(columns["ts"][i] * 1e9)
+        end_ns = int(columns["ts"][i] * 1e9)
         attributes = {f"sparkgate.{name}": columns[name][i] for name in _STEP_ATTRIBUTES}
         attributes.update({f"sparkgate.mode.{mode}": int(per_mode[i, m]) for m, mode in enumerate(MODES)})
         if columns["miss_reason"][i] is not None:
             attributes["sparkgate.miss_reason"] = columns["miss_reason"][i]
+        start_ns = end_ns - int(columns["step_ms"][i] * 1e6)
         span = tracer.start_span("verify_step", kind=SpanKind.INTERNAL, start_time=start_ns, attributes=attributes)
-        span.end(end_time=start_ns + int(columns["step_ms"][i] * 1e6))
+        span.end(end_time=end_ns)

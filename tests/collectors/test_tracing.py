@@ -28,6 +28,7 @@ def test_one_internal_span_per_step(store):
     assert first.attributes["sparkgate.tier_rows"] == 64 and "sparkgate.miss_reason" not in first.attributes
     assert second.attributes["sparkgate.miss_reason"] == "not_captured"
     assert first.end_time - first.start_time == 4_500_000  # step_ms = 4.5
+    assert first.end_time == int(step(1).ts * 1e9)  # ts is when the step finished, as the runtime stamps it
 
 
 def test_spans_reach_a_real_otlp_receiver(store):

@@ -198,6 +198,19 @@ def test_tier_misses_are_recorded(target, drafter):
     )
 
 
+def test_a_step_record_is_stamped_when_the_step_finished(target, drafter):
+    # Spans (collectors/tracing.py) end at ts and start step_ms before it: they must lie within the step.
+    import time
+
+    engine = Engine(target, drafter, EngineConfig(gamma=4, max_batch=4))
+    engine.submit(Request("q0", [1, 2, 3], 12, stop_at_eos=False, mode="static"))
+    engine.step()  # prefill
+    before = time.time()
+    record = engine.step()
+    after = time.time()
+    assert before + record.step_ms / 1000 <= record.ts + 1e-3 and record.ts <= after
+
+
 def test_finishes_at_eos_and_frees_the_slot():
     model = tiny_model(vocab=260, seed=5)
     ref = greedy_decode(model, [10, 11], 8)
