@@ -64,11 +64,17 @@ def steps_in(_source, token: str, since: float | None, until: float | None) -> i
 
 @st.cache_data(show_spinner=False, max_entries=8, ttl=API_TTL_S)
 def ledger_view(_source, token: str, policy: RolloutPolicy) -> dict:
-    """``decisions`` (oldest first, as ``Decision.to_dict``) and ``status`` (the controller's stage
-    counters: passes, failures and their limits; None when the ledger cannot be replayed)."""
+    """``decisions`` (oldest first, as ``Decision.to_dict``: the newest ``MAX_DECISIONS``, and before them
+    the policy change in force when holds have pushed it out, so a long stage keeps its policy) and
+    ``status`` (the controller's stage counters: passes, failures and their limits; None when the ledger
+    cannot be replayed)."""
     if _source.kind == "controller":
-        return {"decisions": _source.get("/v1/decisions", limit=MAX_DECISIONS), "status": _source.get("/v1/status")}
-    decisions = [d.to_dict() for d in ledger.decisions(_source, limit=MAX_DECISIONS)]
+        newest = _source.get("/v1/decisions", limit=MAX_DECISIONS)
+        change = _source.get("/v1/decisions", limit=1, changes_only=True)
+        return {"decisions": _with_change(newest, change), "status": _source.get("/v1/status")}
+    newest = [d.to_dict() for d in ledger.decisions(_source, limit=MAX_DECISIONS)]
+    change = [d.to_dict() for d in ledger.decisions(_source, limit=1, changes_only=True)]
+    decisions = _with_change(newest, change)
     try:
         state = ledger.load_state(_source, policy)
     except LookupError:  # the ledger's stage is not in the policy file given to the dashboard
@@ -76,6 +82,10 @@ def ledger_view(_source, token: str, policy: RolloutPolicy) -> dict:
     # As of the newest judged interval: a stored run is read long after it ended.
     status = None if state is None else rollout_state.stage_counters(policy, state, state.last_conclusive_at)
     return {"decisions": decisions, "status": status}
+
+
+def _with_change(newest: list[dict], change: list[dict]) -> list[dict]:
+    return newest if latest_change(newest) is not None or not change else change + newest
 
 
 def latest_change(decisions: list[dict]) -> dict | None:

@@ -72,3 +72,29 @@ def test_slice_values_are_the_stored_ones(fixture_store, key, known):
 
     reader = open_snapshot_reader(fixture_store.snapshot_dir)
     assert data.values(reader, reader.token, key, None, None) == known  # the known store's (tests/dashboards)
+
+
+def test_a_stage_held_past_the_decisions_shown_keeps_the_change_in_force(tmp_path, monkeypatch):
+    import dataclasses
+
+    from sparkgate.collectors.store import Store
+    from sparkgate.controller import ledger, rollout
+    from sparkgate.controller.rollout_state import apply
+    from sparkgate.dashboards.source import open_db_copy
+    from sparkgate.policies.rollout import parse_rollout_policy
+
+    monkeypatch.setattr(data, "MAX_DECISIONS", 5)
+    policy = parse_rollout_policy({"canary_steps": [0.25]})
+    with Store(tmp_path / "s.duckdb") as store:
+        first = rollout.start(policy, 1.75e9)
+        promote = rollout.command(policy, apply(None, first), "promote", "ops", 1.75e9 + 1)  # to shadow
+        for decision in (first, promote):
+            ledger.record(store, decision)
+        hold = dataclasses.replace(promote, action="hold", outcome="inconclusive", operator=None,
+                                   phase_from=promote.phase_to, reasons=({"rule": "hold"},))  # fmt: skip
+        for i in range(8):
+            ledger.record(store, dataclasses.replace(hold, decided_at=1.75e9 + 2 + i))
+    source = open_db_copy(tmp_path / "s.duckdb")
+    shown = data.ledger_view(source, source.token, policy)["decisions"]
+    assert len(shown) == 6 and [d["action"] for d in shown[:2]] == ["promote", "hold"]
+    assert data.latest_change(shown)["phase_to"] == "shadow"
