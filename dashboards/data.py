@@ -66,8 +66,8 @@ def steps_in(_source, token: str, since: float | None, until: float | None) -> i
 def ledger_view(_source, token: str, policy: RolloutPolicy) -> dict:
     """``decisions`` (oldest first, as ``Decision.to_dict``: the newest ``MAX_DECISIONS``, and before them
     the policy change in force when holds have pushed it out, so a long stage keeps its policy) and
-    ``status`` (the controller's stage counters: passes, failures and their limits; None when the ledger
-    cannot be replayed)."""
+    ``status`` (the controller's stage counters: passes, failures and their limits, and whether adaptive was
+    reverted to its static tables; None when the ledger cannot be replayed)."""
     if _source.kind == "controller":
         newest = _source.get("/v1/decisions", limit=MAX_DECISIONS)
         change = _source.get("/v1/decisions", limit=1, changes_only=True)
@@ -80,7 +80,10 @@ def ledger_view(_source, token: str, policy: RolloutPolicy) -> dict:
     except LookupError:  # the ledger's stage is not in the policy file given to the dashboard
         state = None
     # As of the newest judged interval: a stored run is read long after it ended.
-    status = None if state is None else rollout_state.stage_counters(policy, state, state.last_conclusive_at)
+    status = None
+    if state is not None:  # the fields of ``GET /v1/status`` the pages read, as the controller answers them
+        status = rollout_state.stage_counters(policy, state, state.last_conclusive_at)
+        status |= {"cost_tables": dict(state.tables), "static_only": state.static_only}
     return {"decisions": decisions, "status": status}
 
 

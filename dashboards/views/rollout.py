@@ -99,8 +99,9 @@ def allowed_actions(ctx, change: dict) -> list[str]:
     """The operator actions the controller's state machine accepts now (it raises for the others)."""
     status = ctx.ledger["status"] or {}
     state = RolloutState(
-        change["revision"], change["phase_to"], status.get("stage"), change["compact_fraction"], change["decided_at"]
-    )
+        change["revision"], change["phase_to"], status.get("stage"), change["compact_fraction"], change["decided_at"],
+        static_only=bool(status.get("static_only")),  # a reverted stage refuses another revert
+    )  # fmt: skip
     allowed: list[str] = []
     for action in OPERATOR_ACTIONS:
         try:

@@ -35,3 +35,28 @@ def test_rollout_shows_the_phase_and_the_verdicts_that_rolled_back(monkeypatch, 
     assert gates.loc["p99_step_ratio", "verdict"] == "inconclusive"
     commands = app.code[0].value
     assert "sparkgate resume" in commands and "sparkgate abort" not in commands and "promote" not in commands
+
+
+def test_a_reverted_adaptive_stage_is_not_offered_another_revert(monkeypatch, tmp_path):
+    import yaml
+
+    from sparkgate.collectors.store import Store
+    from sparkgate.controller import ledger, rollout
+    from sparkgate.controller.rollout_state import apply
+    from sparkgate.policies.rollout import parse_rollout_policy
+
+    spec = {"canary_steps": [0.25]}
+    policy, policy_path = parse_rollout_policy(spec), tmp_path / "policy.yaml"
+    policy_path.write_text(yaml.safe_dump(spec))
+    with Store(tmp_path / "s.duckdb") as store:
+        decision, state, at = rollout.start(policy, 1.75e9), None, 1.75e9
+        while True:
+            ledger.record(store, decision)
+            state, at = apply(state, decision), at + 1
+            if state.static_only:
+                break
+            action = "revert_table" if state.phase == "adaptive" else "promote"
+            decision = rollout.command(policy, state, action, "ops", at)
+    app = run_app(monkeypatch, "--db", str(tmp_path / "s.duckdb"), "--policy", str(policy_path))
+    commands = app.code[0].value
+    assert "sparkgate abort" in commands and "revert" not in commands  # the controller would refuse it
