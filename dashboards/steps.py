@@ -81,11 +81,14 @@ def prediction_error(_source, token: str, since: float | None, until: float | No
 @st.cache_data(show_spinner=False, max_entries=8)
 def fleet(_source, token: str) -> pd.DataFrame:
     """Per replica: the versions of its newest step, phase and revision it reported, last seen, steps,
-    and steps / request rows per second over its last ``RATE_WINDOW_S`` of data; plus quarantined records."""
+    and steps / request rows per second over its last ``RATE_WINDOW_S`` of data (the steps after the first
+    over the time they span, so a replica with seconds of data is not read as slow; None from one step);
+    plus quarantined records."""
     return _source.query(f"""
         WITH last AS (SELECT replica_id, max(ts) AS last_seen FROM steps GROUP BY replica_id),
-        recent AS (
-            SELECT s.replica_id, count(*) AS steps, sum(s.batch_size) AS requests
+        recent AS (  -- steps between the first and last of the window: a replica that just started has seconds
+            SELECT s.replica_id, (count(*) - 1) / nullif(max(s.ts) - min(s.ts), 0) AS steps_per_s,
+                   avg(s.batch_size) AS batch
             FROM steps s JOIN last USING (replica_id)
             WHERE s.ts > last.last_seen - {RATE_WINDOW_S!r} GROUP BY s.replica_id),
         rejected AS (SELECT replica_id, count(*) AS quarantined FROM quarantine GROUP BY replica_id)
@@ -94,8 +97,8 @@ def fleet(_source, token: str) -> pd.DataFrame:
                arg_max(s.cost_table_version, s.ts) AS cost_table_version, arg_max(s.contract, s.ts) AS contract,
                arg_max(s.phase, s.ts) AS phase,
                arg_max(s.policy_revision, s.ts) AS revision, max(s.ts) AS last_seen, count(*) AS steps,
-               any_value(r.steps) / {RATE_WINDOW_S!r} AS steps_per_s,
-               any_value(r.requests) / {RATE_WINDOW_S!r} AS request_rows_per_s,
+               any_value(r.steps_per_s) AS steps_per_s,
+               any_value(r.steps_per_s * r.batch) AS request_rows_per_s,
                coalesce(any_value(q.quarantined), 0) AS quarantined
         FROM steps s LEFT JOIN recent r USING (replica_id) LEFT JOIN rejected q USING (replica_id)
         GROUP BY s.replica_id ORDER BY s.replica_id""").to_pandas()

@@ -65,9 +65,13 @@ def test_fleet_reports_each_replicas_newest_versions_and_rates(reader):
     assert list(fleet["contract"]) == ["contract-1", "contract-1"]
     assert list(fleet["steps"]) == [200, 100] and list(fleet["phase"]) == ["shadow", "shadow"]
     assert list(fleet["quarantined"]) == [0, 0]
-    # All of a replica's steps fall within its last minute of data.
-    assert math.isclose(fleet.loc["r0", "steps_per_s"], 200 / steps.RATE_WINDOW_S)
-    assert math.isclose(fleet.loc["r1", "request_rows_per_s"], 100 * 16 / steps.RATE_WINDOW_S)
+    # All of a replica's steps fall within its last minute of data, which they span in seconds: the rate is
+    # over the time they span, not over the whole minute.
+    for replica, n in (("r0", 200), ("r1", 100)):
+        ts = reader.query("SELECT ts FROM steps WHERE replica_id = ?", [replica]).column("ts").to_numpy()
+        assert ts.max() - ts.min() < steps.RATE_WINDOW_S / 10
+        assert math.isclose(fleet.loc[replica, "steps_per_s"], (n - 1) / (ts.max() - ts.min()))
+    assert math.isclose(fleet.loc["r1", "request_rows_per_s"], 16 * fleet.loc["r1", "steps_per_s"])
 
 
 def test_the_switchback_schedule_as_it_ran(tmp_path):
