@@ -21,7 +21,7 @@ from prometheus_client import (
 
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.batch import Prepared, prepare
-from sparkgate.collectors.labels import ACCEPTED, CENSORED, REJECTED, mode_codes
+from sparkgate.collectors.labels import ACCEPTED, CENSORED, ESTIMATED, REJECTED, mode_codes
 from sparkgate.collectors.request_ingest import PreparedRequests
 from sparkgate.collectors.schema import MODES, STATUSES, TIER_UNREPORTED, StepRecord
 from sparkgate.collectors.wire import from_records
@@ -50,7 +50,7 @@ class Metrics:
         self.accepted = Counter("sparkgate_depth_accepted_total", "Depths accepted.", labels, registry=r)
         self.censored = Counter(
             "sparkgate_depth_censored_total",
-            "Depths never verified with outcome unknown (compact).",
+            "Depths never verified with outcome unknown (compact; estimated ones, which carry a probability, too).",
             labels,
             registry=r,
         )
@@ -151,7 +151,7 @@ class Metrics:
             row = counts[m, d]
             self.verified.labels(*key).inc(int(row[ACCEPTED] + row[REJECTED]))
             self.accepted.labels(*key).inc(int(row[ACCEPTED]))
-            self.censored.labels(*key).inc(int(row[CENSORED]))
+            self.censored.labels(*key).inc(int(row[CENSORED] + row[ESTIMATED]))
 
     def _count_steps(self, steps) -> None:
         hit = steps.column("graph_hit").to_numpy(zero_copy_only=False)

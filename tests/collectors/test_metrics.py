@@ -36,6 +36,22 @@ def test_metrics_count_depths_tiers_and_times(store):
     assert value("sparkgate_rollout_phase", {"phase": "shadow"}) == 0
 
 
+def test_an_estimated_depth_counts_as_censored():
+    """A sampled compact row past its fully accepted window: depth w+1 is unverified, its outcome unknown."""
+    import dataclasses
+
+    from sparkgate.collectors.store import Store
+
+    metrics = Metrics()
+    sampled = dataclasses.replace(compact_row(request_id="s"), temperature=0.7, next_accept_prob=0.6)
+    with Store(":memory:") as store:
+        prepared = Ingestor(store, metrics).ingest(from_ndjson(ndjson(step(1, requests=[sampled]))), "t").prepared
+    assert "estimated" in prepared.labels.column("status").to_pylist()
+    value = metrics.registry.get_sample_value
+    assert value("sparkgate_depth_censored_total", {"mode": "compact", "depth": "3"}) == 1
+    assert value("sparkgate_depth_verified_total", {"mode": "compact", "depth": "3"}) == 0
+
+
 def cap_row():
     return RequestRow("c", "cap_accept", "chat", 0.0, None, 2, 2, 4, 2, [0.9] * 4, [0.9, 0.8, 0.7, 0.6], [1, 2, 3])
 
