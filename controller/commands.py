@@ -335,9 +335,7 @@ def operator_command(name: str, help_text: str, action: str | None = None) -> cl
 
 promote = operator_command("promote", "Advance one rung of the ladder now, without waiting for gates.")
 abort = operator_command("abort", "Roll back to fallback now.")
-pause = operator_command(
-    "pause", "pause", "Hold the current stage: no automatic advance (critical gates still roll back)."
-)
+pause = operator_command("pause", "Hold the current stage: no automatic advance (critical gates still roll back).")
 resume = operator_command("resume", "Leave fallback (to the first serving stage) or paused (to its stage).")
 
 

@@ -125,6 +125,8 @@ def test_status_and_operator_commands_talk_to_a_running_controller(tmp_path):
             refused = CliRunner().invoke(main, ["abort", "--operator", "ops"], env=env)
             assert refused.exit_code == 1 and "409: abort: already in fallback" in refused.output
             assert json.loads(run("resume", "--operator", "ops", env=env).output)["phase_to"] == "shadow"
+            assert json.loads(run("pause", "--operator", "ops", env=env).output)["phase_to"] == "paused"
+            assert json.loads(run("resume", "--operator", "ops", env=env).output)["phase_to"] == "shadow"
             remote = json.loads(run("report", "--controller", url, "--json").output)
             assert "calibration" in remote
 
