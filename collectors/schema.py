@@ -51,6 +51,8 @@ READABLE_VERSIONS = (1, 2, 3)
 # bidirectional-format characters.
 MAX_ID_CHARS = 512
 HIDDEN_CHARS = "[\\x00-\\x1f\\x7f-\\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]"
+# Consistency checks one ``POST /v1/consistency`` body may carry; a replica posts more in several.
+MAX_CHECKS_PER_REPORT = 10_000
 # ``sts_version`` of records whose ``confidence`` was already calibrated where it was produced (an SGLang
 # server applies its STS temperatures before it dumps them): refitting STS on them would calibrate twice.
 CALIBRATED_AT_SOURCE = "calibrated-at-source"

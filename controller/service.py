@@ -45,7 +45,7 @@ from sparkgate.collectors.aggregate import Aggregate, AggregateError
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.ingest_api import ARROW_TYPES, DEFAULT_MAX_BODY, NDJSON_TYPES, BodyLimit, ingest_router
 from sparkgate.collectors.reports import IntervalOverlap, TooManyReports
-from sparkgate.collectors.schema import Problem, json_safe
+from sparkgate.collectors.schema import MAX_CHECKS_PER_REPORT, Problem, json_safe
 from sparkgate.collectors.writers import Refused, Writers
 from sparkgate.policies.errors import InputError
 from sparkgate.policies.payload import PolicyPayload
@@ -79,7 +79,7 @@ class Check(BaseModel):
 
 class ConsistencyReport(BaseModel):
     replica_id: str = Field(min_length=1, max_length=512)
-    checks: list[Check] = Field(min_length=1, max_length=10_000)
+    checks: list[Check] = Field(min_length=1, max_length=MAX_CHECKS_PER_REPORT)
 
 
 class AggregateReport(BaseModel):

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from sparkgate.collectors.request_records import RequestRecord
-from sparkgate.collectors.schema import StepRecord
+from sparkgate.collectors.schema import MAX_CHECKS_PER_REPORT, StepRecord
 from sparkgate.policies.cost_model import CostTable
 from sparkgate.policies.payload import WRITER_TOKEN_ENV, PolicyPayload
 from sparkgate.policies.switchback import Switchback
@@ -49,6 +49,9 @@ from .table_swap import TableSwap
 
 log = logging.getLogger(__name__)
 MAX_PENDING_RECORDS = 10_000
+# Checks kept while the controller cannot take them; past this the oldest clean ones go first (a mismatch
+# is what the critical gate reads).
+MAX_PENDING_CHECKS = 100_000
 REQUEST_RECORDS_ROUTE = "/v1/request-records"
 
 
@@ -166,7 +169,8 @@ class Replica:
         self.to_check: list[Request] = []
         self.checked: list[dict] = []  # state checks waiting to be posted
         self.stats = {"steps": 0, "finished": 0, "posted": 0, "dropped": 0, "checks": 0, "mismatches": 0,
-                      "request_records": 0, "requests_dropped": 0, "cancelled": 0, "tables_refused": 0}  # fmt: skip
+                      "checks_dropped": 0, "request_records": 0, "requests_dropped": 0, "cancelled": 0,
+                      "tables_refused": 0}  # fmt: skip
         self._last_poll = float("-inf")
         engine.sink = self._keep
         engine.request_sink = self._keep_request
@@ -308,19 +312,39 @@ class Replica:
             return records, False
 
     def _check(self) -> None:
+        """Replay the sampled requests whose records are stored, then post every check held, in bodies the
+        route takes. A check leaves ``checked`` only once posted: while the controller cannot take them
+        they wait (and the requests not yet replayed with them), never lost to one failed post."""
         replica_id = self.engine.config.replica_id
-        checks, self.checked = self.checked, []
+        try:
+            self._replay_checks(replica_id)
+            while self.checked:
+                chunk = self.checked[:MAX_CHECKS_PER_REPORT]
+                self.client.post_checks(replica_id, chunk)
+                del self.checked[: len(chunk)]
+                self.stats["checks"] += len(chunk)
+                self.stats["mismatches"] += sum(c["mismatch_at"] is not None for c in chunk)
+        except httpx.HTTPError as exc:
+            log.warning("posting %d consistency checks failed (%s); will retry", len(self.checked), exc)
+            self._bound_checks()
+
+    def _replay_checks(self, replica_id: str) -> None:
         replay = self.replay
-        if replay is not None:
-            for request in self.to_check:
-                committed = self.client.committed(request.request_id, replica_id)
-                if committed:
-                    checks.append(replay.check(request.request_id, request.prompt, committed).to_dict())
-        self.to_check = []
-        if checks:
-            self.client.post_checks(replica_id, checks)
-            self.stats["checks"] += len(checks)
-            self.stats["mismatches"] += sum(c["mismatch_at"] is not None for c in checks)
+        while self.to_check:
+            request = self.to_check[0]
+            committed = None if replay is None else self.client.committed(request.request_id, replica_id)
+            if committed:
+                self.checked.append(replay.check(request.request_id, request.prompt, committed).to_dict())
+            self.to_check.pop(0)
+
+    def _bound_checks(self) -> None:
+        over = len(self.checked) - MAX_PENDING_CHECKS
+        if over <= 0:
+            return
+        oldest_clean_first = sorted(range(len(self.checked)), key=lambda i: self.checked[i]["mismatch_at"] is not None)
+        dropped = set(oldest_clean_first[:over])
+        self.checked = [c for i, c in enumerate(self.checked) if i not in dropped]
+        self.stats["checks_dropped"] += over
 
     def _check_state(self) -> None:
         """Every ``state_every`` steps, one active request, in turn."""

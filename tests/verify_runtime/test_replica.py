@@ -177,6 +177,36 @@ def test_a_replica_spools_through_an_outage_and_loses_nothing(controller, tmp_pa
     assert ctl.store.counts()["request_records"] == 8  # each request's record once, through the same outage
 
 
+def test_consistency_checks_wait_through_a_failed_post_and_go_in_bodies_the_route_takes(controller, monkeypatch):
+    """A mismatch is the critical gate's evidence: one failed post must not lose it, nor end the replica."""
+    import sparkgate.verify_runtime.replica as replica_module
+
+    ctl, url = controller
+    for _ in range(2):
+        ctl.act("promote", "ops")
+    broken = make_replica(url, replay_model=tiny_model(seed=1))  # every replay mismatches
+    client = broken.client
+    real_checks, real_committed = client.post_checks, client.committed
+
+    def down(*_):
+        raise httpx.ConnectError("controller down")
+
+    client.post_checks = client.committed = down
+    served = broken.serve(requests("c", 8))  # the step posts succeed; every check post fails
+    assert served["checks"] == 0 and broken.checked and broken.to_check
+    stored = "SELECT count(*) AS n FROM consistency_checks"
+    assert ctl.store.query(stored).column("n")[0].as_py() == 0
+    client.committed = real_committed
+    monkeypatch.setattr(replica_module, "MAX_CHECKS_PER_REPORT", 2)  # several bodies
+    sizes = []
+    client.post_checks = lambda rid, checks: (sizes.append(len(checks)), real_checks(rid, checks))[1]
+    broken.flush()
+    assert not broken.checked and not broken.to_check and max(sizes) == 2 and len(sizes) > 1
+    assert broken.stats["mismatches"] > 0
+    assert ctl.store.query(stored).column("n")[0].as_py() == broken.stats["checks"]
+    assert ctl.tick().action == "rollback"  # the critical gate saw the mismatches
+
+
 def test_cancelled_requests_free_their_state_and_post_whole_records(controller):
     ctl, url = controller
     replica = make_replica(url, replica_id="rep-c")
@@ -238,3 +268,15 @@ def test_in_adaptive_a_replica_registers_fetches_and_serves_the_fitted_table(tmp
     assert {(r["arm"], r["v"]) for r in rows} == {("control", "tiny-static"), ("treatment", "tiny-static+a1")}
     assert all("static" not in r["modes"] for r in rows)
     assert replica.stats["tables_refused"] == 0
+
+
+def test_past_the_checks_a_replica_holds_the_oldest_clean_ones_go_first(monkeypatch):
+    import types
+
+    import sparkgate.verify_runtime.replica as replica_module
+
+    monkeypatch.setattr(replica_module, "MAX_PENDING_CHECKS", 3)
+    held = types.SimpleNamespace(checked=[{"id": i, "mismatch_at": 2 if i in (0, 3) else None} for i in range(5)],
+                                 stats={"checks_dropped": 0})  # fmt: skip
+    Replica._bound_checks(held)
+    assert [c["id"] for c in held.checked] == [0, 3, 4] and held.stats["checks_dropped"] == 2
