@@ -332,8 +332,7 @@ class Replica:
         replay = self.replay
         while self.to_check:
             request = self.to_check[0]
-            committed = None if replay is None else self.client.committed(request.request_id, replica_id)
-            if committed:
+            if replay is not None and (committed := self.client.committed(request.request_id, replica_id)):
                 self.checked.append(replay.check(request.request_id, request.prompt, committed).to_dict())
             self.to_check.pop(0)
 
