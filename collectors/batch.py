@@ -45,7 +45,8 @@ class Quarantined:
     def to_dict(self) -> dict:
         return {
             "position": self.position,
-            "replica_id": self.replica_id,
+            # A lone surrogate is refused by field, and must not fail the reply that says so after the commit.
+            "replica_id": None if self.replica_id is None else unicode_safe(self.replica_id),
             "step_id": self.step_id,
             "problems": [p.to_dict() for p in self.problems],
         }

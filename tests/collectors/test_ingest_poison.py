@@ -73,6 +73,15 @@ def test_a_bad_request_record_is_named_and_its_valid_sibling_stored(store, chang
     assert store.counts()["request_records"] == 1 and store.counts()["quarantine"] == 1
 
 
+@pytest.mark.parametrize("path", ["/v1/request-records", "/v1/ingest"])
+def test_a_lone_surrogate_in_the_replica_id_is_answered_422_not_500_after_the_commit(store, path):
+    # Python decodes a non-UTF-8 byte in --replica-id as a lone surrogate; the reply echoes the key.
+    record = request_record(replica_id="gpu-x") if "request" in path else step(3).to_dict() | {"replica_id": "gpu-x"}
+    reply = _post(store, path, json.dumps(record).replace('"gpu-x"', '"gpu-\\udcff"').encode() + b"\n")
+    assert reply.status_code == 422, reply.text
+    assert reply.json()["problems"][0]["replica_id"] in ("gpu-\ufffd", None) and store.counts()["quarantine"] == 1
+
+
 def test_a_lone_surrogate_in_a_request_record_is_named_and_quarantined_whole(store):
     good = json.dumps(request_record(request_id="good")).encode()
     bad = json.dumps(request_record(request_id="bad")).replace('"bad"', '"b\\udc00d"').encode()
