@@ -32,6 +32,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
+import duckdb
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.encoders import jsonable_encoder
@@ -230,6 +231,13 @@ def create_app(
         except RecursionError:  # an input nested deeper than Python recurses: name the error, not the input
             detail = [{k: v for k, v in e.items() if k not in ("input", "ctx")} for e in exc.errors()]
         return JSONResponse({"detail": detail}, status_code=422)
+
+    @app.exception_handler(duckdb.Error)
+    async def unavailable(request: Request, exc: duckdb.Error) -> JSONResponse:
+        # The store failed (a full disk, a closed store): nothing was committed and a retry can succeed once
+        # the cause is gone, as the records routes answer. A bare 500 reads as a bug no client retries.
+        detail = f"not committed: {type(exc).__name__}: {exc}"
+        return JSONResponse({"detail": detail}, status_code=503, headers={"Retry-After": "1"})
 
     ingest = ingest_router(ingestor, writers=writers)
 

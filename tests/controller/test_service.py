@@ -265,3 +265,19 @@ def test_every_route_of_the_controller_has_the_records_routes_body_limit(store):
     app = create_app(Controller(store, POLICY, resamples=20), Ingestor(store))
     limits = [m.kwargs["limit"] for m in app.user_middleware if m.cls is BodyLimit]
     assert limits == [DEFAULT_MAX_BODY]
+
+
+def test_a_store_that_cannot_commit_is_a_503_to_retry_on_every_writer_route(service, store, monkeypatch):
+    http, controller, _, _ = service
+    import duckdb
+
+    def failed(*args, **kwargs):
+        raise duckdb.IOException("IO Error: No space left on device")
+
+    monkeypatch.setattr(type(store), "record_consistency", failed)
+    monkeypatch.setattr(type(store), "record_decision", failed)
+    report = {"replica_id": "r0", "checks": [{"request_id": "q", "tokens": 3}]}
+    for reply in (http.post("/v1/consistency", json=report), http.post(**operator("promote"))):
+        assert reply.status_code == 503 and reply.headers["retry-after"] == "1"
+        assert "No space left on device" in reply.json()["detail"]
+    assert controller.state.phase == "baseline"  # the promote that could not be recorded did not take effect
