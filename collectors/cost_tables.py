@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+import duckdb
+
 from sparkgate.collectors.store import Store
 from sparkgate.policies.cost_errors import CostTableError
 
@@ -83,18 +85,22 @@ def add(store: Store, entry: TableEntry) -> bool:
     """Store ``entry``; returns False when that version is already stored with the same body. Raises
     ``VersionConflict`` when it is stored with another, and ``CostTableError`` for a body that is no table."""
     entry.table()  # validated before anything is written
+    if get(store, entry.version) is None:
+        row = entry.to_dict()
+        row["body"] = json.dumps(entry.body, sort_keys=True)
+        names = [c.strip() for c in _COLUMNS.split(",")]
+        try:
+            store.execute(
+                f"INSERT INTO cost_tables ({_COLUMNS}) VALUES ({', '.join('?' * len(names))})", [row[n] for n in names]
+            )
+            return True
+        except duckdb.ConstraintException:
+            pass  # stored since the look (replicas of a group register their table at once): compare with it
     known = get(store, entry.version)
-    if known is not None:
-        if known.body != entry.body:
-            raise VersionConflict(f"version {entry.version!r}: already stored with another table")
-        return False
-    row = entry.to_dict()
-    row["body"] = json.dumps(entry.body, sort_keys=True)
-    names = [c.strip() for c in _COLUMNS.split(",")]
-    store.execute(
-        f"INSERT INTO cost_tables ({_COLUMNS}) VALUES ({', '.join('?' * len(names))})", [row[n] for n in names]
-    )
-    return True
+    assert known is not None, "a version whose insert conflicted is stored"
+    if known.body != entry.body:
+        raise VersionConflict(f"version {entry.version!r}: already stored with another table")
+    return False
 
 
 def _entry(row: dict[str, Any]) -> TableEntry:
