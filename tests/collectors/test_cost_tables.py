@@ -47,7 +47,7 @@ def test_replicas_registering_one_table_at_once_store_it_once(store):
     def register():
         try:
             results.append(cost_tables.add(store, entry))
-        except Exception as exc:  # noqa: BLE001 - any error is the failure this test looks for
+        except Exception as exc:  # any error is the failure this test looks for
             errors.append(exc)
 
     threads = [threading.Thread(target=register) for _ in range(8)]
