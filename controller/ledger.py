@@ -78,6 +78,17 @@ def decisions(
     return [_decision(r, None) for r in reversed(rows)]
 
 
+def last_change(store: Store) -> Decision | None:
+    """The newest policy change as written (by insertion, which ``load_state`` replays from; a wall clock
+    stepped back can make an older decision's ``decided_at`` the later), or None in an empty ledger."""
+    rows = store.query(
+        f"SELECT {_COLUMNS} FROM decisions WHERE action IN ({', '.join('?' * len(CHANGES_POLICY))}) "
+        "ORDER BY rowid DESC LIMIT 1",
+        sorted(CHANGES_POLICY),
+    ).to_pylist()
+    return _decision(rows[0], None) if rows else None
+
+
 def load_state(store: Store, policy: RolloutPolicy, before: float | None = None) -> RolloutState | None:
     """The state the ledger ends in (None when empty), or was in just before ``before`` (its decisions
     decided earlier). Only decisions since the last policy change matter, so only those are read. Raises

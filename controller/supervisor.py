@@ -118,7 +118,8 @@ class Controller:
         try:
             state = ledger.load_state(self.store, self.policy)
         except LookupError as exc:
-            last = ledger.decisions(self.store, limit=1, changes_only=True)[0]
+            last = ledger.last_change(self.store)
+            assert last is not None, "load_state raises only over a stored change"
             orphan = RolloutState(last.revision, last.phase_to, None, last.compact_fraction, last.decided_at)
             return self._commit(
                 orphan,

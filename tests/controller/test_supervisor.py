@@ -16,7 +16,7 @@ from sparkgate.controller import ledger
 from sparkgate.controller.actuators import arms
 from sparkgate.controller.supervisor import Controller, lookback_start
 from sparkgate.policies.rollout import parse_rollout_policy
-from tests.conftest import T0, ingest_synthetic, ingest_wire, synthetic_steps
+from tests.conftest import T0, Clock, ingest_synthetic, ingest_wire, synthetic_steps
 
 POLICY = parse_rollout_policy(
     {
@@ -67,6 +67,22 @@ def test_a_stage_missing_from_a_new_policy_file_falls_back_with_the_reason(tmp_p
         last = ledger.decisions(store, limit=1)[0]
         assert last.reasons[0]["rule"] == "stage not in the policy file"
         assert "canary at compact_fraction 0.5" in last.reasons[0]["note"]
+
+
+def test_a_missing_stage_after_the_clock_stepped_back_falls_back_on_a_new_revision(tmp_path):
+    # An NTP step back makes the newest change by insertion the older by decided_at; the fallback must
+    # still take the next revision, or replicas serving the newest would never follow it.
+    path, clock = tmp_path / "stepped.duckdb", Clock(T0 + 100)
+    with Store(path) as store:
+        old = Controller(store, POLICY, clock=clock)
+        for _ in range(2):
+            old.act("promote", "ops")
+        clock.now = T0 + 50
+        served = old.act("promote", "ops")  # canary, decided "before" the shadow promote
+    narrower = parse_rollout_policy({**POLICY.to_dict(), "canary_steps": [0.2]})
+    with Store(path) as store:
+        new = Controller(store, narrower, clock=clock)
+        assert new.state.phase == "fallback" and new.state.revision == served.revision + 1
 
 
 def test_stale_steps_and_missing_prometheus_make_gates_inconclusive(store):
