@@ -341,7 +341,8 @@ def create_app(
             **fleet_report(merge_aggregates([a for _, a in reports])),
         }
 
-    @app.get("/v1/requests/{request_id}/committed")
+    # ``:path``: an id may hold a slash (SGLang replicas are NAME/dpRANK); clients quote the segment.
+    @app.get("/v1/requests/{request_id:path}/committed")
     def committed(request_id: str = Path(max_length=512), replica_id: str | None = None) -> dict:
         rows = store.query(
             "SELECT replica_id, mode::VARCHAR AS mode, temperature, committed_tokens FROM requests "
@@ -358,7 +359,7 @@ def create_app(
             "tokens": [t for r in rows for t in r["committed_tokens"]],
         }
 
-    @app.get("/v1/replicas/{replica_id}")
+    @app.get("/v1/replicas/{replica_id:path}")
     def replica(replica_id: str = Path(max_length=512)) -> dict:
         last = store.query("SELECT max(step_id) AS m FROM steps WHERE replica_id = ?", [replica_id]).column("m")
         return {"replica_id": replica_id, "next_step_id": 0 if last[0].as_py() is None else last[0].as_py() + 1}

@@ -29,6 +29,7 @@ import itertools
 import logging
 import os
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -95,7 +96,7 @@ class ControllerClient:
         return PolicyPayload.model_validate(self._json(self.http.get("/v1/policy")))
 
     def next_step_id(self, replica_id: str) -> int:
-        return self._json(self.http.get(f"/v1/replicas/{replica_id}"))["next_step_id"]
+        return self._json(self.http.get(f"/v1/replicas/{_segment(replica_id)}"))["next_step_id"]
 
     def post_records(self, records: list[StepRecord]) -> dict:
         """Post records as NDJSON. A 422 (some records quarantined, the rest stored) is not retried."""
@@ -123,11 +124,16 @@ class ControllerClient:
         return self._json(self.http.post("/v1/cost-tables", json=body))
 
     def committed(self, request_id: str, replica_id: str) -> list[int] | None:
-        response = self.http.get(f"/v1/requests/{request_id}/committed", params={"replica_id": replica_id})
+        response = self.http.get(f"/v1/requests/{_segment(request_id)}/committed", params={"replica_id": replica_id})
         return None if response.status_code == 404 else self._json(response)["tokens"]
 
     def post_checks(self, replica_id: str, checks: list[dict]) -> dict:
         return self._json(self.http.post("/v1/consistency", json={"replica_id": replica_id, "checks": checks}))
+
+
+def _segment(key: str) -> str:
+    """An id as one URL path segment: ``?``, ``#`` and ``/`` in it would otherwise end the path there."""
+    return urllib.parse.quote(key, safe="")
 
 
 class Replica:

@@ -280,3 +280,19 @@ def test_past_the_checks_a_replica_holds_the_oldest_clean_ones_go_first(monkeypa
                                  stats={"checks_dropped": 0})  # fmt: skip
     Replica._bound_checks(held)
     assert [c["id"] for c in held.checked] == [0, 3, 4] and held.stats["checks_dropped"] == 2
+
+
+@pytest.mark.parametrize("replica_id", ["gpu?1", "pool#b", "fleet/dp0"])
+def test_ids_with_url_characters_reach_their_own_rows(controller, replica_id):
+    """A restarted replica asks where its numbering goes on; a ``?`` there once asked for another replica's
+    (none: 0), so every new step was refused as a repeat of a stored one."""
+    from sparkgate.collectors.synth import synthetic_wire
+    from sparkgate.collectors.wire import from_wire
+
+    ctl, url = controller
+    wire = synthetic_wire(5, 2, GAMMA, replica_id, seed=1)
+    ctl.store.ingest(from_wire(wire), "test")
+    client = ControllerClient(url)
+    assert client.next_step_id(replica_id) == 5
+    request_id = wire.column("requests").to_pylist()[0][0]["request_id"]
+    assert client.committed(request_id, replica_id) and client.committed(request_id + "/x?y", replica_id) is None
