@@ -305,11 +305,11 @@ def status(url, decisions):
     click.echo(json.dumps(body, indent=2))
 
 
-def action_body(operator: str, note: str) -> dict:
+def action_body(operator: str, note: str, revision: int | None = None) -> dict:
     """An operator action's request body, checked as the service checks it: what it would refuse is named,
     option and value, before it is asked."""
     try:
-        return Action(operator=operator, note=note).model_dump()
+        return Action(operator=operator, note=note, revision=revision).model_dump(exclude_none=True)
     except pydantic.ValidationError as exc:
         error = exc.errors()[0]
         shown = repr(error["input"]) if len(error["input"]) <= 60 else f"{error['input'][:60]!r}..."
@@ -325,10 +325,12 @@ def operator_command(name: str, help_text: str, action: str | None = None) -> cl
     @token_option
     @click.option("--operator", required=True, help="Who acts (recorded with the decision).")
     @click.option("--note", default="", help="Why (recorded with the decision).")
-    def command(url, token, operator, note):
-        click.echo(
-            json.dumps(_call("POST", url, f"/v1/rollout/{action or name}", token, json=action_body(operator, note)))
-        )
+    @click.option("--revision", type=click.IntRange(min=1), default=None,
+                  help="Act only while this revision is in force (see `sparkgate status`): run again, the command "
+                       "then cannot act twice.")  # fmt: skip
+    def command(url, token, operator, note, revision):
+        body = action_body(operator, note, revision)
+        click.echo(json.dumps(_call("POST", url, f"/v1/rollout/{action or name}", token, json=body)))
 
     return command
 

@@ -93,6 +93,10 @@ class AggregateReport(BaseModel):
 class Action(BaseModel):
     operator: str = Field(min_length=1, max_length=200, description="Who acts; recorded with the decision.")
     note: str = Field("", max_length=2000)
+    revision: int | None = Field(
+        None, ge=1, description="Act only while this revision is in force (409 otherwise): a retried promote then "
+        "cannot climb a second rung."
+    )  # fmt: skip
 
 
 def is_loopback(host: str) -> bool:
@@ -367,7 +371,7 @@ def create_app(
     @app.post("/v1/rollout/{action}", dependencies=[Depends(authorize)])
     def act(body: Action, action: OperatorAction) -> dict:
         try:
-            return controller.act(action, body.operator, body.note).to_dict()
+            return controller.act(action, body.operator, body.note, body.revision).to_dict()
         except TransitionError as exc:
             raise HTTPException(409, str(exc)) from None
 

@@ -335,9 +335,14 @@ class Controller:
             published.append(decision)
         return published
 
-    def act(self, action: str, operator: str, note: str = "") -> Decision:
-        """An operator action (raises ``rollout.TransitionError`` when the phase does not allow it)."""
+    def act(self, action: str, operator: str, note: str = "", revision: int | None = None) -> Decision:
+        """An operator action (raises ``rollout.TransitionError`` when the phase does not allow it, or when
+        ``revision`` is given and no longer in force)."""
         with self._lock:
+            if revision is not None and revision != self.state.revision:
+                raise rollout.TransitionError(
+                    f"{action}: revision {revision} is no longer in force (revision {self.state.revision} is)"
+                )
             decision = rollout.command(self.policy, self.state, action, operator, self.clock(), note)
             self._commit(self.state, decision)
         self._actuate()

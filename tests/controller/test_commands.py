@@ -125,8 +125,13 @@ def test_status_and_operator_commands_talk_to_a_running_controller(tmp_path):
             refused = CliRunner().invoke(main, ["abort", "--operator", "ops"], env=env)
             assert refused.exit_code == 1 and "409: abort: already in fallback" in refused.output
             assert json.loads(run("resume", "--operator", "ops", env=env).output)["phase_to"] == "shadow"
+            # A promote run again with the revision it acted on cannot climb a second rung.
+            at = json.loads(run("status", env=env).output)["policy"]["revision"]
+            assert json.loads(run("promote", "--operator", "ops", "--revision", str(at), env=env).output)["revision"]
+            again = CliRunner().invoke(main, ["promote", "--operator", "ops", "--revision", str(at)], env=env)
+            assert again.exit_code == 1 and f"409: promote: revision {at} is no longer in force" in again.output
             assert json.loads(run("pause", "--operator", "ops", env=env).output)["phase_to"] == "paused"
-            assert json.loads(run("resume", "--operator", "ops", env=env).output)["phase_to"] == "shadow"
+            assert json.loads(run("resume", "--operator", "ops", env=env).output)["phase_to"] == "canary"
             remote = json.loads(run("report", "--controller", url, "--json").output)
             assert "calibration" in remote
 
