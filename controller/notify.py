@@ -119,11 +119,22 @@ class Notifier:
             self._wake.notify()
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Deliver what is queued (waiting at most ``timeout_s``), then stop."""
+        """Deliver what is queued (waiting at most ``timeout_s``), then stop. What is still queued then is
+        given up: counted in ``dropped`` and logged by revision and action (never by URL, which may be a
+        secret), so no notice of a policy change vanishes unsaid."""
         with self._wake:
             self._closed = True
             self._wake.notify()
         self._thread.join(timeout_s)
+        with self._wake:
+            left, delivering = list(self._queue), self._thread.is_alive()
+            self._queue.clear()
+        self.dropped += len(left)
+        for target, decision in left:
+            log.warning("shutting down: notice of revision %s (%s) not delivered to a %s webhook",
+                        decision.revision, decision.action, target.format)  # fmt: skip
+        if delivering:
+            log.warning("shutting down: a notice was still being delivered (its result is not known)")
 
     def _run(self) -> None:
         with httpx.Client() as http:

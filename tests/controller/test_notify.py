@@ -107,6 +107,19 @@ def test_a_refused_notice_is_not_retried(tmp_path):
     assert len(receiver.attempts) == 1 and notifier.failed == 1
 
 
+def test_notices_left_at_shutdown_are_counted_and_logged_not_lost_unsaid(tmp_path, caplog):
+    hold = threading.Event()
+    stuck = Receiver(200, hold=hold)
+    with serving(stuck.handler()) as url, Store(tmp_path / "n.duckdb") as store:
+        notifier = Notifier([Target(url, "json", 30.0, 0)])
+        controller = Controller(store, POLICY, observers=[notifier], clock=Clock(T0))  # start: in delivery
+        controller.act("abort", "ops")  # queued behind it
+        notifier.close(timeout_s=0.5)
+        hold.set()
+    assert notifier.dropped == 1 and notifier.sent + notifier.failed <= 1
+    assert "notice of revision 2 (abort) not delivered" in caplog.text and url not in caplog.text
+
+
 def test_slack_messages_carry_the_headline_and_the_gate_table():
     decision = start(POLICY, T0)
     rollback = decision.__class__(
