@@ -22,13 +22,20 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from sparkgate.collectors.schema import HIDDEN_CHARS, MAX_ID_CHARS, MAX_UNIX_S, RECORD_PHASES, Problem, encodable
+from sparkgate.collectors.schema import (
+    MAX_ID_CHARS,
+    MAX_UNIX_S,
+    NOT_UNICODE,
+    RECORD_PHASES,
+    Problem,
+    encodable,
+    id_problem,
+)
 from sparkgate.policies.vocabulary import Arm, FinishReason, Mode
 
 REQUEST_RECORD_VERSION = 2
@@ -120,12 +127,15 @@ def _types(obj: dict[str, Any]) -> list[Problem]:
     problems += [Problem(k, obj[k], "unknown field") for k in obj if k not in _FIELDS]
     for k in _STRINGS:
         value = obj.get(k)
-        if value is not None and not (isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS):
+        if value is None:
+            continue
+        if not (isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS):
             problems.append(Problem(k, value, f"expected a string of 1 to {MAX_ID_CHARS} characters"))
-        elif value is not None and not encodable(value):
-            problems.append(Problem(k, value, "not valid Unicode (a lone surrogate escape)"))
-        elif k in _IDS and value is not None and re.search(HIDDEN_CHARS, value):
-            problems.append(Problem(k, value, "no control or bidirectional-format characters in an id"))
+            continue
+        # Ids follow the step records' rules; any other string must at least have a UTF-8 form.
+        problem = id_problem(value) if k in _IDS else (None if encodable(value) else NOT_UNICODE)
+        if problem is not None:
+            problems.append(Problem(k, value, problem))
     for k in _TIMES:
         if obj.get(k) is not None and not (_is_number(obj[k]) and 0 <= obj[k] <= MAX_UNIX_S):
             problems.append(Problem(k, obj[k], "expected finite unix seconds in [0, 4102444800]"))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +104,23 @@ def encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+NOT_UNICODE = "not valid Unicode (a lone surrogate escape)"
+
+
+def id_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a record's id (``replica_id``, ``request_id``), or None: the rules the
+    validators file by field, for a producer to check its own id before it sends a record."""
+    if not text:
+        return "must not be empty"
+    if len(text) > MAX_ID_CHARS:
+        return f"at most {MAX_ID_CHARS} characters"
+    if not encodable(text):
+        return NOT_UNICODE
+    if re.search(HIDDEN_CHARS, text):
+        return "no control or bidirectional-format characters"
+    return None
 
 
 def unicode_safe(text: str) -> str:

@@ -13,6 +13,8 @@ from typing import TypeVar
 
 import click
 
+from sparkgate.collectors.schema import id_problem
+
 from .block_drafter import BlockDrafter, DSparkNet
 from .drafters import Drafter
 from .model import Transformer
@@ -22,6 +24,19 @@ T = TypeVar("T")
 # Request seeds are keyed into int64 tensors and a training seed is multiplied by about 1e6 into torch's
 # 64-bit generator seed: 32 bits keep both in range, and a negative seed is refused rather than wrapped.
 SEED = click.IntRange(0, 2**32 - 1)
+
+
+class RecordId(click.ParamType):
+    """An id the controller's validators accept (``collectors.schema.id_problem``): a replica whose id they
+    refuse would have every record it sends quarantined."""
+
+    name = "id"
+
+    def convert(self, value, param, ctx):
+        problem = id_problem(value)
+        if problem is not None:
+            self.fail(f"{value!r}: {problem}", param, ctx)
+        return value
 
 
 def check_gamma(gamma: int, drafter: Drafter | DSparkNet, param_hint: str = "--gamma") -> None:

@@ -40,7 +40,7 @@ from sparkgate.policies.payload import PolicyPayload
 from sparkgate.policies.window import CostAwareScheduler, FixedWindow, WindowPolicy
 
 from .arrivals import Arrivals, swing
-from .cli_checks import SEED, check_gamma, check_positions, workload_prompt_len
+from .cli_checks import SEED, RecordId, check_gamma, check_positions, workload_prompt_len
 from .consistency import GreedyReplay
 from .drafters import Drafter
 from .engine import Engine, EngineConfig, Request, positions_needed
@@ -130,7 +130,7 @@ def warm_engine(
     type=HttpUrl(),
     help="Controller base URL.",
 )
-@click.option("--replica-id", default=None, help="Replica name [default: replica-HOST-PID].")
+@click.option("--replica-id", default=None, type=RecordId(), help="Replica name [default: replica-HOST-PID].")
 @click.option("--wait-s", default=0.0, show_default=True, type=click.FloatRange(min=0),
               help="Keep retrying an unreachable controller this long.")  # fmt: skip
 @click.option(

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 
-from sparkgate.collectors.schema import StepRecord
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sparkgate.collectors.schema import StepRecord, id_problem
+from sparkgate.collectors.validate import validate
 from sparkgate.collectors.wire import from_ndjson
 from tests.collectors.strategies import compact_row, static_row, step
 
@@ -50,3 +54,9 @@ def test_a_negative_or_non_finite_table_prediction_is_quarantined_by_name(store)
         result = store.ingest(from_ndjson(json.dumps(record.to_dict()).encode()), "test")
         assert result.quarantined == 1
         assert [p.field for p in result.prepared.quarantined[0].problems] == ["table_step_ms"]
+
+
+@given(st.text(max_size=600) | st.sampled_from(["", "r" * 512, "r" * 513, "a\udc80", "a\u202eb", "a\x1bb"]))
+def test_the_id_rules_a_producer_checks_are_the_step_validators(text):
+    refused_by_validator = "replica_id" in {p.field for p in validate(step(replica_id=text))}
+    assert (id_problem(text) is not None) == refused_by_validator

@@ -135,6 +135,11 @@ def test_a_replica_refuses_an_sts_file_or_cost_table_made_for_another_drafter_or
         (["--window", "-1"], "--window", "-1 is not in the range x>=0"),
         (["--seed", "-1"], "--seed", "-1 is not in the range 0<=x<=4294967295"),
         (["--threads", "0"], "--threads", "0 is not in the range x>=1"),
+        # Ids the controller refuses: every record sent would be quarantined (a non-UTF-8 byte in argv
+        # arrives as a lone surrogate).
+        (["--replica-id", "gpu-\udcff"], "--replica-id", "not valid Unicode"),
+        (["--replica-id", "gpu\u202e1"], "--replica-id", "no control or bidirectional-format characters"),
+        (["--replica-id", "r" * 513], "--replica-id", "at most 512 characters"),
     ],
 )
 def test_bad_input_is_refused_before_the_replica_serves_or_calls_its_controller(
