@@ -113,6 +113,8 @@ class Controller:
         self.state = self._resume()
         if self.exporter is not None:
             self.exporter.state(self.state)
+        # A decision persisted just before a restart (a rollback) is served now, not one interval later.
+        self._actuate()
 
     def _resume(self) -> RolloutState:
         try:

@@ -110,8 +110,19 @@ def test_a_failing_actuator_does_not_stop_the_controller(store):
 
     ctl = controller(store, actuators=[broken, lambda payload: calls.append(("ok", payload.phase))])
     decision = ctl.act("abort", "ops")
-    assert decision.phase_to == "fallback" and calls == [2, ("ok", "fallback")]
+    # Pushed at start (the policy in force, revision 1), then after the abort.
+    assert decision.phase_to == "fallback" and calls == [1, ("ok", "baseline"), 2, ("ok", "fallback")]
     assert ledger.load_state(store, POLICY).phase == "fallback"
+
+
+def test_a_restarted_controller_serves_the_decision_persisted_before_it_stopped_at_once(tmp_path):
+    path = tmp_path / "restart.duckdb"
+    with Store(path) as store:
+        controller(store).act("abort", "ops")  # persisted; the process dies before the fleet heard of it
+    pushed = []
+    with Store(path) as store:
+        controller(store, actuators=[pushed.append])
+    assert [(p.phase, p.revision) for p in pushed] == [("fallback", 2)]  # not one interval later
 
 
 @pytest.mark.parametrize("action", ["resume", "jump"])
