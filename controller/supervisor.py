@@ -108,6 +108,7 @@ class Controller:
         self.exporter = ControllerMetrics(metrics) if metrics is not None else None
         self.last_verdicts: list[Verdict] = []
         self._lock = threading.Lock()
+        self._pushing = threading.Lock()
         self.references = References()  # shadow's references, read again only when their labels change
         self.window_cache = WindowCache()  # the window's whole buckets, slid from tick to tick
         self.state = self._resume()
@@ -170,12 +171,15 @@ class Controller:
         )
 
     def _actuate(self) -> None:
-        payload = self.policy_payload()
-        for actuator in self.actuators:
-            try:
-                actuator(payload)
-            except Exception:
-                log.exception("actuator %r failed at revision %s", actuator, payload.revision)
+        # One push at a time, each reading the state as it starts: a tick's push that began before an
+        # operator's abort can then never land after the abort's own.
+        with self._pushing:
+            payload = self.policy_payload()
+            for actuator in self.actuators:
+                try:
+                    actuator(payload)
+                except Exception:
+                    log.exception("actuator %r failed at revision %s", actuator, payload.revision)
 
     # -- one interval ------------------------------------------------------------
     def window(self, state: RolloutState, now: float) -> Window:

@@ -125,6 +125,30 @@ def test_a_restarted_controller_serves_the_decision_persisted_before_it_stopped_
     assert [(p.phase, p.revision) for p in pushed] == [("fallback", 2)]  # not one interval later
 
 
+def test_a_push_that_began_before_an_abort_never_lands_after_the_aborts_own(store):
+    import threading
+
+    slow_started, release, landed = threading.Event(), threading.Event(), []
+
+    def fleet(payload):
+        if payload.phase == "shadow" and not slow_started.is_set():  # the promote's push, held in flight
+            slow_started.set()
+            release.wait(10)
+        landed.append(payload.phase)
+
+    ctl = controller(store, actuators=[fleet])
+    promoting = threading.Thread(target=ctl.act, args=("promote", "ops"))
+    promoting.start()
+    assert slow_started.wait(10)
+    aborting = threading.Thread(target=ctl.act, args=("abort", "ops"))
+    aborting.start()
+    aborting.join(0.3)
+    release.set()
+    promoting.join(10)
+    aborting.join(10)
+    assert landed[-1] == "fallback" and ctl.state.phase == "fallback"
+
+
 @pytest.mark.parametrize("action", ["resume", "jump"])
 def test_operator_actions_that_do_not_apply_leave_no_decision(store, action):
     ctl = controller(store)
