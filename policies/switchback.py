@@ -41,8 +41,15 @@ class Switchback:
             raise ValueError(f"origin={self.origin!r}: expected finite unix seconds")
 
     def epoch(self, ts: float) -> int:
-        """The epoch holding unix time ``ts`` (negative before the origin)."""
-        return math.floor((ts - self.origin) / self.epoch_s)
+        """The epoch holding unix time ``ts`` (negative before the origin): the ``e`` with ``start(e) <= ts <
+        start(e + 1)`` as ``start`` computes them. The division alone rounds ``start(e)`` into epoch ``e - 1``
+        for most epoch lengths, which left a walk over epochs (the simulated fleet's) stuck on a boundary."""
+        e = math.floor((ts - self.origin) / self.epoch_s)
+        while self.start(e) > ts:
+            e -= 1
+        while self.start(e + 1) <= ts:
+            e += 1
+        return e
 
     def start(self, epoch: int) -> float:
         return self.origin + epoch * self.epoch_s

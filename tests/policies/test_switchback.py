@@ -30,3 +30,19 @@ def test_epochs_follow_the_clock_and_bad_lengths_are_refused():
     assert schedule.start(3) == 1012.0
     with pytest.raises(ValueError, match="epoch_s=0"):
         Switchback(1, 0, 0.0)
+
+
+@given(
+    st.floats(0.05, 120.0),
+    st.floats(1.6e9, 1.9e9),
+    st.integers(-(10**4), 10**6),
+    st.floats(0.0, 1.0, exclude_max=True),
+)
+def test_an_epochs_start_lies_in_that_epoch(epoch_s, origin, epoch, offset):
+    """``epoch(start(e))`` once read ``e - 1`` (0.1 s epochs from 1.7e9: start(1) was in epoch 0), and the
+    simulated fleet's walk over epochs stood still on the boundary for ever."""
+    schedule = Switchback(0, epoch_s, origin)
+    assert schedule.epoch(schedule.start(epoch)) == epoch
+    inside = schedule.start(epoch) + offset * epoch_s
+    if inside < schedule.start(epoch + 1):
+        assert schedule.epoch(inside) == epoch
