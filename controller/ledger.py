@@ -19,6 +19,8 @@ from .rollout_state import Decision, RolloutState, replay, stage_of
 _COLUMNS = (
     "decided_at, revision, phase_from, phase_to, compact_fraction, action, outcome, reasons, operator, contract, rung"
 )
+# Policy changes, as a SQL filter on ``action`` (its parameters: ``sorted(CHANGES_POLICY)``).
+_CHANGES = f"action IN ({', '.join('?' * len(CHANGES_POLICY))})"
 
 
 def record(store: Store, decision: Decision) -> None:
@@ -68,7 +70,7 @@ def decisions(
         clauses.append("decided_at >= ?")
         params.append(since)
     if changes_only:
-        clauses.append(f"action IN ({', '.join('?' * len(CHANGES_POLICY))})")
+        clauses.append(_CHANGES)
         params.extend(sorted(CHANGES_POLICY))
     # rowid breaks ties between decisions made in the same clock tick, in insertion order.
     sql = f"SELECT {_COLUMNS} FROM decisions WHERE {' AND '.join(clauses)} ORDER BY decided_at DESC, rowid DESC"
@@ -78,34 +80,37 @@ def decisions(
     return [_decision(r, None) for r in reversed(rows)]
 
 
-def last_change(store: Store) -> Decision | None:
-    """The newest policy change as written (by insertion, which ``load_state`` replays from; a wall clock
-    stepped back can make an older decision's ``decided_at`` the later), or None in an empty ledger."""
+def _decided_before(before: float | None) -> tuple[str, list]:
+    return ("decided_at < ?", [before]) if before is not None else ("TRUE", [])
+
+
+def _last_change_row(store: Store, before: float | None) -> dict | None:
+    """The newest policy change decided before ``before`` (any, for None) as written, with its ``rowid``:
+    by insertion, not ``decided_at``, which a wall clock stepped back can make an older decision's later."""
+    until, params = _decided_before(before)
     rows = store.query(
-        f"SELECT {_COLUMNS} FROM decisions WHERE action IN ({', '.join('?' * len(CHANGES_POLICY))}) "
-        "ORDER BY rowid DESC LIMIT 1",
-        sorted(CHANGES_POLICY),
+        f"SELECT rowid, {_COLUMNS} FROM decisions WHERE {until} AND {_CHANGES} ORDER BY rowid DESC LIMIT 1",
+        [*params, *sorted(CHANGES_POLICY)],
     ).to_pylist()
-    return _decision(rows[0], None) if rows else None
+    return rows[0] if rows else None
+
+
+def last_change(store: Store) -> Decision | None:
+    """The newest policy change as written (the one ``load_state`` replays from), or None in an empty
+    ledger."""
+    row = _last_change_row(store, None)
+    return None if row is None else _decision(row, None)
 
 
 def load_state(store: Store, policy: RolloutPolicy, before: float | None = None) -> RolloutState | None:
     """The state the ledger ends in (None when empty), or was in just before ``before`` (its decisions
     decided earlier). Only decisions since the last policy change matter, so only those are read. Raises
     ``LookupError`` when that change names a stage ``policy`` does not have."""
-    until, params = ("decided_at < ?", [before]) if before is not None else ("TRUE", [])
-    last = (
-        store.query(
-            f"SELECT max(rowid) AS r FROM decisions WHERE {until} "
-            f"AND action IN ({', '.join('?' * len(CHANGES_POLICY))})",
-            [*params, *sorted(CHANGES_POLICY)],
-        )
-        .column("r")[0]
-        .as_py()
-    )
+    last = _last_change_row(store, before)
     if last is None:
         return None
+    until, params = _decided_before(before)
     rows = store.query(
-        f"SELECT {_COLUMNS} FROM decisions WHERE rowid >= ? AND {until} ORDER BY rowid", [last, *params]
+        f"SELECT {_COLUMNS} FROM decisions WHERE rowid >= ? AND {until} ORDER BY rowid", [last["rowid"], *params]
     ).to_pylist()
     return replay(_decision(r, policy) for r in rows)
