@@ -119,10 +119,15 @@ async def _commit(commit: Callable[[], T]) -> T | JSONResponse:
     except Refused as refused:
         return JSONResponse({"error": refused.reason}, status_code=refused.status)
     except Exception as exc:
-        # Bad input never gets here (it is quarantined); what does is the store's (a full disk, a closed
-        # store): nothing was written, and a retry can succeed once the cause is gone.
-        cause = f"{type(exc).__name__}: {exc}"
-        return JSONResponse({"error": f"not committed: {cause}"}, status_code=503, headers={"Retry-After": "1"})
+        # Bad input never gets here (it is quarantined); what does is the store's.
+        return not_committed(exc)
+
+
+def not_committed(exc: Exception, key: str = "error") -> JSONResponse:
+    """The answer when the store failed (a full disk, a closed store): nothing was written, and a retry can
+    succeed once the cause is gone, so a 503 with ``Retry-After``. ``key`` is the route family's error field."""
+    return JSONResponse({key: f"not committed: {type(exc).__name__}: {exc}"}, status_code=503,
+                        headers={"Retry-After": "1"})  # fmt: skip
 
 
 def _reply(summary: dict, quarantined: list[Quarantined]) -> JSONResponse:

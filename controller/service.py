@@ -44,7 +44,14 @@ from pydantic import BaseModel, Field
 
 from sparkgate.collectors.aggregate import Aggregate, AggregateError
 from sparkgate.collectors.ingest import Ingestor
-from sparkgate.collectors.ingest_api import ARROW_TYPES, DEFAULT_MAX_BODY, NDJSON_TYPES, BodyLimit, ingest_router
+from sparkgate.collectors.ingest_api import (
+    ARROW_TYPES,
+    DEFAULT_MAX_BODY,
+    NDJSON_TYPES,
+    BodyLimit,
+    ingest_router,
+    not_committed,
+)
 from sparkgate.collectors.reports import IntervalOverlap, TooManyReports
 from sparkgate.collectors.schema import MAX_CHECKS_PER_REPORT, Problem, json_safe
 from sparkgate.collectors.writers import Refused, Writers
@@ -238,10 +245,8 @@ def create_app(
 
     @app.exception_handler(duckdb.Error)
     async def unavailable(request: Request, exc: duckdb.Error) -> JSONResponse:
-        # The store failed (a full disk, a closed store): nothing was committed and a retry can succeed once
-        # the cause is gone, as the records routes answer. A bare 500 reads as a bug no client retries.
-        detail = f"not committed: {type(exc).__name__}: {exc}"
-        return JSONResponse({"detail": detail}, status_code=503, headers={"Retry-After": "1"})
+        # As the records routes answer (in FastAPI's error field): a bare 500 reads as a bug no client retries.
+        return not_committed(exc, "detail")
 
     ingest = ingest_router(ingestor, writers=writers)
 
