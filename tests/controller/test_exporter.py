@@ -18,6 +18,18 @@ from sparkgate.policies.rollout import parse_rollout_policy
 from tests.conftest import T0, ingest_synthetic
 
 POLICY = parse_rollout_policy({"canary_steps": [0.25]})
+SHADOW_GATES = [
+    Gate(metric="survival_ece", threshold=1.0, direction="at_most"),
+    Gate(metric="upper_bound_utilization", threshold=2.0, direction="at_least"),
+]
+
+
+@pytest.fixture
+def exported(store):
+    """An evaluation of 20 synthetic steps, a fresh exporter, and a reader of its samples."""
+    ingest_synthetic(store, 20, T0)
+    metrics = Metrics()
+    return evaluate(store), ControllerMetrics(metrics), metrics.registry.get_sample_value
 
 
 def test_state_and_decisions_are_exported():
@@ -39,21 +51,14 @@ def test_state_and_decisions_are_exported():
     assert value("sparkgate_rollout_phase", {"phase": "baseline"}) == 0
 
 
-def test_each_gate_exports_its_value_samples_and_verdict_code(store):
-    ingest_synthetic(store, 20, T0)
-    evaluation = evaluate(store)
+def test_each_gate_exports_its_value_samples_and_verdict_code(exported):
+    evaluation, exporter, value = exported
     measured = evaluation.measurements("shadow")
-    gates = [
-        Gate(metric="survival_ece", threshold=1.0, direction="at_most"),
-        Gate(metric="upper_bound_utilization", threshold=2.0, direction="at_least"),
-        Gate(metric="tier_miss_rate", threshold=0.5, direction="at_most", min_samples=10**9),
-    ]
+    gates = [*SHADOW_GATES, Gate(metric="tier_miss_rate", threshold=0.5, direction="at_most", min_samples=10**9)]
     unmeasured = Gate(metric="p99_step_ratio", threshold=1.0, direction="at_most")
     verdicts = [*judge_all(gates, measured), judge(unmeasured, None)]
     assert [v.outcome for v in verdicts] == ["pass", "fail", "inconclusive", "inconclusive"]
-    metrics = Metrics()
-    ControllerMetrics(metrics).evaluation(evaluation, verdicts)
-    value = metrics.registry.get_sample_value
+    exporter.evaluation(evaluation, verdicts)
     for gate, code in [("survival_ece", 1.0), ("upper_bound_utilization", 0.0), ("tier_miss_rate", -1.0)]:
         assert value("sparkgate_gate_verdict", {"gate": gate}) == code
         assert value("sparkgate_gate_value", {"gate": gate}) == pytest.approx(measured[gate].value)
@@ -66,23 +71,14 @@ def test_each_gate_exports_its_value_samples_and_verdict_code(store):
     assert value("sparkgate_survival_ece", {"depth": "1"}) == evaluation.aggregate.survival.ece()[1]
 
 
-def test_only_what_this_interval_judged_is_exported(store):
+def test_only_what_this_interval_judged_is_exported(store, exported):
     """A gate another phase judged, a value this interval lacks and the window's calibration of an earlier
     interval lose their series instead of standing beside this interval's verdicts."""
-    ingest_synthetic(store, 20, T0)
-    evaluation = evaluate(store)
-    measured = evaluation.measurements("shadow")
-    shadow = [
-        Gate(metric="survival_ece", threshold=1.0, direction="at_most"),
-        Gate(metric="upper_bound_utilization", threshold=2.0, direction="at_least"),
-    ]
-    metrics = Metrics()
-    exporter = ControllerMetrics(metrics)
-    value = metrics.registry.get_sample_value
-    exporter.evaluation(evaluation, judge_all(shadow, measured))
+    evaluation, exporter, value = exported
+    exporter.evaluation(evaluation, judge_all(SHADOW_GATES, evaluation.measurements("shadow")))
     assert value("sparkgate_gate_verdict", {"gate": "upper_bound_utilization"}) == 0.0
     assert value("sparkgate_upper_bound_utilization") == evaluation.aggregate.upper_bound_utilization()
-    canary = [judge(shadow[0], None)]  # no data yet in the new stage
+    canary = [judge(SHADOW_GATES[0], None)]  # no data yet in the new stage
     exporter.evaluation(evaluate(store, Window(since=T0 + 10**6)), canary)
     assert value("sparkgate_gate_verdict", {"gate": "survival_ece"}) == -1.0
     assert value("sparkgate_gate_value", {"gate": "survival_ece"}) is None  # not the shadow interval's value
@@ -91,14 +87,9 @@ def test_only_what_this_interval_judged_is_exported(store):
     assert math.isnan(value("sparkgate_upper_bound_utilization"))
 
 
-def test_an_interval_that_could_not_read_the_store_exports_its_error_verdicts(store):
-    ingest_synthetic(store, 20, T0)
-    evaluation = evaluate(store)
-    gate = Gate(metric="survival_ece", threshold=1.0, direction="at_most")
-    metrics = Metrics()
-    exporter = ControllerMetrics(metrics)
-    value = metrics.registry.get_sample_value
-    exporter.evaluation(evaluation, judge_all([gate], evaluation.measurements("shadow")))
+def test_an_interval_that_could_not_read_the_store_exports_its_error_verdicts(exported):
+    evaluation, exporter, value = exported
+    exporter.evaluation(evaluation, judge_all(SHADOW_GATES[:1], evaluation.measurements("shadow")))
     exporter.evaluation(None, [error_verdict("store: IO Error"), error_verdict("poll failed", "collector")])
     assert value("sparkgate_gate_verdict", {"gate": "evaluation"}) == -2.0
     assert value("sparkgate_gate_verdict", {"gate": "collector"}) == -2.0
