@@ -219,6 +219,13 @@ def _validate(data: object, source: str) -> dict[str, Any]:
     return data
 
 
+def _log_loss(pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean log loss of each row of ``pred [G, N]`` against ``y [N]``; survivals are clamped off 0 and 1
+    so that one confident miss costs a bounded amount."""
+    p = pred.clamp(1e-12, 1 - 1e-12)
+    return -(y * p.log() + (1 - y) * (-p).log1p()).mean(-1)
+
+
 def fit_sts(
     confidence: torch.Tensor,
     labels: torch.Tensor,
@@ -231,8 +238,11 @@ def fit_sts(
     survival labels ``labels [N, γ]`` (``y_k = 1[a* >= k]``), using at depth k only rows
     where ``observed[:, k]`` (all rows when None).
 
-    Among grid points with the same ECE the one nearest T = 1 wins, so a depth that
-    is already calibrated is left alone.
+    Each temperature minimises the mean log loss of the survival at its depth, a
+    proper scoring rule: it is least at T = 1 for confidences that are already right,
+    where binned ECE is least for a huge temperature that squeezes every survival
+    into the bin around 0.5. Among grid points with the same loss the one nearest
+    T = 1 wins.
     """
     if confidence.dim() != 2 or confidence.shape != labels.shape:
         raise ValueError(
@@ -251,8 +261,8 @@ def fit_sts(
     for k in range(confidence.shape[1]):
         rows = obs[:, k]
         candidates = prefix[rows] * scale_confidence(confidence[rows, k][None], grid[:, None])
-        ece = batched_ece(candidates, labels[rows, k])
-        tied = ece <= ece.min() + 1e-12
+        loss = _log_loss(candidates, labels[rows, k])
+        tied = loss <= loss.min() + 1e-12
         best = int(torch.where(tied, grid.log().abs(), torch.inf).argmin())
         temperatures.append(float(grid[best]))
         prefix = prefix * scale_confidence(confidence[:, k], grid[best])

@@ -95,7 +95,7 @@ def read_labels(paths: list[str | Path]) -> tuple[torch.Tensor, torch.Tensor, st
 @click.option("--dataset", default=None, help="Name recorded in the file (default: the record file names).")
 @click.option("--ship", is_flag=True, help="Install as the shipped STS (verify_runtime/assets/sts.json).")
 def calibrate(paths, out, dataset, ship):
-    """Fit per-depth STS temperatures (left to right, survival ECE) and write SGLang's STS JSON."""
+    """Fit per-depth STS temperatures (left to right, by the survival's log loss) and write SGLang's STS JSON."""
     from sparkgate.policies.calibration import fit_sts
 
     from .shipped import ship_sts

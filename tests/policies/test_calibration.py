@@ -9,6 +9,7 @@ from sparkgate.policies.calibration import (
     STSFormatError,
     auroc,
     batched_ece,
+    brier_per_depth,
     bin_index,
     ece_per_depth,
     fit_sts,
@@ -61,6 +62,23 @@ def test_fit_is_left_to_right_with_earlier_depths_frozen():
     # a depth that is already calibrated keeps T = 1
     true, labels = synthetic(sharpen=1.0, gamma=1, n=5000, seed=2)
     assert fit_sts(true, labels).temperatures[0] == pytest.approx(1.0, rel=0.2)
+
+
+@pytest.mark.parametrize("spread", ["uniform", "beta22"])
+def test_calibrated_depths_keep_their_resolution(spread):
+    # Binned ECE alone is least for a huge temperature, which squeezes every confidence into the bin around
+    # 0.5; a proper scoring rule is least at T = 1 when the confidences are already right.
+    g = torch.Generator().manual_seed(3)
+    if spread == "uniform":
+        true = torch.rand(20000, 4, generator=g, dtype=torch.float64) * 0.8 + 0.1
+    else:
+        torch.manual_seed(3)
+        true = torch.distributions.Beta(2.0, 2.0).sample((20000, 4)).double()
+    labels = (torch.rand(true.shape, generator=g, dtype=torch.float64) < true).double().cumprod(1)
+    sts = fit_sts(true, labels)
+    assert sts.temperatures == pytest.approx([1.0] * 4, rel=0.1)
+    for fitted, raw in zip(brier_per_depth(sts(true), labels), brier_per_depth(true.cumprod(1), labels)):
+        assert fitted <= raw * 1.001
 
 
 def test_observed_mask_excludes_censored_rows():
