@@ -29,6 +29,7 @@ import torch
 
 from sparkgate.policies.binning import EDGES, N_BINS
 from sparkgate.policies.errors import InputError
+from sparkgate.policies.outputs import written_whole
 
 _INNER_EDGES = torch.tensor(EDGES[1:-1], dtype=torch.float64)
 DEFAULT_GRID = torch.logspace(math.log10(0.05), math.log10(20.0), 241, dtype=torch.float64)
@@ -177,8 +178,9 @@ class STS:
         return cls(**{k: known[k] for k in names if k in known})
 
     def save(self, path: str | Path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        """Writes ``path`` whole or leaves what it held (``shipped.ship_sts`` does not wrap it)."""
+        with written_whole(path) as partial:
+            partial.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
 
     @classmethod
     def load(cls, path: str | Path) -> STS:

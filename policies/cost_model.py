@@ -46,6 +46,7 @@ import torch
 # Re-exported: callers catch them from here; they live apart so that storing a table needs no torch.
 from sparkgate.policies.cost_errors import CostTableError as CostTableError
 from sparkgate.policies.cost_errors import FingerprintMismatch as FingerprintMismatch
+from sparkgate.policies.outputs import written_whole
 
 SPS_KEYS = ("sample_batch_tokens", "sample_steps_per_sec", "max_batch_tokens")
 ADDITIVE_KEYS = ("bias_seconds", "bs_probes", "alpha_seconds", "m_probes", "theta_seconds")
@@ -361,4 +362,6 @@ def load_cost_table(
 
 
 def save_cost_table(table: CostTable, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(table.to_json_dict(), indent=2) + "\n", encoding="utf-8")
+    """Writes ``path`` whole or leaves what it held (callers such as the profiled-table cache do not wrap it)."""
+    with written_whole(path) as partial:
+        partial.write_text(json.dumps(table.to_json_dict(), indent=2) + "\n", encoding="utf-8")

@@ -3,11 +3,15 @@ keeping the mode of what they replace and writing through a link."""
 
 from __future__ import annotations
 
+import errno
 import os
+from pathlib import Path
 
 import click
 import pytest
 
+from sparkgate.policies.calibration import STS
+from sparkgate.policies.cost_model import load_cost_table, parse_cost_table, save_cost_table
 from sparkgate.policies.outputs import output_path, written_whole
 
 
@@ -48,3 +52,34 @@ def test_a_replaced_file_keeps_its_mode_and_a_link_keeps_pointing_at_it(tmp_path
         partial.write_text("new")
     assert link.is_symlink() and target.read_text() == "new" and (target.stat().st_mode & 0o777) == 0o640
     assert sorted(p.name for p in tmp_path.iterdir()) == ["current.json", "table.json"]
+
+
+def _full_disk_after(limit: int):
+    """A ``Path.write_text`` that writes ``limit`` characters and then fails as a full disk does."""
+    real = Path.write_text
+
+    def write_text(self, data, *args, **kwargs):
+        real(self, data[:limit], *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    return write_text
+
+
+@pytest.mark.parametrize("saver", ["cost table", "sts"])
+def test_the_policy_files_savers_leave_the_old_file_when_a_write_fails(tmp_path, monkeypatch, saver):
+    # Their callers outside the CLIs (the profiled cost-table cache, shipping an STS) do not wrap them.
+    path = tmp_path / "file.json"
+    if saver == "cost table":
+        table = parse_cost_table({"sample_batch_tokens": [8, 64], "sample_steps_per_sec": [900.0, 400.0], "max_batch_tokens": 64})
+        save, load = (lambda: save_cost_table(table, path)), (lambda: load_cost_table(path))
+    else:
+        sts = STS([1.0, 2.0])
+        save, load = (lambda: sts.save(path)), (lambda: STS.load(path))
+    save()
+    before = path.read_text()
+    monkeypatch.setattr(Path, "write_text", _full_disk_after(10))
+    with pytest.raises(OSError, match="No space left"):
+        save()
+    monkeypatch.undo()
+    assert path.read_text() == before and [p.name for p in tmp_path.iterdir()] == ["file.json"]
+    load()
