@@ -29,6 +29,20 @@ class NotUTF8Error(YAMLTextError):
     """A file that is not UTF-8 text, so not YAML at all; the message names the first bad byte."""
 
 
+class _Loader(yaml.SafeLoader):
+    """The safe loader, with a date that does not exist (``2024-13-01``) refused where it is written:
+    PyYAML's constructor raises a bare ``ValueError`` there, with no mark."""
+
+    def construct_yaml_timestamp(self, node):
+        try:
+            return super().construct_yaml_timestamp(node)
+        except ValueError as exc:
+            raise ConstructorError(None, None, f"{node.value!r} is not a date ({exc})", node.start_mark) from None
+
+
+_Loader.add_constructor("tag:yaml.org,2002:timestamp", _Loader.construct_yaml_timestamp)
+
+
 def load_file(path: str | Path) -> Any:
     """The decoded document of the file at ``path``: ``load`` of its UTF-8 text, or ``NotUTF8Error``.
     ``OSError`` when it cannot be read."""
@@ -41,7 +55,7 @@ def load_file(path: str | Path) -> Any:
 
 def load(text: str) -> Any:
     """The decoded document, or ``YAMLTextError`` naming the line and column of the first problem."""
-    loader = yaml.SafeLoader(text)
+    loader = _Loader(text)
     try:
         node = loader.get_single_node()
         if node is None:
@@ -58,7 +72,7 @@ def load(text: str) -> Any:
         loader.dispose()
 
 
-def _refuse_repeated_keys(loader: yaml.SafeLoader, root: yaml.Node) -> None:
+def _refuse_repeated_keys(loader: _Loader, root: yaml.Node) -> None:
     """Raise ``ConstructorError`` at the first mapping, in document order, that names a scalar key twice
     (keys compared as the values they construct to: ``1`` and ``0x1`` are one key, ``1`` and ``'1'`` two)."""
     pending, visited = [root], set()

@@ -70,7 +70,9 @@ def test_the_policy_files_savers_leave_the_old_file_when_a_write_fails(tmp_path,
     # Their callers outside the CLIs (the profiled cost-table cache, shipping an STS) do not wrap them.
     path = tmp_path / "file.json"
     if saver == "cost table":
-        table = parse_cost_table({"sample_batch_tokens": [8, 64], "sample_steps_per_sec": [900.0, 400.0], "max_batch_tokens": 64})
+        table = parse_cost_table(
+            {"sample_batch_tokens": [8, 64], "sample_steps_per_sec": [900.0, 400.0], "max_batch_tokens": 64}
+        )
         save, load = (lambda: save_cost_table(table, path)), (lambda: load_cost_table(path))
     else:
         sts = STS([1.0, 2.0])

@@ -3,6 +3,8 @@ refused with the line of both; merge keys may still be overridden."""
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 import yaml
 from hypothesis import given
@@ -56,6 +58,17 @@ def test_keys_are_compared_as_values():
 def test_text_that_is_not_yaml_is_one_line_naming_where():
     with pytest.raises(YAMLTextError, match=r"^line 2, column 1: expected the node content, but found '<stream end>'$"):
         load("gates: [\n")
+
+
+@pytest.mark.parametrize(
+    "text, where",
+    [("gamma: 7\nnote: 2024-13-01\n", "line 2, column 7"), ("2024-02-30: 1\n", "line 1, column 1")],
+)
+def test_a_date_that_does_not_exist_is_named_where_it_is(text, where):
+    # YAML reads an unquoted 2024-13-01 as a date; the constructor's own ValueError escaped as a traceback.
+    with pytest.raises(YAMLTextError, match=rf"^{where}: '20\d\d-\d\d-\d\d' is not a date \(.+\)$"):
+        load(text)
+    assert load("note: 2024-02-29\n") == {"note": datetime.date(2024, 2, 29)}
 
 
 def test_a_file_is_read_as_utf8_text_and_one_that_is_not_is_named(tmp_path):
