@@ -46,6 +46,10 @@ class StepTimes:
                 f"StepTimes: batch_size has {self.batch_size.numel()}, verify_rows {self.verify_rows.numel()}, "
                 f"ms {n} values; they must match"
             )
+        bad = (~(torch.isfinite(self.ms) & (self.ms > 0))).nonzero().flatten()
+        if bad.numel():
+            i = int(bad[0])
+            raise ValueError(f"StepTimes: ms[{i}]={float(self.ms[i])}: must be a finite number > 0")
 
     def __len__(self) -> int:
         return self.ms.numel()

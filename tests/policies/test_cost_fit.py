@@ -80,6 +80,13 @@ def test_a_1d_table_and_no_steps_are_refused_by_name():
         StepTimes(torch.tensor([1, 2]), torch.tensor([8]), torch.tensor([5.0]))
 
 
+@pytest.mark.parametrize("bad", [0.0, -5.0, float("nan"), float("inf")])
+def test_a_step_time_that_is_not_a_positive_number_is_refused_by_index(bad):
+    # The fit's least squares failed inside LAPACK on one such step ("INTERNAL ASSERT FAILED").
+    with pytest.raises(ValueError, match=rf"^StepTimes: ms\[1\]={bad}: must be a finite number > 0$"):
+        StepTimes(torch.tensor([1, 2, 3]), torch.tensor([8, 8, 8]), torch.tensor([5.0, bad, 6.0]))
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.floats(0.2, 5.0), st.floats(0.01, 1.0), st.integers(0, 1000))
 def test_an_update_never_moves_a_prediction_by_more_than_the_bound(factor, max_change, seed):
