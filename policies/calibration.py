@@ -185,8 +185,8 @@ class STS:
     @classmethod
     def load(cls, path: str | Path) -> STS:
         try:
-            data = json.loads(Path(path).read_text())
-        except json.JSONDecodeError as exc:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise STSFormatError(f"{path}: not JSON ({exc})") from exc
         return cls.from_dict(data, str(path))
 

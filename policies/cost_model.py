@@ -354,7 +354,7 @@ def load_cost_table(
     """Read, validate and fingerprint-check a table file."""
     try:
         obj = json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CostTableError(f"{path}: not valid JSON ({exc})") from exc
     table = parse_cost_table(obj)
     check_fingerprint(table, hardware=hardware, model=model, force=force)

@@ -1,5 +1,6 @@
 """Output paths: refused before the work where nothing can be made, and files written whole or not at all,
-keeping the mode of what they replace and writing through a link."""
+keeping the mode of what they replace and writing through a link; the policy files (cost tables, STS)
+saved that way and read back with a format error for any bytes that are not one."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from sparkgate.policies.calibration import STS
 from sparkgate.policies.cost_model import load_cost_table, parse_cost_table, save_cost_table
+from sparkgate.policies.errors import InputError
 from sparkgate.policies.outputs import output_path, written_whole
 
 
@@ -85,3 +87,12 @@ def test_the_policy_files_savers_leave_the_old_file_when_a_write_fails(tmp_path,
     monkeypatch.undo()
     assert path.read_text() == before and [p.name for p in tmp_path.iterdir()] == ["file.json"]
     load()
+
+
+@pytest.mark.parametrize("loader", [load_cost_table, STS.load])
+def test_a_policy_file_that_is_not_utf8_is_a_format_error_naming_the_byte(tmp_path, loader):
+    # The profiled-table cache re-profiles over a file that is not a table; a UnicodeDecodeError crashed it.
+    path = tmp_path / "file.json"
+    path.write_bytes(b'\xff\xfe{"bias_seconds": 1}')
+    with pytest.raises(InputError, match=r"file.json: not (valid )?JSON \(.*can't decode byte 0xff in position 0"):
+        loader(path)
