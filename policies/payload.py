@@ -8,7 +8,7 @@ one side fails loudly on the other instead of reading ``None``.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from sparkgate.policies.switchback import Switchback
 from sparkgate.policies.vocabulary import Phase
@@ -24,8 +24,8 @@ class SwitchbackSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     seed: int
-    epoch_s: float = Field(gt=0)
-    origin: float
+    epoch_s: float = Field(gt=0, allow_inf_nan=False)
+    origin: float = Field(allow_inf_nan=False)
 
 
 class PolicyPayload(BaseModel):
@@ -43,8 +43,8 @@ class PolicyPayload(BaseModel):
     phase: Phase
     compact_fraction: float = Field(ge=0.0, le=1.0)
     observe_fraction: float = Field(ge=0.0, le=1.0)
+    gamma: int = Field(ge=1)  # before fallback_window, which is checked against it
     fallback_window: int = Field(ge=0)
-    gamma: int = Field(ge=1)
     cost_table_version: str | None
     cost_tables: dict[str, str] = Field(
         description="Adaptive: the fitted cost table version each replica group serves, keyed by the version of "
@@ -55,6 +55,14 @@ class PolicyPayload(BaseModel):
     switchback: SwitchbackSpec | None = Field(
         description="The epoch schedule replicas alternate treatment and control on (null: no control)."
     )
+
+    @field_validator("fallback_window")
+    @classmethod
+    def _within_gamma(cls, value: int, info: ValidationInfo) -> int:
+        gamma = info.data.get("gamma")  # absent when gamma itself was refused
+        if gamma is not None and value > gamma:
+            raise ValueError(f"must be at most gamma ({gamma})")
+        return value
 
     def schedule(self) -> Switchback | None:
         spec = self.switchback

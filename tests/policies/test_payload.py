@@ -39,6 +39,10 @@ def test_a_payload_round_trips_through_json():
         ({"gamma": 0}, "gamma"),
         ({"revision": -1}, "revision"),
         ({"windows": 3}, "windows"),
+        # each of these used to pass, and the replica switched phase before schedule() raised
+        ({"fallback_window": 8}, "fallback_window"),
+        ({"switchback": {"seed": 0, "epoch_s": float("inf"), "origin": 0.0}}, "switchback"),
+        ({"switchback": {"seed": 0, "epoch_s": 10.0, "origin": float("nan")}}, "switchback"),
     ],
 )
 def test_a_bad_payload_names_the_field(change, field):
