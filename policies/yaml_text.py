@@ -33,7 +33,7 @@ class _Loader(yaml.SafeLoader):
     """The safe loader, with a date that does not exist (``2024-13-01``) refused where it is written:
     PyYAML's constructor raises a bare ``ValueError`` there, with no mark."""
 
-    def construct_yaml_timestamp(self, node):
+    def construct_yaml_timestamp(self, node: yaml.ScalarNode) -> Any:
         try:
             return super().construct_yaml_timestamp(node)
         except ValueError as exc:
