@@ -103,7 +103,8 @@ class Gate(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _name_defaults_to_metric(cls, data: Any) -> Any:
-        if isinstance(data, dict) and not data.get("name") and isinstance(data.get("metric"), str):
+        # Only an absent or empty name: a name of the wrong type is refused, not replaced.
+        if isinstance(data, dict) and data.get("name") in (None, "") and isinstance(data.get("metric"), str):
             return {**data, "name": data["metric"]}
         return data
 
@@ -136,6 +137,10 @@ class Gate(BaseModel):
             problems.append(want("consecutive_passes", self.consecutive_passes, "an integer >= 1"))
         if self.guard and self.dry_run:
             problems.append(want("guard", self.guard, "false on a dry_run gate (a dry run never acts)"))
+        if self.critical and self.dry_run:
+            problems.append(want("critical", self.critical, "false on a dry_run gate (a dry run never acts)"))
+        if not self.phases:
+            problems.append(want("phases", list(self.phases), "at least one serving phase (a gate judged nowhere)"))
         raise_all(problems)
         return self
 

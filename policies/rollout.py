@@ -12,6 +12,7 @@ metrics or holds state.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -274,6 +275,9 @@ class RolloutPolicy(BaseModel):
         return parse_rollout_policy({**self.to_dict(), **changes})
 
 
+_EXPONENT_WITHOUT_DOT = re.compile(r"[-+]?[0-9]+[eE][-+]?[0-9]+")
+
+
 def _path(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
@@ -290,9 +294,16 @@ def _message(error: Mapping[str, Any]) -> list[str]:
     if kind == "missing":
         return [f"{key}: missing"]
     if kind == "extra_forbidden":
-        nested: dict[str, type[BaseModel]] = {"gates": Gate, "notify": Webhook, "comparison": Comparison}
+        nested: dict[str, type[BaseModel]] = {
+            "gates": Gate,
+            "notify": Webhook,
+            "comparison": Comparison,
+            "adaptive": Adaptive,
+        }
         model = nested.get(str(loc[0]), RolloutPolicy) if len(loc) > 1 else RolloutPolicy
         return [f"{key}: unknown key (known: {', '.join(model.model_fields)})"]
+    if kind == "invalid_key":  # the input is the key, and loc ends with it
+        return [want(_path(loc[:-1]) or "rollout policy", value, "keys that are strings")]
     if kind == "literal_error":
         what = "one of " + error["ctx"]["expected"].replace("'", "").replace(" or ", ", ")
     else:
@@ -305,7 +316,11 @@ def _message(error: Mapping[str, Any]) -> list[str]:
             "model_type": "a mapping",
             "finite_number": "a finite number",
         }.get(kind, error["msg"])
-    return [want(key or "rollout policy", value, what)]
+    line = want(key or "rollout policy", value, what)
+    if kind == "float_type" and isinstance(value, str) and _EXPONENT_WITHOUT_DOT.fullmatch(value):
+        # PyYAML reads YAML 1.1, whose floats need a dot: 1e-3 is text there, a number in JSON and YAML 1.2.
+        line += f" (YAML 1.1 reads {value} as text: write it with a dot, as in 1.0e-3)"
+    return [line]
 
 
 def problems(raw: Any) -> list[str]:

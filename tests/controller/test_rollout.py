@@ -203,7 +203,6 @@ def test_dry_run_gates_are_recorded_but_never_decide(store):
                     "threshold": 0.0,
                     "direction": "at_most",
                     "dry_run": True,
-                    "critical": True,
                 },
             ],
         }

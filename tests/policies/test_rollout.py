@@ -74,6 +74,10 @@ GATE = {"metric": "tier_miss_rate", "threshold": 0.02, "direction": "at_most"}
         ({"gates": [{**GATE, "treshold": 1}]}, "gates[0].treshold: unknown key"),
         ({"gates": [{"metric": "tier_miss_rate", "direction": "at_most"}]}, "gates[0].threshold: missing"),
         ({"gates": [{**GATE, "threshold": "high"}]}, "gates[0].threshold: expected a number, got 'high'"),
+        (
+            {"gates": [{**GATE, "threshold": "1e-3"}]},  # how PyYAML reads `threshold: 1e-3`
+            "gates[0].threshold: expected a number, got '1e-3' (YAML 1.1 reads 1e-3 as text: write it with a dot",
+        ),
         ({"gates": [{**GATE, "threshold": float("nan")}]}, "gates[0].threshold: expected a finite number"),
         ({"gates": [GATE, {**GATE, "metric": "ece"}]}, "gates[1].metric: expected one of"),
         ({"gates": [{**GATE, "direction": "below"}]}, "gates[0].direction: expected one of at_most, at_least"),
@@ -82,6 +86,14 @@ GATE = {"metric": "tier_miss_rate", "threshold": 0.02, "direction": "at_most"}
         ({"gates": [{**GATE, "phases": ["baseline"]}]}, "gates[0].phases[0]: expected one of shadow"),
         ({"gates": [{**GATE, "promql": " "}]}, "gates[0].promql: expected a non-empty query"),
         ({"gates": [GATE, GATE]}, "gates[1].name: expected a name no other gate uses"),
+        # these three validated and meant something else: a name replaced by the metric, a gate never judged,
+        # a "critical" gate that never rolls back (the controller ignores critical on a dry run)
+        ({"gates": [{**GATE, "name": 0}]}, "gates[0].name: expected a string, got 0"),
+        ({"gates": [{**GATE, "phases": []}]}, "gates[0].phases: expected at least one serving phase"),
+        ({"gates": [{**GATE, "critical": True, "dry_run": True}]}, "gates[0].critical: expected false on a dry_run"),
+        ({"adaptive": {"max_chnage": 0.1}}, "adaptive.max_chnage: unknown key (known: min_interval_s"),
+        ({"gates": [{**GATE, 1: 2}]}, "gates[0]: expected keys that are strings, got 1"),
+        ({True: 1}, "rollout policy: expected keys that are strings, got True"),  # YAML 1.1 reads `yes:` as true
         ({"gates": {"a": 1}}, "gates: expected a list"),
         ({"gates": ["tier_miss_rate"]}, "gates[0]: expected a mapping"),
         ({"phases": ["shadow", "canary"]}, "phases: expected a list starting with baseline"),
