@@ -109,14 +109,20 @@ def _coefficients(table: AdditiveCostTable) -> torch.Tensor:
 
 
 def _table(parent: AdditiveCostTable, coef: torch.Tensor, version: str | None) -> AdditiveCostTable:
+    """The table ``coef`` stands for, with the same prediction everywhere: each curve's least value moves into
+    the bias, so every value is >= 0 however the curves fall (a curve that falls after its first probe has
+    negative coefficients). Only a bias that would reach 0, a table predicting no time at some probe pair, is
+    raised to ``MIN_BIAS_S``."""
     n_alpha = len(parent.bs_probes) - 1
-    values = coef.tolist()
+    alpha = torch.cat([torch.zeros(1, dtype=F64), coef[1 : 1 + n_alpha]])
+    theta = torch.cat([torch.zeros(1, dtype=F64), coef[1 + n_alpha :]])
+    low_alpha, low_theta = float(alpha.min()), float(theta.min())
     return AdditiveCostTable(
-        bias_seconds=max(values[0], MIN_BIAS_S),
+        bias_seconds=max(float(coef[0]) + low_alpha + low_theta, MIN_BIAS_S),
         bs_probes=parent.bs_probes,
-        alpha_seconds=(0.0, *(max(v, 0.0) for v in values[1 : 1 + n_alpha])),
+        alpha_seconds=tuple((alpha - low_alpha).tolist()),
         m_probes=parent.m_probes,
-        theta_seconds=(0.0, *(max(v, 0.0) for v in values[1 + n_alpha :])),
+        theta_seconds=tuple((theta - low_theta).tolist()),
         meta=replace(parent.meta, version=version),
     )
 

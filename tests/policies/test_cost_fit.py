@@ -106,3 +106,27 @@ def test_bounded_moves_towards_the_candidate_as_far_as_the_bound_allows():
     assert change(PARENT, limited, PROBES) == pytest.approx(1.5)
     with pytest.raises(ValueError, match="max_change"):
         bounded(PARENT, candidate, -0.1)
+
+
+def test_a_parent_whose_first_probe_is_not_its_cheapest_is_kept_where_no_step_came_and_bounded_exactly():
+    # A valid table (values >= 0) that neither profiler writes: alpha falls after its first probe. Its
+    # values relative to the first probe are negative; they used to be clamped to 0 after the mixing step was
+    # chosen, which moved a prediction by 1.27x under max_change 0.05.
+    parent = AdditiveCostTable(
+        bias_seconds=0.010,
+        bs_probes=(1, 8, 32),
+        alpha_seconds=(0.004, 0.001, 0.002),
+        m_probes=(1, 64, 256),
+        theta_seconds=(0.0, 0.004, 0.012),
+    )
+    probes = (parent.bs_probes, parent.m_probes)
+    rows = torch.tensor([1, 8, 30, 64, 120, 200, 256] * 50)
+    at_one = StepTimes(
+        torch.ones_like(rows), rows, predict_ms(parent, StepTimes(torch.ones_like(rows), rows, torch.ones(350)))
+    )
+    fitted = fit_additive(parent, at_one)  # every step at batch size 1, priced as the parent prices it
+    assert change(parent, fitted, probes) == pytest.approx(1.0, abs=1e-6)
+    candidate = fit_additive(parent, StepTimes(at_one.batch_size, rows, at_one.ms * 1.5))
+    limited = bounded(parent, candidate, 0.05)
+    assert change(parent, limited, probes) <= 1.05 + 1e-9
+    assert min(limited.alpha_seconds) >= 0 and min(limited.theta_seconds) >= 0 and limited.bias_seconds > 0
