@@ -83,7 +83,13 @@ def _hat_basis(probes: tuple[int, ...], x: torch.Tensor, name: str) -> torch.Ten
         )
     xs = torch.tensor(probes, dtype=torch.float64)
     eye = torch.eye(len(probes), dtype=torch.float64)
-    return torch.stack([interp_clamped(xs, eye[j], x) for j in range(len(probes))], dim=1)
+    basis = torch.stack([interp_clamped(xs, eye[j], x) for j in range(len(probes))], dim=1)
+    # A probe no sample weighs on is a free coefficient: least squares would give it any value.
+    for j in (basis.sum(0) == 0).nonzero().flatten().tolist():
+        hi = probes[min(j + 1, len(probes) - 1)]
+        where = f"between {probes[j - 1]} and {hi}" if j else f"below {hi}"
+        raise CostTableError(f"{name}: no sample lies {where}, so probe {probes[j]} is unmeasured")
+    return basis
 
 
 def fit_additive_table(
@@ -101,7 +107,8 @@ def fit_additive_table(
     the minimum-norm solution shifted to ``min(alpha) == min(theta) == 0``,
     which leaves every prediction unchanged and every stored time non-negative.
     Both curves are made non-decreasing (see below), so predicted step time never
-    falls as the batch or the verify rows grow.
+    falls as the batch or the verify rows grow. ``CostTableError`` names a probe no
+    sample lies near (its value would be unmeasured) or a sample beyond the last probe.
     """
     _check_samples(samples)
     bs = torch.tensor([s.batch_size for s in samples], dtype=torch.float64)

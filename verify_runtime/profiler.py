@@ -172,10 +172,13 @@ def profile_model(
     )
     # Fewer row probes than measured shapes, so the fit has to generalise and its
     # error says something (one probe per distinct row count would interpolate exactly).
-    # Every probe lies inside the measured range so no coefficient floats free.
+    # Every probe is a row count a step was measured at once rounded to its tier, so no coefficient floats
+    # free (the fit refuses a probe no sample lies near: the quick profile measured nothing near 16 rows).
     low, top = min(s.verify_rows for s in samples), max(s.verify_rows for s in samples)
     m_probes = [low, *(1 << i for i in range(top.bit_length()) if low < 1 << i < top), top]
-    table = fit_additive_table(samples, m_probes=_tier_probes(m_probes, grid), meta=meta)
+    measured = set(_tier_probes([s.verify_rows for s in samples], grid))
+    probes = [p for p in _tier_probes(m_probes, grid) if p in measured]
+    table = fit_additive_table(samples, m_probes=probes, meta=meta)
     return Profile(table, samples, median_relative_error(table, samples))
 
 

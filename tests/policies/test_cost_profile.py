@@ -98,6 +98,16 @@ def test_fit_refuses_to_extrapolate_beyond_given_probes():
         fit_additive_table(grid_samples(TRUE), m_probes=(1, 16))
 
 
+def test_fit_refuses_a_probe_no_sample_lies_near():
+    # Samples at rows 8 and 64 say nothing of 16 or 32: least squares gave those probes whatever value the
+    # constant's split left (24% low at 32 rows on a straight line).
+    samples = [StepSample(b, r, 0.005 + 0.0001 * r) for b in (1, 2, 4) for r in (8, 64)]
+    with pytest.raises(CostTableError, match=r"^m_probes: no sample lies between 8 and 32, so probe 16 is unmeasured"):
+        fit_additive_table(samples, bs_probes=(1, 2, 4), m_probes=(8, 16, 32, 64))
+    with pytest.raises(CostTableError, match=r"^bs_probes: no sample lies between 4 and 8, so probe 8 is unmeasured"):
+        fit_additive_table(samples, bs_probes=(1, 4, 8), m_probes=(8, 64))
+
+
 def test_hardware_fingerprint_is_stable_and_names_the_device():
     fp = hardware_fingerprint()
     assert fp == hardware_fingerprint("cpu")
