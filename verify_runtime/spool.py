@@ -1,11 +1,12 @@
 """A replica's on-disk spool: records it could not post wait here, in order, until the controller is back.
 
 Each failed post becomes one segment file (``seg-<n>.ndjson``, the very body that failed, written to a
-temporary name, fsynced and renamed, so a segment is whole or absent). ``replay`` posts the segments
-oldest first and deletes each only after the controller acknowledged it; a segment whose answer was lost
-is posted again, and the controller quarantines the repeats as duplicates of stored (replica, step_id)
-keys: nothing acknowledged is lost, nothing is stored twice. Past ``max_bytes`` the oldest segments are
-dropped, and every dropped record is counted (``dropped``), never silently.
+temporary name, fsynced and renamed, and the directory fsynced: a segment is whole or absent, and present
+once ``append`` returns). ``replay`` posts the segments oldest first and deletes each only after the
+controller acknowledged it; a segment whose answer was lost is posted again, and the controller
+quarantines the repeats as duplicates of stored (replica, step_id) keys: nothing acknowledged is lost,
+nothing is stored twice. Past ``max_bytes`` the oldest segments are dropped, and every dropped record is
+counted (``dropped``), never silently.
 """
 
 from __future__ import annotations
@@ -24,6 +25,14 @@ class Record(Protocol):
 def ndjson(records: Sequence[Record]) -> bytes:
     """Records (step or request records) as the NDJSON body their route takes."""
     return b"".join(json.dumps(r.to_dict()).encode() + b"\n" for r in records)
+
+
+def _sync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class Spool:
@@ -54,6 +63,7 @@ class Spool:
             out.flush()
             os.fsync(out.fileno())
         temporary.rename(final)
+        _sync_directory(self.dir)  # the rename itself is durable only once its directory is
         self.waiting += len(records)
         self._trim()
 

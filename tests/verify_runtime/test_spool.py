@@ -58,3 +58,16 @@ def test_past_its_bound_the_spool_drops_the_oldest_and_counts_them(tmp_path):
         spool.append(records(4, first=4 * i))
     assert spool.dropped == 8 and spool.waiting == 8 and len(spool.segments()) == 2
     assert from_wire_body(spool.segments()[0].read_bytes())[0]["step_id"] == 8  # the newest are kept
+
+
+def test_a_segment_is_durable_when_append_returns(tmp_path, monkeypatch):
+    # The rename lives in the directory: until the directory is synced, a power loss can undo it, and the
+    # records the replica counted as spooled vanish.
+    import os
+
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real_fsync(fd)))
+    Spool(tmp_path).append(records(2))
+    (segment,) = tmp_path.glob("seg-*.ndjson")
+    assert synced == [str(segment.with_suffix(".tmp")), str(tmp_path)]
