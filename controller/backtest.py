@@ -14,12 +14,18 @@ the stored decisions). Once it departs, a gate reads the records of the replayed
 were served under the stored stage: a stricter policy's earlier rollback is meaningful, a looser
 policy's advance past what was served is not evidence about the rung it advanced to. Comparisons read
 the epochs of the replayed revision only, so after a departure they are inconclusive.
+
+Reads are bounded by record time, not by arrival: records a replica posted late (its spool, after an
+outage) with times before a decision are read by the replay of that decision, though the controller
+never saw them. Up to the first departure, where both judged one stage, a row names every gate whose
+sample count differs from the stored verdict's (``samples_differ``), so a difference in evidence is
+shown, not taken for a difference in policy.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import click
 
@@ -76,6 +82,8 @@ class Row:
     stored: Decision
     replayed: Decision | None  # None: an operator action the replayed state did not allow
     note: str = ""
+    # gate -> [samples stored, samples replayed], where the two judged one stage and read different evidence
+    samples_differ: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def agrees(self) -> bool:
@@ -88,11 +96,35 @@ class Row:
             "replayed": None if self.replayed is None else _brief(self.replayed),
             "agrees": self.agrees,
             **({"note": self.note} if self.note else {}),
+            **({"samples_differ": self.samples_differ} if self.samples_differ else {}),
         }
 
 
 def _key(d: Decision) -> tuple:
     return d.action, d.phase_to, round(d.compact_fraction, 9), d.outcome
+
+
+def _samples_differ(stored: Decision, replayed: Decision) -> dict[str, list[int]]:
+    """Gates judged on a different number of samples by the replay than by the controller."""
+    before = {r["gate"]: r["samples"] for r in stored.reasons[1:] if "gate" in r and "samples" in r}
+    return {
+        r["gate"]: [before[r["gate"]], r["samples"]]
+        for r in replayed.reasons[1:]
+        if r.get("gate") in before and "samples" in r and r["samples"] != before[r["gate"]]
+    }
+
+
+def _with_evidence(rows: list[Row]) -> list[Row]:
+    """``rows`` with ``samples_differ`` set on each row up to the first disagreement (where the two judged
+    the same stage): reads are bounded by record time, so records that arrived after a decision with
+    earlier times, or records since removed, make the replay read what the controller did not."""
+    out, agreed = [], True
+    for row in rows:
+        if agreed and row.replayed is not None:
+            row = replace(row, samples_differ=_samples_differ(row.stored, row.replayed))
+        agreed = agreed and row.agrees
+        out.append(row)
+    return out
 
 
 def _brief(d: Decision) -> dict:
@@ -126,7 +158,7 @@ def replay(store: Store, policy: RolloutPolicy, since: float | None = None, resa
             rows.append(Row(decision.decided_at, decision, ctl.act(decision.action, decision.operator)))
         except TransitionError as exc:
             rows.append(Row(decision.decided_at, decision, None, f"operator {decision.action} skipped: {exc}"))
-    return rows
+    return _with_evidence(rows)
 
 
 def summary(rows: list[Row]) -> dict:
@@ -137,6 +169,7 @@ def summary(rows: list[Row]) -> dict:
         "decisions": len(rows),
         "agree": len(rows) - len(differ),
         "first_difference_at_s": round(differ[0].at - origin, 3) if differ else None,
+        "samples_differ": sum(bool(r.samples_differ) for r in rows),
         "stored_phases": _phases(r.stored for r in rows),
         "replayed_phases": _phases(r.replayed for r in rows if r.replayed is not None),
     }
@@ -172,5 +205,7 @@ def backtest(db: str, policy_path: str, since: float | None, as_json: bool) -> N
         mark = " " if r["agrees"] else "≠"
         replayed = r["replayed"] or {"action": "-", "phase": "-"}
         click.echo(f"{mark} {r['at_s']:>8.1f}s  stored {r['stored']['action']:<8} -> {r['stored']['phase']:<10}"
-                   f"  replayed {replayed['action']:<8} -> {replayed['phase']:<10} {r.get('note', '')}")  # fmt: skip
+                   f"  replayed {replayed['action']:<8} -> {replayed['phase']:<10} {r.get('note', '')}"
+                   + (f" evidence differs (gate: [stored, replayed] samples): {r['samples_differ']}"
+                      if "samples_differ" in r else ""))  # fmt: skip
     click.echo(json.dumps(result["summary"]))

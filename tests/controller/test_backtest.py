@@ -14,7 +14,8 @@ from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
 from sparkgate.controller.backtest import replay, summary
 from sparkgate.policies.rollout import load_rollout_policy
-from tests.dashboards.known_store import POLICY
+from tests.conftest import T0
+from tests.dashboards.known_store import POLICY, ingest, steps
 
 
 def copied(fixture_store, tmp_path):
@@ -29,6 +30,7 @@ def test_the_same_policy_reproduces_every_stored_decision(fixture_store, tmp_pat
         rows = replay(store, load_rollout_policy(fixture_store.policy_path))
         stored = ledger.decisions(store)
     assert [r.stored for r in rows] == stored and all(r.agrees for r in rows)
+    assert not any(r.samples_differ for r in rows)  # the replay read what the controller read
     assert [r.replayed.action for r in rows] == ["start", "advance", "rollback"]
     # The replayed rollback judged what the stored one did, verdict by verdict.
     assert rows[-1].replayed.reasons == rows[-1].stored.reasons
@@ -58,8 +60,8 @@ def test_a_store_without_decisions_is_a_clear_error(tmp_path):
     result = CliRunner().invoke(main, ["backtest", "--db", str(tmp_path / "empty.duckdb"), "--policy",
                                        "policies/default_rollout.yaml"])  # fmt: skip
     assert result.exit_code != 0 and "no decisions to replay" in result.output
-    assert summary([]) == {"decisions": 0, "agree": 0, "first_difference_at_s": None, "stored_phases": [],
-                           "replayed_phases": []}  # fmt: skip
+    assert summary([]) == {"decisions": 0, "agree": 0, "first_difference_at_s": None, "samples_differ": 0,
+                           "stored_phases": [], "replayed_phases": []}  # fmt: skip
 
 
 def test_a_bad_policy_is_named_before_the_store_is_opened(tmp_path):
@@ -103,3 +105,15 @@ def test_since_takes_the_times_report_takes(fixture_store, tmp_path):
         assert body["summary"]["agree"] == 2
     bad = CliRunner().invoke(main, [*argv, "nan"])
     assert bad.exit_code == 2 and "Invalid value for '--since': 'nan': expected unix seconds" in bad.output
+
+
+def test_records_that_arrived_after_a_decision_are_named_where_the_replay_read_them(fixture_store, tmp_path):
+    # Reads are bounded by record time: a replica's late posts (its spool after an outage) with earlier
+    # times are read by the replay, though the stored controller never saw them.
+    db = copied(fixture_store, tmp_path)
+    with Store(db) as store:
+        ingest(store, steps(100, "r2", 0, T0 + 5, "shadow", "code"))
+        rows = replay(store, load_rollout_policy(fixture_store.policy_path))
+    assert all(r.agrees for r in rows) and [bool(r.samples_differ) for r in rows] == [False, False, True]
+    assert rows[-1].samples_differ["tier_miss_rate"] == [200, 300]
+    assert summary(rows)["samples_differ"] == 1
