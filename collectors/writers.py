@@ -89,6 +89,9 @@ class Writers:
                 raise self._refuse(403, f"writer {writer.name!r} may not post for replica {replica_id!r}", writer.name)
 
 
+_KEYS = ("name", "token_env", "token_file", "replicas")
+
+
 def _token(entry: Mapping[str, Any], where: str, environ: Mapping[str, str]) -> str:
     if ("token_env" in entry) == ("token_file" in entry):
         raise WritersError(f"{where}: give exactly one of token_env and token_file")
@@ -124,10 +127,14 @@ def load_writers(path: str | Path | None, environ: Mapping[str, str] | None = No
         where = f"{path}: writers[{i}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
             raise WritersError(f"{where}.name: expected a non-empty string")
+        token = _token(entry, where, env)  # first: an inline `token:` is told where tokens come from
+        unknown = [str(k) for k in entry if k not in _KEYS]
+        if unknown:  # a misspelt binding would leave the writer bound to everything
+            raise WritersError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(_KEYS)})")
         replicas = entry.get("replicas", ["*"])
         if not isinstance(replicas, list) or not replicas or not all(isinstance(r, str) and r for r in replicas):
             raise WritersError(f"{where}.replicas: expected a non-empty list of replica id patterns")
-        writers.append(Writer(entry["name"], _token(entry, where, env), tuple(replicas)))
+        writers.append(Writer(entry["name"], token, tuple(replicas)))
     names = [w.name for w in writers]
     if len(set(names)) != len(names):
         raise WritersError(f"{path}: writer names must be unique, got {names}")

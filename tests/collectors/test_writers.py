@@ -136,6 +136,10 @@ def test_writers_come_from_the_environment_or_a_file_never_the_file_itself(tmp_p
     spec.write_text("writers:\n  - {name: x, token: inline-secret}\n")
     with pytest.raises(WritersError, match=r"writers\[0\]: give exactly one of token_env and token_file"):
         load_writers(spec, {})
+    # A misspelt binding used to leave the writer bound to every replica.
+    spec.write_text("writers:\n  - {name: a, token_env: FLEET_A, replica: ['replica-a-*']}\n")
+    with pytest.raises(WritersError, match=r"writers\[0\].replica: unknown key \(known: name, token_env, token_file"):
+        load_writers(spec, {"FLEET_A": "a"})
 
 
 def test_request_records_need_a_writer_bound_to_their_replica(guarded):
