@@ -4,12 +4,15 @@ Operator tokens steer the rollout; writer tokens only feed it, yet forged record
 either way and one forged mismatch trips a critical gate, so writers authenticate too whenever a server
 has writers configured (and must, beyond loopback: ``controller.service.check_bind``). Each writer is
 bound to the replica ids it may post for (``fnmatch`` patterns); a body naming any other replica is
-refused whole with 403, logged and counted (``sparkgate_writer_refusals_total``).
+refused whole with 403, logged and counted (``sparkgate_writer_refusals_total``). A writer may also be
+bound to the static cost tables it registers (``cost_tables``, by version, which names the replica group
+that serves the table), so one fleet cannot register another's table before it does.
 
 Tokens come from the environment or a file, never from the policy or the command line::
 
     writers:
-      - {name: fleet-a, token_env: SPARKGATE_WRITER_FLEET_A, replicas: ["replica-a-*"]}
+      - {name: fleet-a, token_env: SPARKGATE_WRITER_FLEET_A, replicas: ["replica-a-*"],
+         cost_tables: ["fleet-a-*"]}
       - {name: collector, token_file: /run/secrets/collector-token, replicas: ["sglang-*"]}
 
 ``SPARKGATE_WRITER_TOKEN`` alone configures one writer, ``default``, for every replica.
@@ -39,12 +42,19 @@ class WritersError(InputError):
 
 @dataclass(frozen=True)
 class Writer:
+    """``replicas``: the replica ids it may post for; ``cost_tables``: the static cost-table versions it may
+    register (a static table's version names the replica group serving it); both ``fnmatch`` patterns."""
+
     name: str
     token: str
     replicas: tuple[str, ...] = ("*",)
+    cost_tables: tuple[str, ...] = ("*",)
 
     def may_post_for(self, replica_id: str) -> bool:
         return any(fnmatch.fnmatchcase(replica_id, pattern) for pattern in self.replicas)
+
+    def may_register(self, version: str) -> bool:
+        return any(fnmatch.fnmatchcase(version, pattern) for pattern in self.cost_tables)
 
 
 class Refused(Exception):
@@ -88,8 +98,20 @@ class Writers:
             if replica_id is not None and not writer.may_post_for(replica_id):
                 raise self._refuse(403, f"writer {writer.name!r} may not post for replica {replica_id!r}", writer.name)
 
+    def permit_table(self, writer: Writer, version: str) -> None:
+        """Refused (403) unless ``writer`` may register the static cost table ``version``."""
+        if not writer.may_register(version):
+            raise self._refuse(403, f"writer {writer.name!r} may not register cost table {version!r}", writer.name)
 
-_KEYS = ("name", "token_env", "token_file", "replicas")
+
+_KEYS = ("name", "token_env", "token_file", "replicas", "cost_tables")
+
+
+def _patterns(entry: Mapping[str, Any], key: str, where: str, what: str) -> tuple[str, ...]:
+    patterns = entry.get(key, ["*"])
+    if not isinstance(patterns, list) or not patterns or not all(isinstance(p, str) and p for p in patterns):
+        raise WritersError(f"{where}.{key}: expected a non-empty list of {what} patterns")
+    return tuple(patterns)
 
 
 def _token(entry: Mapping[str, Any], where: str, environ: Mapping[str, str]) -> str:
@@ -131,10 +153,8 @@ def load_writers(path: str | Path | None, environ: Mapping[str, str] | None = No
         unknown = [str(k) for k in entry if k not in _KEYS]
         if unknown:  # a misspelt binding would leave the writer bound to everything
             raise WritersError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(_KEYS)})")
-        replicas = entry.get("replicas", ["*"])
-        if not isinstance(replicas, list) or not replicas or not all(isinstance(r, str) and r for r in replicas):
-            raise WritersError(f"{where}.replicas: expected a non-empty list of replica id patterns")
-        writers.append(Writer(entry["name"], token, tuple(replicas)))
+        replicas = _patterns(entry, "replicas", where, "replica id")
+        writers.append(Writer(entry["name"], token, replicas, _patterns(entry, "cost_tables", where, "cost-table")))
     names = [w.name for w in writers]
     if len(set(names)) != len(names):
         raise WritersError(f"{path}: writer names must be unique, got {names}")

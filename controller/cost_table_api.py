@@ -13,8 +13,7 @@ with another body.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import APIRouter, HTTPException, Path, Request
 from pydantic import BaseModel, Field
@@ -31,7 +30,14 @@ class Registration(BaseModel):
     table: dict[str, Any] = Field(description="The table, in either SGLang layout, with meta.version set.")
 
 
-def cost_table_router(store: Store, permit: Callable[[Request, str], None]) -> APIRouter:
+class Permit(Protocol):
+    """The writer check: raises its HTTP error unless the request's writer may post for ``replica_id`` (and
+    register the static table ``cost_table``, when given)."""
+
+    def __call__(self, request: Request, replica_id: str, cost_table: str | None = None) -> None: ...
+
+
+def cost_table_router(store: Store, permit: Permit) -> APIRouter:
     router = APIRouter()
 
     @router.get("/v1/cost-tables")
@@ -52,6 +58,10 @@ def cost_table_router(store: Store, permit: Callable[[Request, str], None]) -> A
 
         try:
             entry = cost_tables.static_entry(parse_cost_table(body.table))
+        except CostTableError as exc:
+            raise HTTPException(422, str(exc)) from None
+        permit(request, body.replica_id, entry.version)
+        try:
             stored = cost_tables.add(store, entry)
         except cost_tables.VersionConflict as exc:
             raise HTTPException(409, str(exc)) from None

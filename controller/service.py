@@ -250,12 +250,16 @@ def create_app(
 
     ingest = ingest_router(ingestor, writers=writers)
 
-    def permit(request: Request, replica_id: str) -> None:
-        """The writer routes' credential check (nothing to check without writers)."""
+    def permit(request: Request, replica_id: str, cost_table: str | None = None) -> None:
+        """The writer routes' credential check, and the static cost table registered, if any (nothing to
+        check without writers)."""
         if writers is None:
             return
         try:
-            writers.permit(writers.identify(request.headers.get("authorization")), [replica_id])
+            writer = writers.identify(request.headers.get("authorization"))
+            writers.permit(writer, [replica_id])
+            if cost_table is not None:
+                writers.permit_table(writer, cost_table)
         except Refused as refused:
             raise HTTPException(refused.status, refused.reason) from None
 

@@ -88,6 +88,24 @@ def test_a_writer_posts_only_for_the_replicas_it_is_bound_to(guarded):
     assert 'writer_refusals_total{reason="forbidden",writer="fleet-a"} 2.0' in metrics.exposition().decode()
 
 
+def test_a_writer_registers_only_the_cost_tables_it_is_bound_to(store):
+    # A table's version names the replica group that serves it; unbound, one fleet's writer could register
+    # another's static table first, and adaptive would fit that group from the forged table.
+    from tests.controller.timed_steps import STATIC, scaled
+
+    writers = Writers([Writer("fleet-a", "token-a", ("a-*",), ("group-a-*",)), Writer("fleet-b", "token-b", ("b-*",))])
+    controller = Controller(store, POLICY, clock=Clock(T0 + 30), resamples=20)
+    register = lambda replica, version: {"replica_id": replica, "table": scaled(STATIC, 1.0, version).to_json_dict()}
+    with serve_in_thread(create_app(controller, Ingestor(store), "operator", writers)) as url:
+        with httpx.Client(base_url=url, headers=bearer("token-a")) as http:
+            squat = http.post("/v1/cost-tables", json=register("a-1", "group-b-static"))
+            assert squat.status_code == 403
+            assert "writer 'fleet-a' may not register cost table 'group-b-static'" in squat.json()["detail"]
+            assert http.post("/v1/cost-tables", json=register("a-1", "group-a-static")).status_code == 200
+        with httpx.Client(base_url=url, headers=bearer("token-b")) as http:  # bound to every table
+            assert http.post("/v1/cost-tables", json=register("b-1", "group-b-static")).status_code == 200
+
+
 def test_a_signed_record_that_names_no_replica_is_refused_by_name_and_its_body_siblings_stored(guarded):
     url, controller, _ = guarded
     lines = ndjson(2, "replica-a1").splitlines()
@@ -118,13 +136,16 @@ def test_writers_come_from_the_environment_or_a_file_never_the_file_itself(tmp_p
     spec = tmp_path / "writers.yaml"
     spec.write_text(
         "writers:\n"
-        "  - {name: fleet-a, token_env: FLEET_A, replicas: ['replica-a-*']}\n"
+        "  - {name: fleet-a, token_env: FLEET_A, replicas: ['replica-a-*'], cost_tables: ['fleet-a-*']}\n"
         f"  - {{name: collector, token_file: {secret}}}\n"
     )
     assert load_writers(spec, {"FLEET_A": "env-token"}) == [
-        Writer("fleet-a", "env-token", ("replica-a-*",)),
-        Writer("collector", "from-a-file", ("*",)),
+        Writer("fleet-a", "env-token", ("replica-a-*",), ("fleet-a-*",)),
+        Writer("collector", "from-a-file", ("*",), ("*",)),
     ]
+    spec.write_text("writers:\n  - {name: a, token_env: FLEET_A, cost_tables: []}\n")
+    with pytest.raises(WritersError, match=r"writers\[0\].cost_tables: expected a non-empty list of cost-table"):
+        load_writers(spec, {"FLEET_A": "a"})
     with pytest.raises(WritersError, match=r"writers\[0\].token_env: environment variable FLEET_A is not set"):
         load_writers(spec, {})
     spec.write_text("writers:\n  - {name: a, token_env: FLEET_A, token_env: FLEET_B}\n")
