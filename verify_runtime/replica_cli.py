@@ -42,11 +42,12 @@ from sparkgate.policies.window import CostAwareScheduler, FixedWindow, WindowPol
 from .arrivals import Arrivals, swing
 from .cli_checks import SEED, RecordId, check_gamma, check_positions, workload_prompt_len
 from .consistency import GreedyReplay
+from .controller_client import ControllerClient
 from .drafters import Drafter
 from .engine import Engine, EngineConfig, Request, positions_needed
 from .faults import LOAD_SHIFT_PROMPT_LEN, SLOW_VERIFY_EXTRA, Fault, FaultSize, fire
 from .model import Transformer
-from .replica import ControllerClient, Replica, workload_requests
+from .replica import Replica, workload_requests
 from .spool import Spool
 from .tiers import measured_grid
 

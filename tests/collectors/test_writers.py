@@ -16,7 +16,7 @@ from sparkgate.collectors.writers import Writer, Writers, WritersError, load_wri
 from sparkgate.controller.service import create_app
 from sparkgate.controller.supervisor import Controller
 from sparkgate.policies.rollout import parse_rollout_policy
-from sparkgate.verify_runtime.replica import ControllerClient
+from sparkgate.verify_runtime.controller_client import ControllerClient
 from tests.conftest import T0, Clock, request_record, with_columns
 
 

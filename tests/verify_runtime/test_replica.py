@@ -20,9 +20,10 @@ from sparkgate.verify_runtime.consistency import (
     GreedyReplay,
     unit_hash,
 )
+from sparkgate.verify_runtime.controller_client import ControllerClient
 from sparkgate.verify_runtime.drafters import ModelDrafter
 from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
-from sparkgate.verify_runtime.replica import ControllerClient, Replica, mode_for, workload_requests
+from sparkgate.verify_runtime.replica import Replica, mode_for, workload_requests
 from sparkgate.verify_runtime.spool import Spool
 from tests.conftest import policy_payload, tiny_model
 from tests.controller.timed_steps import STATIC, scaled
