@@ -199,9 +199,11 @@ def per_pair(store: Store, design: Design, spec: Comparison) -> dict[str, dict]:
     # Step metrics at matched load: within each arm of a pair, per batch-size bucket (a power of two); a
     # pair's value is its buckets' figures weighted by the steps both arms served in each, so it compares
     # the two arms at the batch sizes both served, not a busy epoch with an idle one.
+    # A step with no measured time (0 or null: an engine that left it out) prices nothing: its tokens stay out
+    # with it, or an arm's untimed steps would read as free.
     steps = store.query(
         f"""WITH s AS (SELECT s.replica_id, s.step_id, s.{cost} AS cost, {LOAD_BUCKET_SQL} AS bucket, {select}
-                       FROM steps s WHERE {where}),
+                       FROM steps s WHERE {where} AND s.{cost} > 0),
         c AS (SELECT r.replica_id, r.step_id, sum(r.accepted + 1) AS tokens,
                      sum(coalesce(list_sum(r.survival), 0) + 1) AS predicted, count(*) AS rows,
                      bool_and(r.survival IS NOT NULL) AS has_predicted

@@ -111,6 +111,19 @@ def test_an_epoch_of_no_measured_time_has_no_tokens_per_second_rather_than_infin
     assert found.samples == 6 and math.isfinite(found.value)  # the 2 pairs of zero time are left out
 
 
+def test_steps_with_no_measured_time_price_nothing_in_either_arm(store):
+    # An engine that leaves a step's time out (SGLang's untimed components, or the first decode after a
+    # prefill) gets 0 ms: counted, those steps were free, and tokens per second rose with their share.
+    schedule, spec = Switchback(5, 1.0, T0), Comparison(epoch_s=1.0, burn_in_s=0.2)
+    for epoch in range(16):
+        steps_in(store, schedule, epoch, "r0", 1000 * epoch, 10.0)
+        if schedule.arm("r0", epoch) == "treatment":
+            steps_in(store, schedule, epoch, "r0", 1000 * epoch + 100, 0.0, count=20)  # as many again, untimed
+    found = comparisons(store, Epochs(revision=3, origin=T0, since=T0), spec)
+    assert found["p99_step_ratio"].value == pytest.approx(2.0)
+    assert found["tokens_per_s_ratio"].value == pytest.approx(0.5, rel=0.05)
+
+
 def test_a_treatment_whose_requests_never_meet_the_slos_fails_goodput_instead_of_leaving_it_no_pairs(store):
     schedule, spec = Switchback(5, 1.0, T0), Comparison(epoch_s=1.0, burn_in_s=0.2, ttft_slo_ms=100.0)
     lines = []
