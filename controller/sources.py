@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkgate.collectors.sglang import SGLANG_MODEL
+from sparkgate.collectors.sglang_records import SGLANG_MODEL
 from sparkgate.collectors.store import Store
 from sparkgate.policies.gate import METRICS
 

@@ -206,9 +206,12 @@ def record(ct, mode, reqs, graph_key=32, **extra):
     return omit_defaults(base, RECORD_DEFAULTS)
 
 
-def server_info(*ranks, mode="compact", simulate_acc_len=None, rank_key=False):
+def server_info(*ranks, mode="compact", simulate_acc_len=None, rank_key=False, components=None):
     """A /server_info reply with one ``internal_states`` element per DP rank, in rank order; ``rank_key``:
-    each ``dspark_info_record`` names its ``dp_rank`` (no upstream release does: a lone rank needs none)."""
+    each ``dspark_info_record`` names its ``dp_rank`` (no upstream release does: a lone rank needs none).
+    ``components`` default to every one, whose fields ``record()`` fills."""
+    from tests.collectors.sglang_stand_in import ALL_COMPONENTS
+
     return {
         "internal_states": [
             {
@@ -216,7 +219,7 @@ def server_info(*ranks, mode="compact", simulate_acc_len=None, rank_key=False):
                     "mode": mode,
                     "gamma": SGLANG_GAMMA,
                     "verify_num_draft_tokens": SGLANG_GAMMA + 1,
-                    "components": ["core", "reqs"],
+                    "components": ALL_COMPONENTS if components is None else sorted(components),
                     "records": records,
                     "simulate_acc_len": simulate_acc_len,
                     **({"dp_rank": rank} if rank_key else {}),

@@ -41,6 +41,10 @@ from typing import Any
 
 from tests.collectors.loopback import QuietHandler, serving
 
+# ``SGLANG_DSPARK_DEBUG_DUMP=all``; ``dump()`` lists them sorted. A record carries a timing only when its
+# component is on, and leaves out (None) a step or GPU segment timed past 1 s (``_step_cpu_ms``,
+# ``_segment_ms``) and the CPU time of the first decode after any other step (``_prev_stamp`` None).
+ALL_COMPONENTS = sorted(["core", "step_cpu_time", "step_gpu_time", "draft_gpu_time", "target_verify_gpu_time", "reqs"])
 REQ_DEFAULTS: dict[str, Any] = {"rid": None, "confidence": None, "survival": None}
 RECORD_DEFAULTS: dict[str, Any] = {
     "bs": -1,
@@ -95,8 +99,10 @@ class Server:
 
     def __init__(self, ranks: int = 1, gamma: int = 4, mode: str = "compact", simulate_acc_len: float | None = None,
                  info_path: str = "/server_info", refuse: frozenset[str] = frozenset(), rank_key: bool = False,
-                 arrival: Callable[[int], list[int]] | None = None):  # fmt: skip
+                 arrival: Callable[[int], list[int]] | None = None,
+                 components: list[str] = ALL_COMPONENTS):  # fmt: skip
         self.buffers: list[list[dict]] = [[] for _ in range(ranks)]
+        self.components = sorted(components)  # pushed records should carry only these components' fields
         # The order of the ranks' replies in the n-th /server_info answer (default: rank order).
         self.arrival = arrival or (lambda n: list(range(ranks)))
         self.rank_key, self.replies = rank_key, 0
@@ -114,7 +120,7 @@ class Server:
     def info(self) -> dict[str, Any]:
         with self.lock:
             info = {"mode": self.mode, "gamma": self.gamma, "verify_num_draft_tokens": self.gamma + 1,
-                    "components": ["core", "reqs"], "simulate_acc_len": self.simulate_acc_len}  # fmt: skip
+                    "components": self.components, "simulate_acc_len": self.simulate_acc_len}  # fmt: skip
             order, self.replies = self.arrival(self.replies), self.replies + 1
             states = [{"dspark_info_record": {**info, "records": list(self.buffers[r]),
                                               **({"dp_rank": r} if self.rank_key else {})}} for r in order]  # fmt: skip

@@ -59,8 +59,26 @@ def test_poller_dedups_survives_clear_and_restart(store):
     assert (rows["c"]["mode"], rows["c"]["full_accept"], rows["c"]["cap_trim"]) == ("cap_accept", 3, 2)
     assert rows["a"]["committed_tokens"] == [1, 7]  # step 2's row for "a": one accepted draft + bonus
     assert rows["d"]["committed_tokens"] == [1, 7]
-    step3 = store.query("SELECT tier_rows, verify_rows, step_ms FROM steps WHERE step_id = 3").to_pylist()[0]
-    assert step3 == {"tier_rows": 4, "verify_rows": 4, "step_ms": 0.0}
+    step3 = store.query("SELECT tier_rows, verify_rows FROM steps WHERE step_id = 3").to_pylist()[0]
+    assert step3 == {"tier_rows": 4, "verify_rows": 4}
+
+
+@pytest.mark.parametrize(
+    "components, step_ms, draft_ms",
+    [
+        (["core", "reqs"], 0.0, 0.0),  # the least the docs ask for: no timing at all, stored as unmeasured
+        (["core", "reqs", "step_cpu_time"], 0.0, 0.0),  # an absent CPU time is also a decode after a prefill
+        (["core", "reqs", "step_gpu_time", "draft_gpu_time"], 1000.0, 1000.0),  # timed past the 1 s cap
+    ],
+)
+def test_a_timing_the_engine_left_out_is_unmeasured_unless_it_ran_past_the_cap(store, components, step_ms, draft_ms):
+    # dspark_observability.py @ 0b79ccf: a timing is written only with its component on, and _segment_ms
+    # leaves out a GPU segment past INFO_DUMP_MAX_STEP_CPU_SECONDS (1 s). Stored as 0 they read as free
+    # steps; the step comparisons leave 0 out, and a slow step stays a slow one.
+    with scripted_server("/server_info", [server_info([R3], components=components)]) as url:
+        SGLangPoller(url, Ingestor(store), name="sg").poll_once()
+    stored = store.query("SELECT step_ms, draft_ms, verify_ms FROM steps").to_pylist()
+    assert stored == [{"step_ms": step_ms, "draft_ms": draft_ms, "verify_ms": 0.0}]
 
 
 def test_a_new_poller_resumes_after_what_is_stored(store):
