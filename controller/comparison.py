@@ -95,7 +95,7 @@ import numpy as np
 from sparkgate.collectors.store import Store
 from sparkgate.policies.intervals import rank_sum_interval, signed_rank_interval
 from sparkgate.policies.rollout import Comparison
-from sparkgate.policies.vocabulary import DRIFT_METRICS, Arm, FinishReason
+from sparkgate.policies.vocabulary import DRIFT_METRICS, Arm, FinishReason, Mode
 
 from .measurement import Measurement
 from .queries import LOAD_BUCKET_SQL
@@ -354,7 +354,32 @@ def comparisons(
     if reference is not None:
         before, _ = _paired(store, reference, spec)
         out.update({name: drift(recent[m], before[m], spec.level) for name, m in DRIFT_METRICS.items()})
+    untreated = _untreated(store, design, spec)
+    if untreated is not None:
+        return {metric: Measurement(None, 0, error=untreated) for metric in out}
     return out
+
+
+def _untreated(store: Store, design: Design, spec: Comparison) -> str | None:
+    """Why a group design's treatment never ran, if it did not: its servers verified no row compact in the
+    window. Servers take a verify setting and can ignore it (SGLang in static mode), and then the groups
+    compare a fleet with itself; an error, which counts towards the error limit, not a pass."""
+    if not isinstance(design, Groups):
+        return None
+    select, where, params = _split(design, spec, "s", "ts")
+    (row,) = store.query(
+        f"""WITH s AS (SELECT s.replica_id, s.step_id, {select} FROM steps s WHERE {where})
+        SELECT count(*) AS rows, count(*) FILTER (WHERE r.mode = ?) AS compact
+        FROM requests r JOIN s ON r.replica_id = s.replica_id AND r.step_id = s.step_id WHERE s.cmp_arm = ?""",
+        [*params, str(Mode.COMPACT), str(Arm.TREATMENT)],
+    ).to_pylist()
+    if not row["rows"] or row["compact"]:
+        return None
+    return (
+        f"the treatment group's servers verified none of their {row['rows']} rows compact: the verify setting "
+        "took no effect (an SGLang server verifies compact only when launched with SGLANG_RAGGED_VERIFY_MODE="
+        "compact)"
+    )
 
 
 def _paired(store: Store, design: Design, spec: Comparison) -> tuple[dict[str, dict[str, np.ndarray]], str]:

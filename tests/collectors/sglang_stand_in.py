@@ -20,8 +20,10 @@ Read from sgl-project/sglang:
   models a build whose ``dspark_info_record`` names its ``dp_rank`` (no upstream release does).
 - ``python/sglang/srt/managers/scheduler_components/internal_state.py`` @
   2784deeea9dab0f20bcaaf1561734fbdfd7e1774: the accepted keys; any other key refuses the whole request
-  (``updated=False``); ``dspark_force_budget_frac`` must be in (0, 1] or null; a truthy
-  ``dspark_clear_info_records`` clears the record buffer.
+  (``updated=False``); ``dspark_force_budget_frac`` must be in (0, 1] or null, and is answered
+  ``updated=True`` in every verify mode, though a static-mode server has no budget planner to apply it
+  (``speculative/dspark_components/dspark_verify_planner.py`` @ 00f7df640f18605b5714a5cd8e2bde9087789e7a);
+  a truthy ``dspark_clear_info_records`` clears the record buffer.
 - ``python/sglang/srt/entrypoints/http_server.py`` @ 0025436eab0556737d615b36a4dd3e1e26e82f3d: that
   release serves the info at ``/get_server_info`` (later ones at ``/server_info``, the old path an alias),
   as ``{**dataclasses.asdict(server_args), **scheduler_info, "internal_states": ..., "version": ...}``:
@@ -136,7 +138,9 @@ class Server:
         with self.lock:
             self.posted.append(args)
             if ok:
-                if "dspark_force_budget_frac" in args:
+                # Accepted in any mode, applied only where a budget planner exists: not in static mode
+                # (dspark_verify_planner.py @ 00f7df640f18605b5714a5cd8e2bde9087789e7a).
+                if "dspark_force_budget_frac" in args and self.mode != "static":
                     self.server_args["dspark_force_budget_frac"] = frac
                 if args.get("dspark_clear_info_records"):
                     for buffer in self.buffers:

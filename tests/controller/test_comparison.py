@@ -326,6 +326,25 @@ def test_replica_groups_compare_treatment_servers_with_control_servers_slice_by_
     assert found["tokens_per_s_ratio"].value == pytest.approx(0.8, rel=0.1)
 
 
+def test_a_treatment_group_that_verified_nothing_compact_is_an_error_not_a_comparison(store):
+    # An SGLang server launched with SGLANG_RAGGED_VERIFY_MODE=static takes the forced budget and ignores it
+    # (dspark_verify_planner.py @ 00f7df6: no budget planner in static mode; internal_state.py @ 2784dee
+    # still answers updated=True): its "treatment" verifies as the control does, a fleet against itself.
+    spec = Comparison(epoch_s=1.0, burn_in_s=0.5)
+    groups = Groups(T0, (("a:1/dp", Arm.TREATMENT), ("b:2/dp", Arm.CONTROL)))
+    static_only = RowModel(mode_weights=(1.0, 0.0, 0.0, 0.0))
+    for k in range(10):
+        at = T0 + 0.5 + k + 0.1
+        for i, replica in enumerate(("a:1/dp0", "b:2/dp0")):
+            wire = synthetic_wire(20, 8, 7, replica, first_step=100 * (2 * k + i), seed=k, ts=at, model=static_only)
+            ingest_wire(store, with_columns(wire, phase="compact", step_ms=10.0))
+    found = comparisons(store, groups, spec)
+    assert {m.error for m in found.values()} == {
+        "the treatment group's servers verified none of their 1600 rows compact: the verify setting took no "
+        "effect (an SGLang server verifies compact only when launched with SGLANG_RAGGED_VERIFY_MODE=compact)"
+    }
+
+
 def test_the_adjustment_subtracts_each_pairs_covariate_times_the_other_pairs_regression():
     d, z = {"r0": np.array([1.0, 2.0]), "r1": np.array([3.0])}, {"r0": np.ones(2), "r1": np.ones(1)}
     out, theta = adjusted(d, z)
