@@ -187,13 +187,27 @@ def _steps(spec: dict[str, Any], line: int) -> list[tuple[int, int]] | None:
     return list(zip(drafted, accepted))
 
 
+def _dense_counts(counts: Any, width: int, line: int) -> list[int]:
+    """``acceptance_histogram`` checked: a list of at most ``width + 1`` counts (steps that accepted exactly j
+    drafts). An older build writes a map of only the counts it saw, which read as a list would be its keys."""
+    where = f"response {line}: metrics.speculative_decoding.acceptance_histogram"
+    if not isinstance(counts, list):
+        raise ValueError(f"{where}: expected a list of counts (steps that accepted 0, 1, … drafts), got {counts!r}")
+    if len(counts) > width + 1:
+        raise ValueError(f"{where}: expected at most {width + 1} counts (num_spec_tokens {width}), got {counts!r}")
+    for j, count in enumerate(counts):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"{where}[{j}]: expected a count, got {count!r}")
+    return counts
+
+
 def _summary_steps(spec: dict[str, Any], width: int, line: int) -> tuple[list[tuple[int, int]], bool]:
     """(drafted, accepted) per verify step of a summary response, and whether they are exact: from the
     histogram by draft length where the build writes it, else every step counted as proposing ``width``."""
     by_length = spec.get("acceptance_histogram_by_draft_length")
     if by_length is None:
-        counts = spec.get("acceptance_histogram") or []
-        steps = [(width, a) for a, count in enumerate(counts) for _ in range(int(count))]
+        counts = _dense_counts(spec.get("acceptance_histogram") or [], width, line)
+        steps = [(width, a) for a, count in enumerate(counts) for _ in range(count)]
         return steps, spec.get("num_draft_tokens") == spec.get("num_spec_steps", 0) * width
     where = f"response {line}: metrics.speculative_decoding.acceptance_histogram_by_draft_length"
     if not isinstance(by_length, dict):
@@ -210,6 +224,11 @@ def _summary_steps(spec: dict[str, Any], width: int, line: int) -> tuple[list[tu
                 raise ValueError(f"{where}[{key!r}][{a}]: expected a count, got {count!r}")
             steps += [(d, a)] * count
     return steps, True
+
+
+def _per_choice(response: Any) -> bool:
+    choices = response.get("choices") if isinstance(response, dict) else None
+    return isinstance(choices, list) and any(isinstance(c, dict) and "speculative_decoding_stats" in c for c in choices)
 
 
 def response_curve(responses: Iterable[Any], adaptive: bool = False) -> SurvivalCurve:
@@ -278,6 +297,12 @@ def read_responses(path: str, adaptive: bool = False) -> SurvivalCurve:
                     raise ValueError(f"{path}: line {line}: not JSON ({exc.msg})") from exc
     if not any(_speculative(response, line) for line, response in enumerate(decoded, 1)):
         # An empty curve would read as "no drafts"; say why nothing was read instead.
+        if any(_per_choice(response) for response in decoded):
+            raise ValueError(
+                f"{path}: the responses carry choices[].speculative_decoding_stats, an older build's "
+                "(--per-request-spec-decode-stats), which is not read; a build with "
+                "--per-request-spec-decode-metrics writes metrics.speculative_decoding"
+            )
         raise ValueError(
             f"{path}: no response carries metrics.speculative_decoding (the server needs "
             "--per-request-spec-decode-metrics, a stream stream_options.include_usage, and a request n = 1)"

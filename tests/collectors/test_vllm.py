@@ -167,6 +167,30 @@ def test_a_malformed_histogram_by_draft_length_is_named(by_length, named):
         response_curve([response])
 
 
+@pytest.mark.parametrize(
+    "histogram, named",
+    [({"0": 39, "1": 1, "3": 3}, "expected a list of counts"), ([1, True], r"\[1\]: expected a count"),
+     ([1, 0, 0, 0, 2], "expected at most 4 counts")],
+)  # fmt: skip
+def test_a_malformed_acceptance_histogram_is_named_not_read(histogram, named):
+    # An older build's map ({"0": 39, "1": 1, "3": 3}: acceptance_metrics.md @ cd199986) was read key by key
+    # as three steps of 0, 1 and 2 accepted drafts.
+    response = spec([1], [3], detailed=False)
+    response["metrics"]["speculative_decoding"]["acceptance_histogram"] = histogram
+    with pytest.raises(ValueError, match=f"response 1: metrics.speculative_decoding.acceptance_histogram:? ?{named}"):
+        response_curve([response])
+
+
+def test_an_older_builds_per_choice_stats_are_named_with_that_builds_flag(tmp_path):
+    # vllm-project/vllm docs/features/speculative_decoding/acceptance_metrics.md @
+    # cd199986df1171c3255ce2e07e2c63be4385ef9f: --per-request-spec-decode-stats puts them on each choice.
+    path = tmp_path / "responses.jsonl"
+    stats = {"acceptance_histogram": {"0": 39, "1": 1, "3": 3}, "num_spec_steps": 43, "num_draft_tokens": 129}
+    path.write_text(json.dumps({"choices": [{"index": 0, "speculative_decoding_stats": stats}]}) + "\n")
+    with pytest.raises(ValueError, match=r"choices\[\]\.speculative_decoding_stats.*--per-request-spec-decode-stats"):
+        read_responses(str(path))
+
+
 def test_a_file_with_no_spec_decode_metrics_is_named_not_read_as_no_drafts(tmp_path):
     path = tmp_path / "responses.jsonl"
     # A stream saved without include_usage, and an n > 1 completion: neither carries the metrics.
