@@ -16,10 +16,11 @@ order so a server keeps its arm:
   it runs the scheduler, and its calibration gates stay inconclusive);
 - in fallback every server gets ``fallback_window / gamma``: SGLang's scheduler
   turns a forced fraction into one draft budget for the batch, ``int(x × bs ×
-  max verify length)`` slots shared out to the requests' likeliest positions
-  (``schedule_verify_lens_topk``), so its requests verify ``fallback_window``
-  drafts on average, not each exactly; a fallback window of 0 is sent as the
-  smallest positive fraction, which that floors to a zero budget.
+  γ)`` draft slots (``HostConfidenceBudgetPlanner.compute_budget``: the fraction
+  of the survival matrix's elements, ``bs × γ``) shared out to the requests'
+  likeliest positions (``schedule_verify_lens_topk``), so its requests verify
+  ``fallback_window`` drafts on average, not each exactly; a fallback window of 0
+  is sent as the smallest positive fraction, which that floors to a zero budget.
 
 The servers that run the scheduler are the treatment group and those held at 1.0
 the control (``arms``): the comparison gates compare the two groups slice by slice
@@ -41,7 +42,7 @@ from sparkgate.policies.payload import PolicyPayload
 from sparkgate.policies.vocabulary import Arm, Phase
 
 FORCE_KEY = "dspark_force_budget_frac"
-# Below 1 / (batch × max verify length) for any batch a server runs: the planner's budget is then 0.
+# Below 1 / (batch × γ) for any batch a server runs: the planner's budget is then 0.
 MIN_FRACTION = 1e-6
 
 
