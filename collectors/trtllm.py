@@ -19,7 +19,10 @@ under-counts, and says so.
 Under attention data parallelism an iteration is one row per rank (``attentionDpRank``), each a copy of
 the same iteration's report with that rank's batch counts: the speculative-decoding stats and the
 latency repeat in every row. Only rank 0's row (or a row naming no rank) counts, so N ranks do not
-count each iteration N times.
+count each iteration N times; the figures are then rank 0's requests alone, all the engine publishes
+(``acceptance_ranks`` 1). With ``TLLM_METRICS_ALL_RANKS=1`` each rank's row is its own stats, keyed
+``rank`` instead: their tokens add up over the ranks, and the iteration (its latency, its count) is
+rank 0's.
 
 There is no per-position count and no confidence: this gives the interval's acceptance rate and mean
 acceptance length (TensorRT-LLM's own definition, ``(accepted + requests) / requests``), for PromQL-style
@@ -42,7 +45,10 @@ class AcceptanceSummary:
     iterations: int
     spec_iterations: int  # iterations that carried specDecodingStats
     drafting_iterations: int  # of those, the ones where some request drafted
-    attention_dp_ranks: int  # distinct attentionDpRank values read (a row without one is rank 0)
+    attention_dp_ranks: int  # distinct ranks read (``rank``, else ``attentionDpRank``; a row naming none is 0)
+    # Ranks whose requests the token counts cover: every rank with TLLM_METRICS_ALL_RANKS, else 1 (the
+    # default fan-out copies rank 0's stats into every rank's row; the others' requests are not published).
+    acceptance_ranks: int
     first_timestamp: str | None
     last_timestamp: str | None
     draft_tokens: int
@@ -68,19 +74,34 @@ def _number(obj: dict[str, Any], key: str, where: str) -> float:
     return float(value)
 
 
+def _spec_stats(stats: dict[str, Any], where: str) -> dict[str, Any] | None:
+    sd = stats.get("specDecodingStats")
+    if sd is not None and not isinstance(sd, dict):
+        raise ValueError(f"{where}.specDecodingStats: expected an object or null, got {sd!r}")
+    return sd
+
+
 def summarize(iterations: list[Any]) -> AcceptanceSummary:
     """Sum the speculative-decoding stats of a ``/metrics`` reply; ValueError naming the bad field."""
     if not isinstance(iterations, list):
         raise ValueError(f"/metrics: expected a JSON list of iteration stats, got {type(iterations).__name__}")
     drafts = accepted = requests = drafting_ms = drafting_iteration_ms = 0.0
-    latencies, stamps, spec, drafting, ranks, dropped = [], [], 0, 0, set(), None
+    latencies, stamps, spec, drafting, ranks, own, dropped = [], [], 0, 0, set(), set(), None
     for i, stats in enumerate(iterations):
         where = f"[{i}]"
         if not isinstance(stats, dict):
             raise ValueError(f"{where}: expected an object, got {stats!r}")
-        rank = _number(stats, "attentionDpRank", where)
+        rank = _number(stats, "rank" if "rank" in stats else "attentionDpRank", where)
         ranks.add(rank)
+        if "rank" in stats:
+            own.add(rank)
         if rank != 0:
+            if "rank" in stats:  # that rank's own requests: its tokens count, its iteration is rank 0's
+                sd = _spec_stats(stats, where)
+                if sd is not None:
+                    drafts += _number(sd, "numDraftTokens", f"{where}.specDecodingStats")
+                    accepted += _number(sd, "numAcceptedTokens", f"{where}.specDecodingStats")
+                    requests += _number(sd, "numRequestsWithDraftTokens", f"{where}.specDecodingStats")
             continue
         latency = _number(stats, "iterLatencyMS", where)
         latencies.append(latency)
@@ -88,11 +109,9 @@ def summarize(iterations: list[Any]) -> AcceptanceSummary:
             dropped = max(dropped or 0, int(_number(stats, "statsDroppedFrames", where)))
         if isinstance(stats.get("timestamp"), str):
             stamps.append(stats["timestamp"])
-        sd = stats.get("specDecodingStats")
+        sd = _spec_stats(stats, where)
         if sd is None:
             continue
-        if not isinstance(sd, dict):
-            raise ValueError(f"{where}.specDecodingStats: expected an object or null, got {sd!r}")
         spec += 1
         drafts += _number(sd, "numDraftTokens", f"{where}.specDecodingStats")
         accepted += _number(sd, "numAcceptedTokens", f"{where}.specDecodingStats")
@@ -111,6 +130,7 @@ def summarize(iterations: list[Any]) -> AcceptanceSummary:
         spec_iterations=spec,
         drafting_iterations=drafting,
         attention_dp_ranks=len(ranks),
+        acceptance_ranks=max(len(own), 1),
         first_timestamp=stamps[0] if stamps else None,
         last_timestamp=stamps[-1] if stamps else None,
         draft_tokens=int(drafts),

@@ -145,6 +145,33 @@ def test_attention_dp_ranks_count_each_iteration_once():
     assert (split.iterations, split.draft_tokens, split.accepted_tokens, split.requests_with_drafts) == (2, 24, 15, 8)
 
 
+def all_ranks_rows(i: int, accepted: list[int]) -> list[dict]:
+    """One iteration with ``TLLM_METRICS_ALL_RANKS=1``: each attention-DP rank's own stats, as
+    ``py_executor.py``'s ``_flush_iter_stats_synced`` gathers them (``local_dict["rank"] = tp_rank``) and
+    ``base_worker.py``'s ``_stats_serializer`` emits a ``per_rank_dict`` as it is: keyed ``rank``, with no
+    ``attentionDpRank`` (``jsonSerialization.cpp``'s IterationStats has none). Read from the index's newest
+    versions of both files, for which it names no commit (its versions at the commits cited above predate
+    the mode)."""
+    rows = []
+    for rank, a in enumerate(accepted):
+        row = iteration(i, 12, a, 4)
+        for key in ("attentionDpRank", "statsSequence", "statsDroppedFrames"):
+            del row[key]
+        rows.append({**row, "rank": rank})
+    return rows
+
+
+def test_each_ranks_own_stats_are_added_once_per_iteration_and_the_fan_out_is_one_ranks():
+    # Rows keyed "rank" are each rank's own requests: read as rank 0's copies, every iteration counted four
+    # times over. The default fan-out copies rank 0's stats into every row: its figures are one rank's.
+    own = summarize(all_ranks_rows(1, [9, 3, 3, 3]) + all_ranks_rows(2, [6, 6, 6, 6]))
+    assert (own.iterations, own.attention_dp_ranks, own.acceptance_ranks) == (2, 4, 4)
+    assert (own.draft_tokens, own.accepted_tokens, own.requests_with_drafts) == (96, 42, 32)
+    assert own.acceptance_rate == pytest.approx(42 / 96)
+    copies = summarize(dp_rows(iteration(1, 12, 9, 4), 4))
+    assert (copies.iterations, copies.attention_dp_ranks, copies.acceptance_ranks) == (1, 4, 1)
+
+
 def test_a_reply_that_is_not_iteration_stats_is_named():
     with pytest.raises(ValueError, match="expected a JSON list"):
         summarize({"error": "stats disabled"})
