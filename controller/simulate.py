@@ -31,7 +31,7 @@ from sparkgate.policies.rollout import RolloutPolicy, load_rollout_policy
 from sparkgate.policies.vocabulary import Phase
 
 from .simulate_fit import FIT_PATH
-from .simulate_fleet import SCENARIOS, T0, Fleet, Scenario, emit_interval
+from .simulate_fleet import SCENARIOS, T0, Fleet, Scenario, emit_interval, max_drift
 from .supervisor import Controller
 
 # Rolled-back seeds listed in the summary (a faulty scenario rolls every seed back).
@@ -42,15 +42,17 @@ EVIDENCE = frozenset({"failure limit", "critical gate failed", "gate failure lim
 
 @dataclass
 class Run:
-    """One seed's rollout: what happened, by interval index."""
+    """One seed's rollout: what happened, by interval index (0-based: interval k's records are emitted, then
+    the tick that ends it decides)."""
 
-    onset: int | None = None
+    onset: int | None = None  # the interval whose records the fault begins with
     rollback: int | None = None
     rollback_rule: str | None = None  # why: a gate's failure, or e.g. the progress deadline
     compact_at: int | None = None
     inconclusive: int = 0
     failed: int = 0  # failed intervals, rolled back or held (a healthy fleet's false alarms)
     intervals: int = 0
+    cut: bool = False  # ran all ``max_intervals`` without rolling back or ending at the top
 
 
 def run_seed(
@@ -88,6 +90,8 @@ def run_seed(
                 run.compact_at = k
             if late is None and run.compact_at is not None and k - run.compact_at >= 3 * policy.consecutive_passes:
                 break
+        else:
+            run.cut = True
     return run
 
 
@@ -152,17 +156,23 @@ def _quantile(values: list[int], q: float) -> float | None:
 def summarize(scenario: Scenario, runs: list[Run]) -> dict:
     """Rates over the seeds of one scenario (rates of all seeds; delays over those that rolled back)."""
     rolled = [(r, r.rollback) for r in runs if r.rollback is not None]
-    # A detection is a rollback after the onset on the gates' evidence, not on the progress deadline.
-    caught = [at - r.onset for r, at in rolled if r.onset is not None and at >= r.onset and r.rollback_rule in EVIDENCE]
+    # A detection is a rollback after the onset on the gates' evidence, not on the progress deadline. Its
+    # delay is the intervals elapsed since the fault began, the onset's own included: a rollback at the tick
+    # ending the onset interval, the first that can see the fault, is one interval after it.
+    caught = [
+        at - r.onset + 1 for r, at in rolled if r.onset is not None and at >= r.onset and r.rollback_rule in EVIDENCE
+    ]
     early = sum(1 for r, at in rolled if r.onset is None or at < r.onset)
     rules: dict[str, int] = {}
     for r, _ in rolled:
         rules[str(r.rollback_rule)] = rules.get(str(r.rollback_rule), 0) + 1
-    reached = [r.compact_at for r in runs if r.compact_at is not None]
+    reached = [r.compact_at + 1 for r in runs if r.compact_at is not None]  # intervals taken, its own included
     intervals, failed = max(sum(r.intervals for r in runs), 1), sum(r.failed for r in runs)
     # Which seeds rolled back, when and why: ``run_seed`` replays any of them exactly.
-    rollbacks = [{"seed": i, "interval": r.rollback, "rule": r.rollback_rule} for i, r in enumerate(runs)
+    # "interval": the n-th interval, counted from 1, whose tick rolled back.
+    rollbacks = [{"seed": i, "interval": r.rollback + 1, "rule": r.rollback_rule} for i, r in enumerate(runs)
                  if r.rollback is not None]  # fmt: skip
+    horizon = [r.intervals for r in runs]
     return {
         "scenario": scenario.name,
         "seeds": len(runs),
@@ -176,6 +186,11 @@ def summarize(scenario: Scenario, runs: list[Run]) -> dict:
             {str(k): sum(d <= k for d in caught) / len(runs) for k in (1, 3, 5)} if scenario.faulty else None
         ),
         "intervals_to_top_of_ladder": {"median": _quantile(reached, 0.5), "reached": len(reached)},
+        # What the rates cover: seeds whose fault began, seeds cut off at --max-intervals undecided, and how
+        # long the seeds ran (a healthy run ends soon after the top: its rollback rate is for that horizon).
+        "reached_onset": sum(r.onset is not None for r in runs) if scenario.faulty else None,
+        "ended_at_max_intervals": sum(r.cut for r in runs),
+        "intervals_per_seed": {"median": _quantile(horizon, 0.5), "max": max(horizon, default=0)},
         "inconclusive_share": sum(r.inconclusive for r in runs) / intervals,
         # Failed intervals over all intervals judged: on a healthy fleet, the false-alarm rate per look.
         "failed_share": failed / intervals,
@@ -210,8 +225,10 @@ def operating_curve(
     max_intervals: int,
     workers: int = 1,
     progress: Callable[[str], object] = lambda _: None,
+    late: int | None = None,
 ) -> list[dict]:
-    """Per threshold of ``gate``: the healthy fleet's rollback rate and the fault's detection figures."""
+    """Per threshold of ``gate``: the healthy fleet's rollback rate and the fault's detection figures (the
+    fault starting ``late`` intervals into the top of the ladder, as ``run_seed`` has it)."""
     if gate not in {g.name for g in policy.gates}:
         raise ValueError(
             f"--sweep {gate!r}: no gate of that name in the policy ({', '.join(g.name for g in policy.gates)})"
@@ -224,7 +241,7 @@ def operating_curve(
         for scenario in (SCENARIOS["none"], fault):
             label = f"sweep {gate}={threshold:g} {scenario.name}"
             runs = run_seeds(varied, scenario, seeds, fleet, max_intervals, workers,
-                             functools.partial(_labelled, progress, label))  # fmt: skip
+                             functools.partial(_labelled, progress, label), late)  # fmt: skip
             figures[scenario.name] = summarize(scenario, runs)
         points.append({
             "threshold": threshold,
@@ -291,6 +308,8 @@ def simulate(
     """Seeded simulated rollouts through the real controller: rollback and detection rates, delays."""
     policy, chosen, fleet = load_rollout_policy(policy_path), SCENARIOS[scenario], Fleet.fitted(fit_path)
     if drift is not None and chosen.drifting:
+        if drift > (largest := max_drift(policy.gamma, fleet)):
+            raise click.BadParameter(f"{drift:g}: this fleet model's largest is {largest:.3f}", param_hint="--drift")
         chosen = replace(chosen, ece=drift)
     if regression is not None and chosen.regression:
         chosen = replace(chosen, regression=regression)
@@ -303,12 +322,13 @@ def simulate(
         try:
             gate, thresholds = parse_sweep(sweep)
             points = operating_curve(policy, gate, thresholds, chosen, seeds, fleet, max_intervals, workers,
-                                     lambda line: click.echo(line, err=True))  # fmt: skip
+                                     lambda line: click.echo(line, err=True), late)  # fmt: skip
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
         if plot_path:
             plot(points, gate, chosen.name, plot_path)
-        click.echo(json.dumps({"gate": gate, "scenario": chosen.name, "seeds": seeds, "operating_curve": points}))
+        click.echo(json.dumps({"gate": gate, "scenario": chosen.name, "seeds": seeds, "late_onset": late,
+                               "scenario_model": replace(chosen).__dict__, "operating_curve": points}))  # fmt: skip
         return
     started = time.perf_counter()
     runs = run_seeds(policy, chosen, seeds, fleet, max_intervals, workers,

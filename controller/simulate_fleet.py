@@ -131,16 +131,27 @@ class Scenario:
 
 
 _SCALES: dict[tuple[float, int, str], float] = {}
+# The largest confidence scale a drift may take: far past it every confidence is about 0 or 1.
+MAX_SCALE = 4.0
+
+
+def max_drift(gamma: int, fleet: Fleet = Fleet()) -> float:
+    """The largest worst-depth survival ECE a drift adds to ``fleet``'s rows (at ``MAX_SCALE``)."""
+    base = worst_depth_ece(1.0, gamma, 50_000, model=fleet.runtime)
+    return worst_depth_ece(MAX_SCALE, gamma, 50_000, model=fleet.runtime) - base
 
 
 def drift_scale(ece: float, gamma: int, fleet: Fleet = Fleet()) -> float:
     """The confidence scale that adds ``ece`` to the worst-depth survival ECE of ``fleet``'s rows
     (``collectors.synth.worst_depth_ece``), by bisection: the drift scenarios are sized in the unit the
-    gates judge."""
+    gates judge. ``ValueError`` for a drift larger than any scale makes (``max_drift``)."""
     key = (ece, gamma, fleet.truth)
     if key not in _SCALES:
+        largest = max_drift(gamma, fleet)
+        if ece > largest:
+            raise ValueError(f"a drift of {ece:g}: this fleet model's largest is {largest:.3f} (worst-depth ECE)")
         base = worst_depth_ece(1.0, gamma, 50_000, model=fleet.runtime)
-        low, high = 1.0, 4.0
+        low, high = 1.0, MAX_SCALE
         for _ in range(30):
             middle = (low + high) / 2
             found = worst_depth_ece(middle, gamma, 50_000, model=fleet.runtime)

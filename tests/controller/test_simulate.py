@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from sparkgate.cli import main
 from sparkgate.collectors.synth import worst_depth_ece
-from sparkgate.controller.simulate import run_seed, run_seeds, summarize
+from sparkgate.controller.simulate import Run, run_seed, run_seeds, summarize
 from sparkgate.controller.simulate_fleet import SCENARIOS, Fleet, drift_scale
 from sparkgate.policies.rollout import DEFAULT_PATH, parse_rollout_policy
 from sparkgate.policies.vocabulary import Arm, Phase
@@ -54,6 +54,24 @@ def test_a_healthy_fleet_climbs_and_a_drift_on_every_replica_is_caught_after_its
     assert found["detection_rate"] == 1.0 and found["rolled_back_before_onset"] == 0
     assert [r["seed"] for r in found["rollbacks"]] == [0, 1]  # each replayable by its seed
     assert found["detection_delay_intervals"]["p95"] <= 5
+
+
+def test_delays_count_the_intervals_since_the_fault_began_and_the_horizon_is_reported():
+    # The fault begins with interval 6's records (index 6); the tick that ends that interval is the first
+    # that can see it, one interval after the onset: a delay of 1, not 0. So is the ladder's top reached in
+    # the 17th interval when its tick is index 16.
+    caught_first = Run(onset=6, rollback=6, rollback_rule="failure limit", compact_at=None, intervals=7)
+    caught_next = Run(onset=6, rollback=7, rollback_rule="failure limit", compact_at=None, intervals=8)
+    never_reached = Run(onset=None, intervals=6, cut=True)  # ran out of intervals before the onset
+    missed = Run(onset=6, compact_at=16, intervals=40, cut=True)
+    found = summarize(SCENARIOS["drift-all"], [caught_first, caught_next, never_reached, missed])
+    assert found["detection_delay_intervals"] == {"median": 1.5, "p95": 1.95}
+    assert found["detected_within"] == {"1": 0.25, "3": 0.5, "5": 0.5}
+    assert found["rollbacks"] == [{"seed": 0, "interval": 7, "rule": "failure limit"},
+                                  {"seed": 1, "interval": 8, "rule": "failure limit"}]  # fmt: skip
+    assert found["intervals_to_top_of_ladder"] == {"median": 17.0, "reached": 1}
+    assert (found["reached_onset"], found["ended_at_max_intervals"]) == (3, 2)
+    assert found["intervals_per_seed"] == {"median": 7.5, "max": 40}
 
 
 def test_the_command_prints_the_rates_as_json():
@@ -108,6 +126,32 @@ def test_the_operating_curve_trades_false_rollbacks_for_detection_and_is_drawn(t
     unwritable = CliRunner().invoke(main, ["simulate", "--policy", str(path), *sweep])
     assert unwritable.exit_code == 2 and "Invalid value for '--plot'" in unwritable.output
     assert "seeds" not in unwritable.output  # refused before the sweep ran a seed
+
+
+def test_a_sweep_runs_the_late_onset_it_was_given_and_a_drift_no_scale_makes_is_refused(monkeypatch):
+    # --sweep ignored --late-onset and drew an early onset's curve; a --drift past the largest the fleet's
+    # confidences can drift was capped there while the output reported the size asked for.
+    from sparkgate.controller import simulate as module
+
+    asked = []
+
+    def fake(policy, scenario, seeds, fleet, max_intervals, workers=1, progress=None, late=None):
+        asked.append((scenario.name, late))
+        return [Run(intervals=1)]
+
+    monkeypatch.setattr(module, "run_seeds", fake)
+    argv = ["simulate", "--policy", str(DEFAULT_PATH), "--scenario", "drift-all", "--seeds", "1", "--late-onset", "20",
+            "--sweep", "survival_ece_drift=0.03"]  # fmt: skip
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 0, result.output
+    assert asked == [("none", 20), ("drift-all", 20)]
+    body = json.loads(result.output.strip().splitlines()[-1])
+    assert body["late_onset"] == 20 and body["scenario_model"]["ece"] == 0.05
+    capped = CliRunner().invoke(main, ["simulate", "--policy", str(DEFAULT_PATH), "--scenario", "drift-all",
+                                       "--drift", "0.5", "--seeds", "1"])  # fmt: skip
+    assert (
+        capped.exit_code == 2 and "Invalid value for --drift: 0.5: this fleet model's largest is 0.26" in capped.output
+    )
 
 
 def test_the_drift_scenarios_are_sized_in_worst_depth_ece():
