@@ -17,7 +17,7 @@ import json
 import multiprocessing
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -48,6 +48,7 @@ class Run:
     onset: int | None = None  # the interval whose records the fault begins with
     rollback: int | None = None
     rollback_rule: str | None = None  # why: a gate's failure, or e.g. the progress deadline
+    rollback_gates: tuple[str, ...] = ()  # the gates failing at the rollback (whether the fault's gate caught it)
     compact_at: int | None = None
     inconclusive: int = 0
     failed: int = 0  # failed intervals, rolled back or held (a healthy fleet's false alarms)
@@ -87,6 +88,8 @@ def run_seed(
             run.failed += decision.outcome == "fail"
             if decision.phase_to == Phase.FALLBACK:
                 run.rollback, run.rollback_rule = k, decision.reasons[0].get("rule")
+                run.rollback_gates = tuple(r["gate"] for r in decision.reasons[1:]
+                                           if r.get("outcome") == "fail" and not r.get("dry_run"))  # fmt: skip
                 break
             if ctl.state.stage == top and run.compact_at is None:
                 run.compact_at = k
@@ -155,6 +158,15 @@ def _quantile(values: list[int], q: float) -> float | None:
     return float(np.quantile(values, q)) if values else None
 
 
+def _by_gate(runs: Iterable[Run]) -> dict[str, int]:
+    """Rollbacks per gate failing at them (one rollback may count for several gates)."""
+    counts: dict[str, int] = {}
+    for run in runs:
+        for gate in run.rollback_gates:
+            counts[gate] = counts.get(gate, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def summarize(scenario: Scenario, runs: list[Run]) -> dict:
     """Rates over the seeds of one scenario (rates of all seeds; delays over those that rolled back)."""
     rolled = [(r, r.rollback) for r in runs if r.rollback is not None]
@@ -172,8 +184,8 @@ def summarize(scenario: Scenario, runs: list[Run]) -> dict:
     intervals, failed = max(sum(r.intervals for r in runs), 1), sum(r.failed for r in runs)
     # Which seeds rolled back, when and why: ``run_seed`` replays any of them exactly.
     # "interval": the n-th interval, counted from 1, whose tick rolled back.
-    rollbacks = [{"seed": i, "interval": r.rollback + 1, "rule": r.rollback_rule} for i, r in enumerate(runs)
-                 if r.rollback is not None]  # fmt: skip
+    rollbacks = [{"seed": i, "interval": r.rollback + 1, "rule": r.rollback_rule, "gates": list(r.rollback_gates)}
+                 for i, r in enumerate(runs) if r.rollback is not None]  # fmt: skip
     horizon = [r.intervals for r in runs]
     return {
         "scenario": scenario.name,
@@ -182,6 +194,7 @@ def summarize(scenario: Scenario, runs: list[Run]) -> dict:
         "detection_rate": len(caught) / len(runs) if scenario.faulty else None,
         "rolled_back_before_onset": early,
         "rollbacks_by_rule": rules,
+        "rollbacks_by_gate": _by_gate(r for r, _ in rolled),
         "detection_delay_intervals": {"median": _quantile(caught, 0.5), "p95": _quantile(caught, 0.95)},
         # Seeds caught within k intervals of the onset (a delay of at most k), of all seeds: the targets' form.
         "detected_within": (

@@ -60,15 +60,16 @@ def test_delays_count_the_intervals_since_the_fault_began_and_the_horizon_is_rep
     # The fault begins with interval 6's records (index 6); the tick that ends that interval is the first
     # that can see it, one interval after the onset: a delay of 1, not 0. So is the ladder's top reached in
     # the 17th interval when its tick is index 16.
-    caught_first = Run(onset=6, rollback=6, rollback_rule="failure limit", compact_at=None, intervals=7)
-    caught_next = Run(onset=6, rollback=7, rollback_rule="failure limit", compact_at=None, intervals=8)
+    caught_first = Run(onset=6, rollback=6, rollback_rule="failure limit", rollback_gates=("a", "b"), intervals=7)
+    caught_next = Run(onset=6, rollback=7, rollback_rule="failure limit", rollback_gates=("a",), intervals=8)
     never_reached = Run(onset=None, intervals=6, cut=True)  # ran out of intervals before the onset
     missed = Run(onset=6, compact_at=16, intervals=40, cut=True)
     found = summarize(SCENARIOS["drift-all"], [caught_first, caught_next, never_reached, missed])
     assert found["detection_delay_intervals"] == {"median": 1.5, "p95": 1.95}
     assert found["detected_within"] == {"1": 0.25, "3": 0.5, "5": 0.5}
-    assert found["rollbacks"] == [{"seed": 0, "interval": 7, "rule": "failure limit"},
-                                  {"seed": 1, "interval": 8, "rule": "failure limit"}]  # fmt: skip
+    assert found["rollbacks"] == [{"seed": 0, "interval": 7, "rule": "failure limit", "gates": ["a", "b"]},
+                                  {"seed": 1, "interval": 8, "rule": "failure limit", "gates": ["a"]}]  # fmt: skip
+    assert found["rollbacks_by_gate"] == {"a": 2, "b": 1}  # which gate caught the fault, not only whether
     assert found["intervals_to_top_of_ladder"] == {"median": 17.0, "reached": 1}
     assert (found["reached_onset"], found["ended_at_max_intervals"]) == (3, 2)
     assert found["intervals_per_seed"] == {"median": 7.5, "max": 40}
