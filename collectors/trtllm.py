@@ -95,29 +95,29 @@ def summarize(iterations: list[Any]) -> AcceptanceSummary:
         ranks.add(rank)
         if "rank" in stats:
             own.add(rank)
-        if rank != 0:
-            if "rank" in stats:  # that rank's own requests: its tokens count, its iteration is rank 0's
-                sd = _spec_stats(stats, where)
-                if sd is not None:
-                    drafts += _number(sd, "numDraftTokens", f"{where}.specDecodingStats")
-                    accepted += _number(sd, "numAcceptedTokens", f"{where}.specDecodingStats")
-                    requests += _number(sd, "numRequestsWithDraftTokens", f"{where}.specDecodingStats")
+        # Rank 0's row is the iteration (its latency, its count); another rank's row adds its own requests'
+        # tokens where it carries them (keyed rank), and is a copy of rank 0's otherwise.
+        iteration = rank == 0
+        if not (iteration or "rank" in stats):
             continue
-        latency = _number(stats, "iterLatencyMS", where)
-        latencies.append(latency)
-        if "statsDroppedFrames" in stats:
-            dropped = max(dropped or 0, int(_number(stats, "statsDroppedFrames", where)))
-        if isinstance(stats.get("timestamp"), str):
-            stamps.append(stats["timestamp"])
+        if iteration:
+            latency = _number(stats, "iterLatencyMS", where)
+            latencies.append(latency)
+            if "statsDroppedFrames" in stats:
+                dropped = max(dropped or 0, int(_number(stats, "statsDroppedFrames", where)))
+            if isinstance(stats.get("timestamp"), str):
+                stamps.append(stats["timestamp"])
         sd = _spec_stats(stats, where)
         if sd is None:
             continue
-        spec += 1
         drafts += _number(sd, "numDraftTokens", f"{where}.specDecodingStats")
         accepted += _number(sd, "numAcceptedTokens", f"{where}.specDecodingStats")
         drafted = _number(sd, "numRequestsWithDraftTokens", f"{where}.specDecodingStats")
-        overhead = _number(sd, "draftOverhead", f"{where}.specDecodingStats")
         requests += drafted
+        if not iteration:
+            continue
+        spec += 1
+        overhead = _number(sd, "draftOverhead", f"{where}.specDecodingStats")
         if drafted > 0:
             drafting += 1
             # A drafting time of 0 is one never measured (one-model drafting, n-gram), not a free draft.
