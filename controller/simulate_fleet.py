@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -135,10 +136,15 @@ _SCALES: dict[tuple[float, int, str], float] = {}
 MAX_SCALE = 4.0
 
 
+def _added_by(gamma: int, fleet: Fleet) -> Callable[[float], float]:
+    """The worst-depth survival ECE a confidence scale adds to ``fleet``'s rows, against scale 1."""
+    base = worst_depth_ece(1.0, gamma, 50_000, model=fleet.runtime)
+    return lambda scale: worst_depth_ece(scale, gamma, 50_000, model=fleet.runtime) - base
+
+
 def max_drift(gamma: int, fleet: Fleet = Fleet()) -> float:
     """The largest worst-depth survival ECE a drift adds to ``fleet``'s rows (at ``MAX_SCALE``)."""
-    base = worst_depth_ece(1.0, gamma, 50_000, model=fleet.runtime)
-    return worst_depth_ece(MAX_SCALE, gamma, 50_000, model=fleet.runtime) - base
+    return _added_by(gamma, fleet)(MAX_SCALE)
 
 
 def drift_scale(ece: float, gamma: int, fleet: Fleet = Fleet()) -> float:
@@ -147,15 +153,14 @@ def drift_scale(ece: float, gamma: int, fleet: Fleet = Fleet()) -> float:
     gates judge. ``ValueError`` for a drift larger than any scale makes (``max_drift``)."""
     key = (ece, gamma, fleet.truth)
     if key not in _SCALES:
-        largest = max_drift(gamma, fleet)
+        added = _added_by(gamma, fleet)
+        largest = added(MAX_SCALE)
         if ece > largest:
             raise ValueError(f"a drift of {ece:g}: this fleet model's largest is {largest:.3f} (worst-depth ECE)")
-        base = worst_depth_ece(1.0, gamma, 50_000, model=fleet.runtime)
         low, high = 1.0, MAX_SCALE
         for _ in range(30):
             middle = (low + high) / 2
-            found = worst_depth_ece(middle, gamma, 50_000, model=fleet.runtime)
-            low, high = (middle, high) if found - base < ece else (low, middle)
+            low, high = (middle, high) if added(middle) < ece else (low, middle)
         _SCALES[key] = (low + high) / 2
     return _SCALES[key]
 
