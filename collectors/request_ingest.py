@@ -18,6 +18,7 @@ import pyarrow as pa
 from sparkgate.collectors.batch import Quarantined, quarantine_table
 from sparkgate.collectors.request_records import REQUEST_RECORD_SCHEMA, to_table, validate
 from sparkgate.collectors.schema import Problem
+from sparkgate.policies import json_text
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def prepare_requests(body: bytes) -> PreparedRequests:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = json_text.loads(line)
             problems = validate(obj)
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
             obj, problems = None, [Problem("line", line[:80].decode(errors="replace"), f"not a JSON object ({exc})")]

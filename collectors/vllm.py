@@ -49,6 +49,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from sparkgate.policies import json_text
+
 DRAFTS = "vllm:spec_decode_num_drafts"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
@@ -292,7 +294,7 @@ def read_responses(path: str, adaptive: bool = False) -> SurvivalCurve:
         for line, text in enumerate(lines, 1):
             if text.strip():
                 try:
-                    decoded.append(json.loads(text))
+                    decoded.append(json_text.loads(text))
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"{path}: line {line}: not JSON ({exc.msg})") from exc
     if not any(_speculative(response, line) for line, response in enumerate(decoded, 1)):

@@ -31,6 +31,7 @@ from sparkgate.collectors.schema import (
     Problem,
     StepRecord,
 )
+from sparkgate.policies import json_text
 
 # Larger than any sane body, so one block parses it (a line straddling blocks fails).
 _JSON_BLOCK = 1 << 26
@@ -282,7 +283,7 @@ def from_ndjson(data: bytes) -> Parsed:
     objs, kept, rejected = [], [], []
     for i, line in enumerate(lines):
         try:
-            objs.append(json.loads(line))
+            objs.append(json_text.loads(line))
             kept.append(i)
         except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than json.loads goes
             rejected.append(

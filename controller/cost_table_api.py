@@ -22,6 +22,8 @@ from sparkgate.collectors import cost_tables
 from sparkgate.collectors.store import Store
 from sparkgate.policies.cost_errors import CostTableError
 
+from .json_route import StrictJSONRoute
+
 
 class Registration(BaseModel):
     """``POST /v1/cost-tables``: the static table a replica starts from."""
@@ -38,7 +40,7 @@ class Permit(Protocol):
 
 
 def cost_table_router(store: Store, permit: Permit) -> APIRouter:
-    router = APIRouter()
+    router = APIRouter(route_class=StrictJSONRoute)
 
     @router.get("/v1/cost-tables")
     def listed() -> list[dict]:

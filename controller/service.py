@@ -63,6 +63,7 @@ from . import ledger
 from .cost_table_api import cost_table_router
 from .evaluate import evaluate
 from .fleet import fleet_report, merge_aggregates
+from .json_route import StrictJSONRoute
 from .queries import Slice, Window
 from .rollout import TransitionError
 from .sources import sources
@@ -230,6 +231,7 @@ def create_app(
 ) -> FastAPI:
     """The service over ``controller`` (whose store ``ingestor`` writes to)."""
     app = FastAPI(title="sparkgate controller", version="1", description=__doc__)
+    app.router.route_class = StrictJSONRoute  # before any route: each JSON body refuses a repeated key
     app.add_middleware(BodyLimit, limit=DEFAULT_MAX_BODY)  # the records routes' limit, for every route
     authorize = _authorizer(token)
     store = controller.store

@@ -27,6 +27,7 @@ import numpy as np
 
 from sparkgate.collectors.store import Store
 from sparkgate.collectors.synth import RowModel
+from sparkgate.policies import json_text
 from sparkgate.policies.binning import N_BINS, bin_index
 from sparkgate.policies.errors import InputError
 from sparkgate.policies.outputs import output_path, written_whole
@@ -127,7 +128,7 @@ def load(path: str | Path = FIT_PATH) -> dict:
     """A fitted model as ``fit`` writes it; ``FitFileError`` naming the file and the first key that is not
     what the simulator draws from (probabilities in [0, 1], γ columns, finite step-time figures)."""
     try:
-        model = json.loads(Path(path).read_text(encoding="utf-8"))
+        model = json_text.loads(Path(path).read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise FitFileError(f"{path}: not a fitted fleet model (not JSON: {exc})") from None
     problem = _problem(model)

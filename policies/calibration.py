@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
+from sparkgate.policies import json_text
 from sparkgate.policies.binning import EDGES, N_BINS
 from sparkgate.policies.errors import InputError
 from sparkgate.policies.outputs import written_whole
@@ -185,7 +186,7 @@ class STS:
     @classmethod
     def load(cls, path: str | Path) -> STS:
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            data = json_text.loads(Path(path).read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise STSFormatError(f"{path}: not JSON ({exc})") from exc
         return cls.from_dict(data, str(path))

@@ -43,6 +43,8 @@ from typing import Any
 
 import torch
 
+from sparkgate.policies import json_text
+
 # Re-exported: callers catch them from here; they live apart so that storing a table needs no torch.
 from sparkgate.policies.cost_errors import CostTableError as CostTableError
 from sparkgate.policies.cost_errors import FingerprintMismatch as FingerprintMismatch
@@ -353,7 +355,7 @@ def load_cost_table(
 ) -> CostTable:
     """Read, validate and fingerprint-check a table file."""
     try:
-        obj = json.loads(Path(path).read_text(encoding="utf-8"))
+        obj = json_text.loads(Path(path).read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CostTableError(f"{path}: not valid JSON ({exc})") from exc
     table = parse_cost_table(obj)

@@ -18,6 +18,7 @@ import click
 import torch
 
 from sparkgate.collectors.schema import CALIBRATED_AT_SOURCE, StepRecord
+from sparkgate.policies import json_text
 from sparkgate.policies.outputs import output_path, written_whole
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
@@ -45,7 +46,7 @@ def read_labels(paths: list[str | Path]) -> tuple[torch.Tensor, torch.Tensor, st
                 continue
             where = f"{path}:{line_no}"
             try:
-                record = StepRecord.from_dict(json.loads(line))
+                record = StepRecord.from_dict(json_text.loads(line))
             except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
                 raise ValueError(f"{where}: not a step record ({exc})") from exc
             if record.sts_version == CALIBRATED_AT_SOURCE:

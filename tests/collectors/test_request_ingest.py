@@ -33,3 +33,12 @@ def test_a_repeated_key_is_stored_once_within_a_body_and_across_posts(store):
     assert again.summary() == {"request_records": 0, "quarantined": 1}
     assert "already stored" in again.quarantined[0].problems[0].message
     assert store.query("SELECT count(*) AS n FROM request_records").column("n")[0].as_py() == 1
+
+
+def test_a_line_that_gives_a_field_twice_is_quarantined_naming_it(store):
+    line = json.dumps(request_record(request_id="q1")).replace('"finish_reason"', '"output_tokens": 9, "finish_reason"')
+    assert line.count('"output_tokens"') == 2
+    prepared = prepare_requests(body(request_record(), line.encode()))
+    assert prepared.positions == [0]
+    (quarantined,) = prepared.quarantined
+    assert "key 'output_tokens' appears more than once" in quarantined.problems[0].message

@@ -126,3 +126,12 @@ def test_invalid_utf8_is_rejected_by_line_not_stored_later():
     parsed = from_ndjson(body)
     assert parsed.wire.num_rows == 1 and [r.position for r in parsed.rejected] == [1]
     assert "invalid JSON" in parsed.rejected[0].problems[0].message
+
+
+def test_ndjson_a_key_given_twice_rejects_its_line_naming_the_key():
+    """The decoder keeps the last of two keys: a line whose ``gamma`` a reader sees as 4 would store 9."""
+    twice = json.dumps(step(2).to_dict()).replace('"gamma": 4', '"gamma": 4, "gamma": 9').encode()
+    parsed = from_ndjson(ndjson(step(1)) + twice + b"\n" + ndjson(step(3)))
+    assert parsed.wire.column("step_id").to_pylist() == [1, 3]
+    (rejected,) = parsed.rejected
+    assert rejected.position == 1 and "key 'gamma' appears more than once" in rejected.problems[0].message

@@ -281,3 +281,23 @@ def test_a_store_that_cannot_commit_is_a_503_to_retry_on_every_writer_route(serv
         assert reply.status_code == 503 and reply.headers["retry-after"] == "1"
         assert "No space left on device" in reply.json()["detail"]
     assert controller.state.phase == "baseline"  # the promote that could not be recorded did not take effect
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/consistency", '{"replica_id": "r0", "checks": [], "checks": [{"request_id": "a", "tokens": 3}]}'),
+        ("/v1/aggregates", '{"replica_id": "r0", "replica_id": "r1", "interval_start": 0, "interval_end": 1, '
+                           '"aggregate": {}}'),
+        ("/v1/cost-tables", '{"replica_id": "r0", "table": {"a": 1, "a": 2}}'),
+    ],
+)  # fmt: skip
+def test_a_json_body_giving_a_key_twice_is_a_422_naming_it_and_nothing_is_stored(service, path, body):
+    """FastAPI's decoder keeps the last: a report read as ``checks: []`` by its sender would store one check."""
+    http, controller, _, _ = service
+    response = http.post(path, content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    (error,) = response.json()["detail"]
+    assert error["type"] == "json_invalid" and "appears more than once in one object" in error["ctx"]["error"]
+    for table in ("consistency_checks", "aggregates", "cost_tables"):
+        assert controller.store.query(f"SELECT count(*) AS n FROM {table}").column("n")[0].as_py() == 0

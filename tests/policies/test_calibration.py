@@ -133,6 +133,13 @@ def test_malformed_files_are_rejected_naming_the_field(tmp_path, data, message):
     assert str(path) in str(err.value)
 
 
+def test_a_file_giving_a_key_twice_is_rejected_naming_it(tmp_path):
+    path = tmp_path / "twice.json"
+    path.write_text('{"temperatures": [1.0], "temperatures": [2.0]}')
+    with pytest.raises(STSFormatError, match="not JSON .*key 'temperatures' appears more than once"):
+        STS.load(path)
+
+
 def test_applying_to_the_wrong_block_size_fails_clearly():
     with pytest.raises(ValueError, match="confidence has 3 depths, this STS has gamma=2"):
         STS([1.0, 1.0])(torch.rand(4, 3))

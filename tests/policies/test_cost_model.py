@@ -171,6 +171,15 @@ def test_invalid_json_names_the_file(tmp_path):
         load_cost_table(path)
 
 
+def test_a_key_given_twice_is_refused_naming_it(tmp_path):
+    """The standard decoder keeps the last: an operator reading the file's first ``meta`` would not see the
+    table's."""
+    path = tmp_path / "twice.json"
+    path.write_text('{"meta": {"model": "m1"}, "meta": {"model": "m2"}}')
+    with pytest.raises(CostTableError, match="twice.json: not valid JSON .*key 'meta' appears more than once"):
+        load_cost_table(path)
+
+
 def test_fingerprint_mismatch_is_refused_unless_forced(tmp_path):
     path = write(tmp_path, {**SGLANG_SPS, "meta": {"hardware": {**HW, "device": "NVIDIA H200"}, "model": "m1"}})
     with pytest.raises(FingerprintMismatch, match="meta.hardware.device: table has 'NVIDIA H200'"):
