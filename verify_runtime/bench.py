@@ -198,7 +198,6 @@ def bench_verify(
 ):
     """Static vs compact verification cost on one batch; prints JSON."""
     from .defaults import default_target_args
-    from .engine import positions_needed
 
     torch.set_num_threads(threads)
     if mean_window > gamma:
@@ -208,7 +207,7 @@ def bench_verify(
         raise click.BadParameter(f"measures CPU time, so only on --device cpu, not {device}", param_hint="--overhead")
     graphs = resolve_graphs(device, graphs)
     check_positions(
-        positions_needed(prompt_len, 0, gamma),
+        prompt_len + gamma + 1,  # the prompt's positions, then one block of γ + 1 rows past them
         default_target_args().max_seq_len,
         f"--prompt-len {prompt_len} and a block of --gamma {gamma} + 1",
         "--prompt-len",

@@ -66,9 +66,11 @@ class Request:
 
 
 def positions_needed(prompt_len: int, max_new_tokens: int, gamma: int) -> int:
-    """Cache positions a request can reach: its prompt, its new tokens, and the last verify block past them
-    (γ drafts and the pending token), which may run beyond the tokens it keeps."""
-    return prompt_len + max_new_tokens + gamma + 1
+    """Cache positions a request can reach. A verify block starts at the newest committed token and writes
+    it with γ drafts; a request still verifies while it has at most ``prompt_len + max_new_tokens - 1``
+    tokens, so its last block reaches position ``prompt_len + max_new_tokens + γ - 2``, past the tokens it
+    keeps."""
+    return prompt_len + max_new_tokens + gamma - 1
 
 
 @dataclass
@@ -163,7 +165,7 @@ class Engine:
         if need > self.cache.max_len:
             raise ValueError(
                 f"request {request.request_id!r} needs {need} positions (prompt {len(request.prompt)} "
-                f"+ max_new_tokens {request.max_new_tokens} + gamma+1) but the cache holds {self.cache.max_len}"
+                f"+ max_new_tokens {request.max_new_tokens} + gamma - 1) but the cache holds {self.cache.max_len}"
             )
         if request.max_new_tokens < 1:
             raise ValueError(f"request {request.request_id!r} has max_new_tokens={request.max_new_tokens} (< 1)")

@@ -33,7 +33,7 @@ def test_generate_prints_the_targets_greedy_continuation(mode):
         (["--gamma", "9"], "--gamma", "9 is beyond the drafter's max_gamma"),
         (["--window", "-1"], "--window", "-1 is not in the range x>=0"),
         (["--max-new-tokens", "0"], "--max-new-tokens", "0 is not in the range x>=1"),
-        (["--max-new-tokens", "600"], "--max-new-tokens", "--max-new-tokens 600 and --gamma 7: 610 positions"),
+        (["--max-new-tokens", "600"], "--max-new-tokens", "--max-new-tokens 600 and --gamma 7: 608 positions"),
         (["--temperature", "-1"], "--temperature", "-1.0 is not in the range x>=0"),
         (["--seed", "-1"], "--seed", "-1 is not in the range 0<=x<=4294967295"),
     ],

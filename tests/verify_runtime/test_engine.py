@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from sparkgate.policies.cost_model import AdditiveCostTable, CostMeta, StepsPerSecondTable
 from sparkgate.policies.window import CostAwareScheduler, FixedWindow, WindowDecision
 from sparkgate.verify_runtime.drafters import ModelDrafter, NGramDrafter
-from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
+from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request, positions_needed
 from sparkgate.verify_runtime.model import EOS, forward_full
 from sparkgate.verify_runtime.verify import TargetRunner
 from tests.conftest import SurvivalWindows, tiny_model
@@ -246,9 +246,24 @@ def test_an_eos_committed_past_the_limit_in_the_same_step_is_cut_with_the_rest(m
     assert (records[0].output_tokens, records[0].finish_reason) == (limit, reason)
 
 
+@given(prompts, st.integers(1, 14), st.integers(1, 5), st.sampled_from(MODES), st.sampled_from([0.0, 1.0]))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_cache_of_exactly_the_positions_a_request_needs_serves_it(target, drafter, prompt, n, gamma, mode, temp):
+    """The last block starts at the newest committed token (position at most prompt + n - 2, while tokens
+    remain) and writes γ + 1 rows: prompt + n + γ - 1 positions. Admission counted 2 more and refused
+    requests that fit."""
+    need = positions_needed(len(prompt), n, gamma)
+    assert need == len(prompt) + n + gamma - 1
+    exact = Engine(target, drafter, EngineConfig(gamma=gamma, max_batch=1, cache_len=need), policy=SurvivalWindows())
+    roomy = Engine(target, drafter, EngineConfig(gamma=gamma, max_batch=1), policy=SurvivalWindows())
+    for engine in (exact, roomy):
+        engine.submit(Request("r", prompt, n, mode=mode, temperature=temp, seed=3, stop_at_eos=False))
+    assert exact.run() == roomy.run()
+
+
 def test_bad_requests_fail_clearly(target, drafter):
     engine = Engine(target, drafter, EngineConfig(gamma=4, max_batch=2))
-    with pytest.raises(ValueError, match="'long' needs 104 positions"):
+    with pytest.raises(ValueError, match="'long' needs 102 positions"):
         engine.submit(Request("long", [1] * 50, 49))
     with pytest.raises(ValueError, match="empty prompt"):
         engine.submit(Request("empty", [], 5))
