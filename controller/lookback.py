@@ -41,7 +41,8 @@ class LabelNeed:
 
     @classmethod
     def of(cls, gates: Iterable[Gate]) -> LabelNeed:
-        read = [g for g in gates if g.promql is None]
+        # A dry-run gate never decides, so it must not move the window the deciding gates are judged on.
+        read = [g for g in gates if g.promql is None and not g.dry_run]
         return cls(
             max((g.min_samples for g in read if g.metric in LABEL_METRICS), default=0),
             max((g.min_samples for g in read if g.metric in REPLICA_LABEL_METRICS), default=0),

@@ -32,15 +32,26 @@ def query(base_url: str, promql: str, direction: str = "at_most", timeout_s: flo
         body = response.json()
     except (httpx.HTTPError, ValueError) as exc:
         raise PromQLError(f"promql {promql!r}: {exc}") from exc
+    if not isinstance(body, dict):
+        raise PromQLError(f"promql {promql!r}: HTTP {response.status_code}: the reply is not Prometheus's API envelope")
     if body.get("status") != "success":
         raise PromQLError(f"promql {promql!r}: {body.get('errorType', response.status_code)}: {body.get('error')}")
-    data = body["data"]
-    if data["resultType"] == "scalar":
-        values = [float(data["result"][1])]
-    elif data["resultType"] == "vector":
-        values = [float(sample["value"][1]) for sample in data["result"]]
-    else:
-        raise PromQLError(f"promql {promql!r}: result type {data['resultType']!r}, expected scalar or vector")
+    try:
+        values = _values(body["data"])
+    except (KeyError, TypeError, IndexError, ValueError) as exc:  # a proxy's or another server's JSON
+        raise PromQLError(f"promql {promql!r}: not a query result ({type(exc).__name__}: {exc})") from None
+    if values is None:
+        raise PromQLError(f"promql {promql!r}: result type {body['data']['resultType']!r}, expected scalar or vector")
     values = [v for v in values if not math.isnan(v)]
     worst = max if direction == "at_most" else min
     return Measurement(worst(values) if values else None, len(values))
+
+
+def _values(data: dict) -> list[float] | None:
+    """The samples of a scalar or instant-vector result (None: another result type); raises ``KeyError``,
+    ``TypeError``, ``IndexError`` or ``ValueError`` on JSON that is not a query result."""
+    if data["resultType"] == "scalar":
+        return [float(data["result"][1])]
+    if data["resultType"] == "vector":
+        return [float(sample["value"][1]) for sample in data["result"]]
+    return None

@@ -221,21 +221,22 @@ class Controller:
             return [judge_baseline(self.policy, steps, stale)]
         looks = look_index(state.evaluations + 1, self.policy.evaluation_interval_s, self.lookback_s)
         measured = evaluation.measurements(phase, looks)
-        windowed = set(measured)
+        windowed = {g.name for g in gates if g.measured_as in measured}  # the gates judged on the gate window
         # Comparisons read the pairs of the stage's last comparison.window_s, far longer than the other gates'
         # window: pairs are the scarce evidence, and every one was measured against its own concurrent control.
         comparing = [g for g in gates if g.metric in (*COMPARISON_METRICS, *DRIFT_METRICS) and not g.promql]
         if comparing:  # two queries otherwise unread (two more for the window before, which drifts read)
             design, spec = self._design(state, now), self.policy.comparison
             drifts = any(g.metric in DRIFT_METRICS for g in comparing)
-            measured.update(comparisons(self.store, design, spec, reference_window(design, spec) if drifts else None))
+            measured.update(_read_apart(comparing, lambda: comparisons(
+                self.store, design, spec, reference_window(design, spec) if drifts else None)))  # fmt: skip
             if isinstance(design, Groups) and {arm for _, arm in design.arms} != set(Arm):
                 # Every server serves one arm in this stage (e.g. shadow: all verify in full), so there is no
                 # effect to measure: the gates are recorded, and cannot hold the stage back.
                 gates = tuple(g.model_copy(update={"dry_run": True}) if g in comparing else g for g in gates)
-        measured.update(self._adaptive_measurements(state, gates, now))
-        measured.update({g.name: self._promql(g.promql, g.direction) for g in gates if g.promql})
-        windowed -= {g.metric for g in gates if g.promql}
+        adaptive = [g for g in gates if g.metric in ADAPTIVE_METRICS and not g.promql]
+        measured.update(_read_apart(adaptive, lambda: self._adaptive_measurements(state, gates, now)))
+        measured.update({g.measured_as: self._promql(g.promql, g.direction) for g in gates if g.promql})
         return _widened(judge_all(gates, measured, stale), windowed, evaluation.window, self.window(state, now))
 
     def _adaptive_measurements(self, state: RolloutState, gates: Sequence[Gate], now: float) -> dict[str, Measurement]:
@@ -286,9 +287,9 @@ class Controller:
     def tick(self) -> Decision | None:
         """One evaluation interval; returns the decision taken (None if an operator acted meanwhile)."""
         state, now = self.state, self.clock()
-        window = self.gate_window(state, now)
         evaluation: Evaluation | None = None
         try:
+            window = self.gate_window(state, now)  # reads the store too (the labels per depth)
             reading = contract.read(self.store, window, state.contract)
             evaluation = evaluate(
                 self.store,
@@ -305,6 +306,12 @@ class Controller:
         except duckdb.Error as exc:  # the store could not be read: an error interval, not "no data"
             log.exception("evaluation failed at revision %s", state.revision)
             reading, verdicts = contract.ContractReading(state.contract), [error_verdict(f"store: {exc}")]
+        except Exception as exc:
+            # Anything else (a bug, a source's unexpected reply) is an error interval too: counted towards
+            # error_limit, where escaping the tick would retry it for ever with the stage frozen and unrecorded.
+            log.exception("evaluation failed at revision %s", state.revision)
+            reading = contract.ContractReading(state.contract)
+            verdicts = [error_verdict(f"{type(exc).__name__}: {exc}")]
         # A collector that cannot read its source leaves records out: an error, whatever the gates read.
         verdicts += [error_verdict(error, "collector") for error in self.collector_errors()]
         with self._lock:
@@ -368,10 +375,20 @@ class Controller:
         }
 
 
-def _widened(verdicts: list[Verdict], metrics: set[str], read: Window, plain: Window) -> list[Verdict]:
-    """``verdicts``, those of the window's ``metrics`` noting how much further back than the lookback the
-    window read (so a decision's reasons show a verdict resting on older labels)."""
+def _widened(verdicts: list[Verdict], gates: set[str], read: Window, plain: Window) -> list[Verdict]:
+    """``verdicts``, those of the ``gates`` judged on the window noting how much further back than the
+    lookback it read (so a decision's reasons show a verdict resting on older labels)."""
     if read.since is None or plain.since is None or read.since >= plain.since:
         return verdicts
     note = f"window widened {plain.since - read.since:.0f} s beyond the lookback for labels"
-    return [replace(v, note=f"{v.note}; {note}") if v.metric in metrics else v for v in verdicts]
+    return [replace(v, note=f"{v.note}; {note}") if v.gate in gates else v for v in verdicts]
+
+
+def _read_apart(gates: Sequence[Gate], read: Callable[[], dict[str, Measurement]]) -> dict[str, Measurement]:
+    """``read()``, the measurements only ``gates`` ask for; a store that cannot answer it is an error of
+    those gates alone, so a dry-run gate's read never decides the interval nor hides the others' verdicts."""
+    try:
+        return read()
+    except duckdb.Error as exc:
+        log.exception("a read of gates %s failed", [g.name for g in gates])
+        return {g.measured_as: Measurement(None, 0, error=f"store: {exc}") for g in gates}

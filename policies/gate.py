@@ -55,6 +55,8 @@ METRICS = {
 }
 # Appended to a metric's name for the measurement of a gate with use_estimated.
 ESTIMATED_SUFFIX = ":estimated"
+# The key prefix of a PromQL gate's measurement (``Gate.measured_as``).
+PROMQL_PREFIX = "promql:"
 
 
 class Gate(BaseModel):
@@ -146,10 +148,11 @@ class Gate(BaseModel):
 
     @property
     def measured_as(self) -> str:
-        """The key of this gate's measurement: its name for PromQL, the metric (``:estimated`` with
-        ``use_estimated``) for the store."""
+        """The key of this gate's measurement: ``promql:`` and its name for PromQL (apart from the store's
+        keys, so a PromQL gate named like a store metric never replaces that metric for its gates), the metric
+        (``:estimated`` with ``use_estimated``) for the store."""
         if self.promql is not None:
-            return self.name
+            return PROMQL_PREFIX + self.name
         return self.metric + ESTIMATED_SUFFIX if self.use_estimated else self.metric
 
     def passes(self, value: float) -> bool:

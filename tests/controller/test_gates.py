@@ -54,13 +54,17 @@ def test_equality_passes_and_the_notes_say_why():
     assert failed.to_dict()["gate"] == "tier_miss_rate" and failed.decides
 
 
-def test_a_promql_gate_reads_its_name_and_a_store_gate_its_metric():
+def test_a_promql_gate_reads_its_own_key_and_a_store_gate_its_metric():
+    """A PromQL gate named like a store metric (its name defaults to its metric label) must not replace that
+    metric for the store's gates: its measurement has a key of its own."""
     gates = [
-        Gate(metric="survival_ece", threshold=0.05, direction="at_most"),
-        Gate(metric="p99", threshold=1.0, direction="at_most", name="prom_p99", promql="max(up)"),
+        Gate(metric="survival_ece", threshold=0.05, direction="at_most", name="store_ece"),
+        Gate(metric="survival_ece", threshold=1.0, direction="at_most", promql="max(up)", dry_run=True),
     ]
-    measured = {"survival_ece": Measurement(0.01, 50), "prom_p99": Measurement(2.0, 3), "p99": Measurement(0.0, 3)}
-    assert [(v.gate, v.outcome) for v in judge_all(gates, measured)] == [("survival_ece", "pass"), ("prom_p99", "fail")]
+    assert gates[1].name == "survival_ece" and gates[1].measured_as == "promql:survival_ece"
+    measured = {"survival_ece": Measurement(0.01, 50), "promql:survival_ece": Measurement(2.0, 3)}
+    verdicts = [(v.gate, v.value, v.outcome) for v in judge_all(gates, measured)]
+    assert verdicts == [("store_ece", 0.01, "pass"), ("survival_ece", 2.0, "fail")]
 
 
 def test_baseline_waits_for_the_reference_its_gates_need_and_never_fails():

@@ -3,6 +3,7 @@ installs): the replies are Prometheus's own, every result type and error include
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import time
@@ -74,3 +75,30 @@ def test_unusable_answers_raise_naming_the_query(prometheus):
         query(prometheus, "vector(1)[5m:1m]")
     with pytest.raises(PromQLError, match="promql 'up'"):
         query("http://127.0.0.1:9", "up", timeout_s=2.0)  # nothing listens there
+
+
+@pytest.mark.parametrize(
+    "body, why",
+    [
+        ([], "not Prometheus's API envelope"),
+        ({"status": "success"}, "not a query result (KeyError"),
+        ({"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}}]}}, "not a query result"),
+        ({"status": "success", "data": {"resultType": "scalar", "result": [1, "x"]}}, "not a query result"),
+    ],
+)
+def test_a_reply_that_is_not_a_query_result_raises_naming_the_query(body, why):
+    """What a proxy or another server in front of Prometheus may answer with a 200 (Prometheus itself never
+    does, so a stand-in serves it): it escaped as an AttributeError or KeyError and froze the rollout."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    from sparkgate.collectors.ingest_api import serve_in_thread
+
+    app = FastAPI()
+
+    @app.get("/api/v1/query")
+    def answer() -> JSONResponse:
+        return JSONResponse(body)
+
+    with serve_in_thread(app) as url, pytest.raises(PromQLError, match=rf"promql 'up': .*{re.escape(why)}"):
+        query(url, "up")

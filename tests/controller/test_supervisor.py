@@ -210,6 +210,77 @@ def test_a_store_that_cannot_be_read_is_an_error_interval_not_a_crash(store, mon
     assert "could not read block" in decision.reasons[1]["note"] and ctl.state.errors == 1
 
 
+ECE_GATE = {"metric": "survival_ece", "threshold": 0.9, "direction": "at_most", "min_samples": 100}
+
+
+def _tick_in_shadow(store, gates, now, **policy) -> tuple[Controller, object]:
+    ctl = controller(store, parse_rollout_policy({"stale_after_s": 120, **policy, "gates": gates}), now=T0)
+    ctl.act("promote", "ops")  # shadow, entered at T0
+    ctl.clock = lambda: now
+    return ctl, ctl.tick()
+
+
+def test_a_dry_run_gate_never_moves_the_window_the_deciding_gates_are_judged_on(tmp_path):
+    """A dry-run gate needing more labels than the lookback holds made every gate's window reach back."""
+    dry = {"metric": "survival_ece_upper", "threshold": 0.9, "direction": "at_most", "min_samples": 10**6,
+           "dry_run": True}  # fmt: skip
+    judged = []
+    for name, gates in (("alone", [ECE_GATE]), ("beside", [ECE_GATE, dry])):
+        with Store(tmp_path / f"{name}.duckdb") as store:
+            ingest_synthetic(store, 20, T0 + 1, phase="shadow")
+            ingest_synthetic(store, 5, T0 + 840, first_step=100, phase="shadow")
+            _, decision = _tick_in_shadow(store, gates, T0 + 900)
+            judged.append(next(r for r in decision.reasons[1:] if r["gate"] == "survival_ece"))
+    assert judged[0] == judged[1] and judged[0]["samples"] < 20 * 32  # the lookback's labels alone
+
+
+def test_a_store_that_cannot_be_read_while_widening_the_window_is_an_error_interval(store, monkeypatch):
+    """Widening reads the labels per depth before the evaluation: a failure there escaped the tick, so
+    nothing was recorded, error_limit never counted, and the stage stayed frozen."""
+    ingest_synthetic(store, 20, T0 + 1, phase="shadow")
+    real = Store.query
+
+    def unreadable(self, sql, *args, **kwargs):
+        if "label_group_sums" in sql or "label_fine_sums" in sql:
+            raise duckdb.IOException("IO Error: could not read block 12")
+        return real(self, sql, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "query", unreadable)
+    ctl, decision = _tick_in_shadow(store, [{**ECE_GATE, "min_samples": 400}], T0 + 900, error_limit=0)
+    assert decision.outcome == "error" and "could not read block" in decision.reasons[1]["note"]
+    assert decision.action == "rollback" and ctl.state.phase == "fallback"
+
+
+def test_an_unexpected_failure_of_the_evaluation_is_an_error_interval(store, monkeypatch):
+    from sparkgate.controller import supervisor
+
+    def broken(*args, **kwargs):
+        raise KeyError("data")
+
+    monkeypatch.setattr(supervisor, "evaluate", broken)
+    ingest_synthetic(store, 20, T0 + 1, phase="shadow")
+    ctl, decision = _tick_in_shadow(store, [ECE_GATE], T0 + 60)
+    assert decision.outcome == "error" and decision.reasons[1]["note"] == "KeyError: 'data'"
+    assert ctl.state.errors == 1
+
+
+def test_a_failing_read_only_a_dry_run_gate_needs_is_that_gates_error_alone(store, monkeypatch):
+    """One failed read made the whole interval an error, which a dry-run gate must never decide."""
+    from sparkgate.controller import comparison
+
+    def out_of_memory(*args, **kwargs):
+        raise duckdb.OutOfMemoryException("Out of Memory Error: failed to allocate")
+
+    monkeypatch.setattr(comparison, "per_pair", out_of_memory)
+    dry = {"metric": "tokens_per_s_ratio", "threshold": 0.97, "direction": "at_least", "min_samples": 10,
+           "dry_run": True}  # fmt: skip
+    ingest_synthetic(store, 20, T0 + 1, phase="shadow")
+    ctl, decision = _tick_in_shadow(store, [{**ECE_GATE, "min_samples": 10}, dry], T0 + 60, error_limit=0)
+    verdicts = {r["gate"]: r for r in decision.reasons[1:]}
+    assert verdicts["survival_ece"]["outcome"] == "pass" and decision.outcome == "pass"
+    assert verdicts["tokens_per_s_ratio"]["outcome"] == "error" and ctl.state.phase == "shadow"
+
+
 @pytest.mark.parametrize("metric", ["survival_ece_drift", "windowed_ece_drift", "windowed_ece_drift_replica"])
 def test_a_drift_gate_reads_the_shadow_reference_of_the_judged_contract(store, metric):
     policy = parse_rollout_policy(
