@@ -95,6 +95,13 @@ def _last_change_row(store: Store, before: float | None) -> dict | None:
     return rows[0] if rows else None
 
 
+def newest(store: Store) -> Decision | None:
+    """The decision written last (by insertion, as ``load_state`` replays), or None in an empty ledger: the
+    contract in force is the one it carries."""
+    rows = store.query(f"SELECT {_COLUMNS} FROM decisions ORDER BY rowid DESC LIMIT 1").to_pylist()
+    return _decision(rows[0], None) if rows else None
+
+
 def last_change(store: Store) -> Decision | None:
     """The newest policy change as written (the one ``load_state`` replays from), or None in an empty
     ledger."""

@@ -176,7 +176,9 @@ def decide(
         return move(Action.ROLLBACK, None, because("failure limit", failures=failures, limit=policy.failure_limit))
     if outcome == Outcome.FAIL:
         return hold(because("failed interval", failures=failures, limit=policy.failure_limit))
-    if outcome == Outcome.ERROR and state.errors + 1 > policy.error_limit:
+    # Baseline serves the control itself, so there is nothing to roll back from: fallback, with a
+    # fallback_window, would serve compact windows instead. It waits, counting the errors, as for the deadline.
+    if outcome == Outcome.ERROR and state.phase != Phase.BASELINE and state.errors + 1 > policy.error_limit:
         return move(Action.ROLLBACK, None, because("error limit", errors=state.errors + 1, limit=policy.error_limit))
     if outcome == Outcome.ERROR:
         return hold(because("measurement error", errors=state.errors + 1, limit=policy.error_limit))

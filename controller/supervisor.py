@@ -121,9 +121,11 @@ class Controller:
         try:
             state = ledger.load_state(self.store, self.policy)
         except LookupError as exc:
-            last = ledger.last_change(self.store)
-            assert last is not None, "load_state raises only over a stored change"
-            orphan = RolloutState(last.revision, last.phase_to, None, last.compact_fraction, last.decided_at)
+            last, newest = ledger.last_change(self.store), ledger.newest(self.store)
+            assert last is not None and newest is not None, "load_state raises only over a stored change"
+            # The pinned contract goes on with the fallback, so a change of it after a resume is evaluated again.
+            orphan = RolloutState(last.revision, last.phase_to, None, last.compact_fraction, last.decided_at,
+                                  contract=newest.contract)  # fmt: skip
             return self._commit(
                 orphan,
                 rollout.fall_back(self.policy, orphan, self.clock(), "stage not in the policy file", note=str(exc)),

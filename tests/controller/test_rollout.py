@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from sparkgate.collectors.store import Store
 from sparkgate.controller import ledger
 from sparkgate.controller.contract import ContractReading
-from sparkgate.controller.gates import judge_all, judge_baseline
+from sparkgate.controller.gates import error_verdict, judge_all, judge_baseline
 from sparkgate.controller.measurement import Measurement
 from sparkgate.controller.rollout import TransitionError, command, decide, fall_back, start
 from sparkgate.controller.rollout_state import RolloutState, apply, stage_of
@@ -167,6 +167,19 @@ def test_baseline_waits_without_a_deadline(script):
     for _ in range(10):
         script.interval(stale="no steps in the window")
     assert script.state.phase == "baseline"
+
+
+def test_baseline_waits_out_errors_and_never_falls_back(store):
+    """Baseline serves the control: falling back from it on a collector outage would serve fallback's
+    windows instead, and a resume would skip baseline's reference check."""
+    script = Script(store, POLICY.replace(error_limit=1))
+    outage = [error_verdict("poll of http://sglang-0 failed", "collector")]
+    for errors in (1, 2, 3):
+        script.now += POLICY.evaluation_interval_s
+        decision = script._commit(decide(script.policy, script.state, outage, script.now))
+        assert (decision.action, decision.outcome, script.state.phase) == ("hold", "error", "baseline")
+        assert decision.reasons[0] == {"rule": "measurement error", "errors": errors, "limit": 1}
+    assert script.interval().outcome == "pass" and script.state.errors == 0
 
 
 def test_fallback_is_left_only_by_resume(script):
