@@ -15,6 +15,12 @@ were served under the stored stage: a stricter policy's earlier rollback is mean
 policy's advance past what was served is not evidence about the rung it advanced to. Comparisons read
 the epochs of the replayed revision only, so after a departure they are inconclusive.
 
+What the store does not hold is replayed as the controller had it: each stored decision's collector
+errors (its ``collector`` verdicts: a poller that could not read its server) come back at its time; a
+fleet split by server (``serve --sglang``) is compared by the same groups when given the same URLs
+(``--sglang``); a PromQL gate asks Prometheus (``--prometheus``) for the value at the replayed time, which
+reproduces the controller's while Prometheus still holds that time.
+
 Reads are bounded by record time, not by arrival: records a replica posted late (its spool, after an
 outage) with times before a decision are read by the replay of that decision, though the controller
 never saw them. Up to the first departure, where both judged one stage, a row names every gate whose
@@ -24,7 +30,9 @@ shown, not taken for a difference in policy.
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import click
@@ -36,6 +44,7 @@ from sparkgate.policies.rollout import RolloutPolicy
 from sparkgate.policies.vocabulary import CHANGES_POLICY, Action
 
 from . import ledger, rollout
+from .actuators import arms
 from .rollout import TransitionError
 from .rollout_state import Decision, RolloutState, apply
 from .supervisor import Controller
@@ -134,17 +143,29 @@ def _brief(d: Decision) -> dict:
             "failing": failing}  # fmt: skip
 
 
-def replay(store: Store, policy: RolloutPolicy, since: float | None = None, resamples: int = 200) -> list[Row]:
+def replay(
+    store: Store,
+    policy: RolloutPolicy,
+    since: float | None = None,
+    resamples: int = 200,
+    sglang_urls: Sequence[str] = (),
+    prometheus_url: str | None = None,
+) -> list[Row]:
     """Every stored decision from ``since`` on beside what ``policy`` would have decided at its time, the
-    replay starting from the state the stored decisions before ``since`` left."""
+    replay starting from the state the stored decisions before ``since`` left; ``sglang_urls`` (those
+    ``serve --sglang`` was given) compare the fleet's server groups, ``prometheus_url`` answers PromQL gates."""
     stored = ledger.decisions(store, since=since)
     if not stored:
         return []
-    clock = {"now": stored[0].decided_at}
-    ctl = Replay(store, policy, clock=lambda: clock["now"], resamples=resamples)
+    clock: dict = {"now": stored[0].decided_at, "collector": []}
+    urls = [u.rstrip("/") for u in sglang_urls]
+    ctl = Replay(store, policy, clock=lambda: clock["now"], resamples=resamples,
+                 groups=functools.partial(arms, urls) if urls else None, prometheus_url=prometheus_url,
+                 collector_errors=lambda: clock["collector"])  # fmt: skip
     rows = [] if ctl.resumed else [Row(stored[0].decided_at, stored[0], ctl.decisions[0])]
     for decision in stored[len(rows) :]:
         clock["now"] = decision.decided_at
+        clock["collector"] = [r["note"] for r in decision.reasons[1:] if r.get("gate") == "collector"]
         if decision.action == Action.PUBLISH_TABLE:
             try:
                 rows.append(Row(decision.decided_at, decision, ctl.republish(decision)))
@@ -188,12 +209,21 @@ def _phases(decisions) -> list[str]:
 @click.option("--policy", "policy_path", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--since", type=PastTime(), default=None,
               help="Replay decisions from then on: unix seconds, ISO time, or a duration ago (30m, 2h).")  # fmt: skip
+@click.option("--sglang", "sglang_urls", multiple=True,
+              help="An SGLang server URL, in the order serve --sglang was given them: the fleet's groups.")  # fmt: skip
+@click.option("--prometheus", default=None, help="Prometheus base URL for the policy's PromQL gates.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: every row and the summary.")
-def backtest(db: str, policy_path: str, since: float | None, as_json: bool) -> None:
+def backtest(
+    db: str, policy_path: str, since: float | None, sglang_urls: tuple[str, ...], prometheus: str | None, as_json: bool
+) -> None:
     """Replay a store's history through a policy, beside the decisions it holds; acts on nothing."""
     policy = policy_option(policy_path)  # named before the store is opened, decisions to replay or not
+    asking = [g.name for g in policy.gates if g.promql]
+    if asking and prometheus is None:  # as serve refuses: they would replay as "no data"
+        raise click.BadParameter(f"the policy's gates {', '.join(asking)} read Prometheus: give its URL",
+                                 param_hint="--prometheus")  # fmt: skip
     with Store(db, create=False) as store:
-        rows = replay(store, policy, since)
+        rows = replay(store, policy, since, sglang_urls=sglang_urls, prometheus_url=prometheus)
     if not rows:
         raise click.ClickException(f"{db}: no decisions to replay")
     origin = rows[0].at

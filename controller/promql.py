@@ -24,11 +24,14 @@ class PromQLError(RuntimeError):
     """Prometheus could not answer a query; the message names the query."""
 
 
-def query(base_url: str, promql: str, direction: str = "at_most", timeout_s: float = 5.0) -> Measurement:
-    """Evaluate ``promql`` at ``base_url`` (``/api/v1/query``) for a gate of ``direction``; raises
-    ``PromQLError``."""
+def query(
+    base_url: str, promql: str, direction: str = "at_most", timeout_s: float = 5.0, at: float | None = None
+) -> Measurement:
+    """Evaluate ``promql`` at ``base_url`` (``/api/v1/query``) for a gate of ``direction``, as of unix time
+    ``at`` (None: now; a replay asks for the time it replays); raises ``PromQLError``."""
+    params: dict[str, str | float] = {"query": promql} if at is None else {"query": promql, "time": at}
     try:
-        response = httpx.get(f"{base_url.rstrip('/')}/api/v1/query", params={"query": promql}, timeout=timeout_s)
+        response = httpx.get(f"{base_url.rstrip('/')}/api/v1/query", params=params, timeout=timeout_s)
         body = response.json()
     except (httpx.HTTPError, ValueError) as exc:
         raise PromQLError(f"promql {promql!r}: {exc}") from exc

@@ -238,7 +238,8 @@ class Controller:
                 gates = tuple(g.model_copy(update={"dry_run": True}) if g in comparing else g for g in gates)
         adaptive = [g for g in gates if g.metric in ADAPTIVE_METRICS and not g.promql]
         measured.update(_read_apart(adaptive, lambda: self._adaptive_measurements(state, gates, now)))
-        measured.update({g.measured_as: self._promql(g.promql, g.direction) for g in gates if g.promql})
+        at = self._until(now)  # a replay asks Prometheus for the time it replays
+        measured.update({g.measured_as: self._promql(g.promql, g.direction, at) for g in gates if g.promql})
         return _widened(judge_all(gates, measured, stale), windowed, evaluation.window, self.window(state, now))
 
     def _adaptive_measurements(self, state: RolloutState, gates: Sequence[Gate], now: float) -> dict[str, Measurement]:
@@ -277,11 +278,11 @@ class Controller:
             else None
         )
 
-    def _promql(self, query: str, direction: str) -> Measurement:
+    def _promql(self, query: str, direction: str, at: float | None) -> Measurement:
         if self.prometheus_url is None:
             return Measurement(None, 0)
         try:
-            return promql.query(self.prometheus_url, query, direction)
+            return promql.query(self.prometheus_url, query, direction, at=at)
         except promql.PromQLError as exc:
             log.warning("gate query failed: %s", exc)
             return Measurement(None, 0, error=str(exc))

@@ -117,3 +117,90 @@ def test_records_that_arrived_after_a_decision_are_named_where_the_replay_read_t
     assert all(r.agrees for r in rows) and [bool(r.samples_differ) for r in rows] == [False, False, True]
     assert rows[-1].samples_differ["tier_miss_rate"] == [200, 300]
     assert summary(rows)["samples_differ"] == 1
+
+
+def _agreement(rows) -> list[tuple[str, str, bool]]:
+    return [(r.stored.action, str(r.stored.outcome), r.agrees) for r in rows]
+
+
+def test_the_stored_collector_errors_are_replayed_at_their_times(store):
+    """The store holds no record of a poller's outage: replayed without it, an error-limit rollback read as
+    an advance."""
+    from sparkgate.controller.supervisor import Controller
+    from sparkgate.policies.rollout import parse_rollout_policy
+    from tests.conftest import ingest_synthetic
+
+    policy = parse_rollout_policy({"stale_after_s": 120, "error_limit": 1, "gates": [
+        {"metric": "survival_ece", "threshold": 0.9, "direction": "at_most", "min_samples": 10}]})  # fmt: skip
+    now, down = [T0], [False]
+    ctl = Controller(store, policy, clock=lambda: now[0], resamples=10,
+                     collector_errors=lambda: ["sglang http://a: connection refused"] if down[0] else [])  # fmt: skip
+    ctl.act("promote", "ops")
+    for i in range(3):
+        ingest_synthetic(store, 20, now[0] + 1, first_step=100 * i, phase="shadow")
+        now[0] += 60
+        down[0] = i >= 1
+        ctl.tick()
+    rows = replay(store, policy, resamples=10)
+    assert _agreement(rows)[-3:] == [("hold", "pass", True), ("hold", "error", True), ("rollback", "error", True)]
+
+
+def test_a_fleet_split_by_server_is_replayed_by_its_groups(store):
+    """Without the servers, the replay compared switchback epochs, which SGLang records never carry."""
+    import pyarrow as pa
+
+    from sparkgate.controller.actuators import arms
+    from sparkgate.controller.supervisor import Controller
+    from sparkgate.policies.rollout import parse_rollout_policy
+    from tests.conftest import ingest_wire, synthetic_steps
+
+    urls = ["http://a:1", "http://b:2", "http://c:3"]
+    gate = {"metric": "p99_step_ratio", "threshold": 1.1, "direction": "at_most", "min_samples": 8}
+    policy = parse_rollout_policy({"phases": ["baseline", "shadow", "compact"], "failure_limit": 0,
+                                   "comparison": {"epoch_s": 2.0, "burn_in_s": 0.5}, "gates": [gate]})  # fmt: skip
+    now = [T0]
+    ctl = Controller(store, policy, clock=lambda: now[0], resamples=10, groups=lambda p: arms(urls, p))
+    ctl.act("promote", "ops")
+    now[0] = T0 + 30
+    ctl.act("promote", "ops")  # compact: two treatment servers, one control
+    wires, step = [], 0
+    for k in range(10):
+        for replica, ms in (("a:1/dp0", 13.0), ("b:2/dp0", 13.0), ("c:3/dp0", 10.0)):
+            wires.append(synthetic_steps(20, T0 + 31 + 2 * k, replica=replica, first_step=step, step_ms=ms))
+            step += 100
+    ingest_wire(store, pa.concat_tables(wires))
+    now[0] = T0 + 52
+    assert ctl.tick().action == "rollback"
+    rows = replay(store, policy, resamples=10, sglang_urls=urls)
+    assert rows[-1].replayed.reasons == rows[-1].stored.reasons and all(r.agrees for r in rows)
+    assert not replay(store, policy, resamples=10)[-1].agrees  # the epochs' design reads no pairs here
+
+
+def test_a_promql_gate_is_asked_for_the_replayed_time_and_backtest_needs_its_url(fixture_store, tmp_path):
+    from sparkgate.controller import promql
+
+    asked = []
+    real = promql.query
+
+    def recorded(url, query, direction="at_most", timeout_s=5.0, at=None):
+        asked.append(at)
+        return promql.Measurement(0.0, 1)
+
+    promql.query = recorded
+    prom = {"metric": "p99", "threshold": 1.0, "direction": "at_most", "promql": "max(up)", "name": "prom",
+            "dry_run": True}  # fmt: skip
+    gated = {**POLICY, "gates": [*POLICY["gates"], prom]}
+    try:
+        with Store(copied(fixture_store, tmp_path)) as store:
+            from sparkgate.policies.rollout import parse_rollout_policy
+
+            rows = replay(store, parse_rollout_policy(gated), prometheus_url="http://prometheus:9090")
+    finally:
+        promql.query = real
+    ticks = [r.stored.decided_at for r in rows if r.stored.operator is None and r.stored.action != "start"]
+    assert asked and set(asked) <= set(ticks)  # never "now": the decision's own time
+    policy = tmp_path / "gated.yaml"
+    policy.write_text(yaml.safe_dump(gated))
+    result = CliRunner().invoke(main, ["backtest", "--db", str(copied(fixture_store, tmp_path)), "--policy",
+                                       str(policy)])  # fmt: skip
+    assert result.exit_code == 2 and "read Prometheus: give its URL" in result.output

@@ -67,6 +67,13 @@ def test_an_empty_or_nan_result_has_no_value_and_an_infinite_sample_is_the_worst
     assert (none.value, none.samples) == (None, 0)
 
 
+def test_a_query_as_of_a_past_time_is_evaluated_at_that_time(prometheus):
+    """A replay (``backtest``) asks for the value its decision saw; ``time()`` is the evaluation time."""
+    past = time.time() - 3600
+    assert query(prometheus, "time()", at=past).value == pytest.approx(past, abs=1e-3)
+    assert query(prometheus, "time()").value == pytest.approx(time.time(), abs=60)
+
+
 def test_unusable_answers_raise_naming_the_query(prometheus):
     # Prometheus answers a range selector with a matrix: a gate needs one value per series.
     body = httpx.get(f"{prometheus}/api/v1/query", params={"query": "vector(1)[5m:1m]"}).json()
