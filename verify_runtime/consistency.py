@@ -25,7 +25,7 @@ from sparkgate.policies.vocabulary import CheckKind
 from sparkgate.policies.window import FixedWindow
 
 from .drafters import Drafter
-from .engine import Engine, EngineConfig, Request
+from .engine import Engine, EngineConfig, Request, positions_needed
 from .model import Transformer, forward_full
 
 # Logit gap under which the dense top two tokens are a numerical tie: the cached path may pick either.
@@ -83,7 +83,9 @@ class GreedyReplay:
             EngineConfig(gamma=self.gamma, max_batch=1, replica_id="consistency"),
             policy=FixedWindow(self.gamma),
         )
-        room = engine.cache.max_len - len(prompt) - self.gamma - 1
+        # The most new tokens admission takes (``positions_needed``): a request the engine served at the
+        # cache's edge is replayed whole.
+        room = engine.cache.max_len - positions_needed(len(prompt), 0, self.gamma)
         n = min(tokens, room)
         if n < 1:
             return []

@@ -7,7 +7,7 @@ import pytest
 from sparkgate.policies.window import FixedWindow
 from sparkgate.verify_runtime.consistency import GreedyReplay, compare, state_check, wanted
 from sparkgate.verify_runtime.drafters import ModelDrafter
-from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
+from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request, positions_needed
 from tests.conftest import tiny_model
 from tests.verify_runtime.reference import greedy_decode
 
@@ -36,6 +36,15 @@ def test_static_replay_is_the_greedy_continuation():
     assert wanted(Request("x", prompt, 4, temperature=0.0), "compact", 1.0)
     assert not wanted(Request("x", prompt, 4, temperature=0.7), "compact", 1.0)
     assert not wanted(Request("x", prompt, 4), "shadow", 1.0)
+
+
+def test_a_request_served_at_the_caches_edge_is_replayed_whole():
+    """The replay took 2 tokens fewer than admission allows, so such a request's check covered less of it."""
+    target = tiny_model()
+    replay = GreedyReplay(target, ModelDrafter(target, noise=1.5), GAMMA)
+    prompt = [3, 1, 4, 1, 5]
+    most = target.args.max_seq_len - positions_needed(len(prompt), 0, GAMMA)
+    assert replay.replay(prompt, most) == greedy_decode(target, prompt, most)
 
 
 def test_state_check_finds_a_corrupted_cache():
