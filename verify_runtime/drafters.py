@@ -134,8 +134,26 @@ class ModelDrafter:
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext) -> DraftOutput:
+        """Each request's drafts from its own last ``context`` tokens: requests of one history width are
+        drafted together, so what a request drafts does not depend on what else is in the batch (cutting
+        every window to the shortest history in it did)."""
+        widths = [min(self.context, len(h)) for h in ctx.history]
+        if len(set(widths)) == 1:
+            return self._propose(ctx, widths[0])
+        parts, rows = [], []
+        for width in sorted(set(widths)):
+            index = [i for i, w in enumerate(widths) if w == width]
+            at = torch.tensor(index, device=ctx.positions.device)
+            part = DraftContext([ctx.history[i] for i in index], ctx.positions[at], ctx.seeds[at],
+                                ctx.temperatures[at], ctx.gamma)  # fmt: skip
+            parts.append(self._propose(part, width))
+            rows += index
+        order = torch.argsort(torch.tensor(rows, device=ctx.positions.device))
+        return DraftOutput(*(torch.cat([getattr(o, f) for o in parts])[order]
+                             for f in ("tokens", "probs", "confidence_logits")))  # fmt: skip
+
+    def _propose(self, ctx: DraftContext, width: int) -> DraftOutput:
         device = ctx.positions.device
-        width = min(self.context, min(len(h) for h in ctx.history))
         window = torch.tensor([h[-width:] for h in ctx.history], dtype=torch.long, device=device)
         tokens, probs = [], []
         vocab = self.model.args.vocab_size

@@ -2,6 +2,8 @@
 repeats; a noiseless model drafter drafts the model's own greedy continuation."""
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sparkgate.verify_runtime.drafters import DraftContext, ModelDrafter, NGramDrafter
 from tests.conftest import tiny_model
@@ -50,3 +52,24 @@ def test_a_noiseless_model_drafter_proposes_the_greedy_continuation():
     noisy = ModelDrafter(target, noise=3.0).propose(greedy_context(histories, gamma=4))
     assert torch.equal(noisy.tokens, ModelDrafter(target, noise=3.0).propose(greedy_context(histories, 4)).tokens)
     assert not torch.equal(noisy.probs, out.probs)
+
+
+@given(st.lists(st.lists(st.integers(0, 31), min_size=1, max_size=12), min_size=2, max_size=5),
+       st.sampled_from([0.0, 1.0]))  # fmt: skip
+@settings(max_examples=25, deadline=None)
+def test_what_a_model_drafter_drafts_for_a_request_does_not_depend_on_its_batch(histories, temperature):
+    """Every window was cut to the batch's shortest history: the same request drafted otherwise beside a
+    short one (and, sampled, committed other tokens)."""
+    drafter = ModelDrafter(tiny_model(vocab=32), noise=1.5, context=6)  # histories longer and shorter than it
+
+    def ctx(hs: list[list[int]], seeds: list[int]) -> DraftContext:
+        n = len(hs)
+        return DraftContext(hs, torch.tensor([len(h) - 1 for h in hs]), torch.tensor(seeds),
+                            torch.full((n,), temperature), 3)  # fmt: skip
+
+    together = drafter.propose(ctx(histories, list(range(len(histories)))))
+    for i, history in enumerate(histories):
+        alone = drafter.propose(ctx([history], [i]))
+        assert torch.equal(together.tokens[i], alone.tokens[0])
+        torch.testing.assert_close(together.probs[i], alone.probs[0])
+        torch.testing.assert_close(together.confidence_logits[i], alone.confidence_logits[0])
