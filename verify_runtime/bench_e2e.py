@@ -61,10 +61,11 @@ from sparkgate.policies.window import (
     WindowPolicy,
 )
 
+from .admission import positions_needed
 from .bench_verdict import interval, verdict
 from .cli_checks import check_gamma, check_positions, workload_prompt_len
 from .device_options import device_options, resolve_graphs
-from .engine import Engine, EngineConfig, Request, positions_needed
+from .engine import Engine, EngineConfig, Request
 from .summary import TimedRun, run_interleaved, summarize
 from .workload import mixed_workload
 

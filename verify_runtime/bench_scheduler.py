@@ -124,11 +124,10 @@ def run_benchmark(batch: int, gamma: int, steps: int, device: str, table: CostTa
 def bench_scheduler(batch: int, gamma: int, steps: int, device: str, cost_table: Path | None, as_json: bool) -> None:
     """Window-policy time per step, and as a fraction of static verify time."""
     from .defaults import default_target_args
-    from .engine import positions_needed
 
     resolve_graphs(device, graphs=False)  # refuses a --device torch cannot parse
     check_positions(
-        positions_needed(STATIC_PROMPT_LEN, 0, gamma),
+        STATIC_PROMPT_LEN + gamma + 1,  # the prompt's positions, then one block of γ + 1 rows past them
         default_target_args().max_seq_len,
         f"the static verify's prompt of {STATIC_PROMPT_LEN} tokens and a block of --gamma {gamma} + 1",
         "--gamma",

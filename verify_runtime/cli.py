@@ -8,9 +8,10 @@ import click
 
 from sparkgate.policies.window import FixedWindow
 
+from .admission import positions_needed
 from .cli_checks import SEED, check_gamma, check_positions
 from .defaults import default_drafter, default_target
-from .engine import Engine, EngineConfig, Request, positions_needed
+from .engine import Engine, EngineConfig, Request
 from .modes import MODES
 from .summary import run_timed, summarize
 

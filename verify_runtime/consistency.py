@@ -24,8 +24,9 @@ import torch
 from sparkgate.policies.vocabulary import CheckKind
 from sparkgate.policies.window import FixedWindow
 
+from .admission import positions_needed
 from .drafters import Drafter
-from .engine import Engine, EngineConfig, Request, positions_needed
+from .engine import Engine, EngineConfig, Request
 from .model import Transformer, forward_full
 
 # Logit gap under which the dense top two tokens are a numerical tie: the cached path may pick either.

@@ -24,6 +24,7 @@ from sparkgate.policies.cost_profile import hardware_fingerprint
 from sparkgate.policies.window import FixedWindow, WindowContext, WindowPolicy
 
 from .acceptance import AcceptInput, accept, draft_accepts, next_accept_prob
+from .admission import check_request
 from .drafters import DraftContext, Drafter, temperature_probs
 from .kv_cache import KVCache
 from .model import EOS, Transformer, model_version
@@ -63,14 +64,6 @@ class Request:
     finish_ts: float | None = None
     # A load generator's client who walks away after this many output tokens (None: stays to the end).
     cancel_after: int | None = None
-
-
-def positions_needed(prompt_len: int, max_new_tokens: int, gamma: int) -> int:
-    """Cache positions a request can reach. A verify block starts at the newest committed token and writes
-    it with γ drafts; a request still verifies while it has at most ``prompt_len + max_new_tokens - 1``
-    tokens, so its last block reaches position ``prompt_len + max_new_tokens + γ - 2``, past the tokens it
-    keeps."""
-    return prompt_len + max_new_tokens + gamma - 1
 
 
 @dataclass
@@ -138,6 +131,7 @@ class Engine:
         self.queue: collections.deque[Request] = collections.deque()
         self.active: list[Request] = []
         self.finished: dict[str, Request] = {}
+        self._live: set[str] = set()  # ids queued or running: one id per request the engine holds
         self.step_id = 0
         self.model_version = model_version(model)
         self._hardware = hardware_text(hardware_fingerprint(self.device))
@@ -159,16 +153,9 @@ class Engine:
 
     # -- admission -----------------------------------------------------------
     def submit(self, request: Request) -> None:
-        need = positions_needed(len(request.prompt), request.max_new_tokens, self.config.gamma)
-        if not request.prompt:
-            raise ValueError(f"request {request.request_id!r} has an empty prompt")
-        if need > self.cache.max_len:
-            raise ValueError(
-                f"request {request.request_id!r} needs {need} positions (prompt {len(request.prompt)} "
-                f"+ max_new_tokens {request.max_new_tokens} + gamma - 1) but the cache holds {self.cache.max_len}"
-            )
-        if request.max_new_tokens < 1:
-            raise ValueError(f"request {request.request_id!r} has max_new_tokens={request.max_new_tokens} (< 1)")
+        """Queue ``request``, or raise ``ValueError`` naming what cannot be served (``admission``)."""
+        check_request(request, self.model.args.vocab_size, self.cache.max_len, self.config.gamma, self._live)
+        self._live.add(request.request_id)
         if request.arrival_ts is None:
             request.arrival_ts = time.time()
         request.epoch, request.arm = self.config.epoch, self.config.arm
@@ -192,6 +179,7 @@ class Engine:
         return False
 
     def _finish(self, request: Request, reason: str) -> None:
+        self._live.discard(request.request_id)
         request.finish_reason, request.finish_ts = reason, time.time()
         self.finished[request.request_id] = request
         if self.request_sink is not None:
@@ -207,10 +195,17 @@ class Engine:
         if not admitted:
             return
         # The last prompt token stays pending: the first verify step writes its K/V.
-        with _intra_op_threads(self.config.prefill_threads if self.device.type == "cpu" else None):
-            hidden = self.runner.prefill(
-                [r.prompt[:-1] for r in admitted], [r.slot for r in admitted], keep=self.drafter.hidden_window
-            )
+        try:
+            with _intra_op_threads(self.config.prefill_threads if self.device.type == "cpu" else None):
+                hidden = self.runner.prefill(
+                    [r.prompt[:-1] for r in admitted], [r.slot for r in admitted], keep=self.drafter.hidden_window
+                )
+        except BaseException:  # nothing half-admitted: the requests wait in the queue again, their slots free
+            for request in reversed(admitted):
+                self.cache.release(request.slot)
+                request.slot = -1
+                self.queue.appendleft(request)
+            raise
         for request, h in zip(admitted, hidden):
             self._keep_hidden(request, h)
         self.active.extend(admitted)

@@ -81,9 +81,9 @@ def drafter(
 
     from sparkgate.policies.calibration import STS
 
+    from .admission import positions_needed
     from .block_drafter import BlockDrafter, load_drafter
     from .corpus import DOMAINS, stdlib_corpus
-    from .engine import positions_needed
     from .eval_plots import acceptance_figure, reliability_figure
     from .evaluation import Blocks, EvalConfig
     from .evaluation import evaluate as run_evaluation

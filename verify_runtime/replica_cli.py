@@ -39,12 +39,13 @@ from sparkgate.policies.outputs import output_path
 from sparkgate.policies.payload import PolicyPayload
 from sparkgate.policies.window import CostAwareScheduler, FixedWindow, WindowPolicy
 
+from .admission import positions_needed
 from .arrivals import Arrivals, swing
 from .cli_checks import SEED, RecordId, check_gamma, check_positions, workload_prompt_len
 from .consistency import GreedyReplay
 from .controller_client import ControllerClient
 from .drafters import Drafter
-from .engine import Engine, EngineConfig, Request, positions_needed
+from .engine import Engine, EngineConfig, Request
 from .faults import LOAD_SHIFT_PROMPT_LEN, SLOW_VERIFY_EXTRA, Fault, FaultSize, fire
 from .model import Transformer
 from .replica import Replica, workload_requests

@@ -227,9 +227,9 @@ def confidence(out, target_path, drafter_path, prompts, prompt_len, max_new_toke
     """Refit the drafter's confidence head on its own greedy blocks (train split)."""
     import torch
 
+    from .admission import positions_needed
     from .block_drafter import load_drafter
     from .confidence_tuning import collect_own_blocks, fit_confidence_head
-    from .engine import positions_needed
     from .model import model_version
     from .shipped import drafter_variant
     from .workload import mixed_workload

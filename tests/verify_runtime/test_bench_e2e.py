@@ -107,7 +107,7 @@ def test_the_verdict_is_the_far_end_of_the_interval():
         (["--max-new-tokens", "500"], "--max-new-tokens", "prompts of 96 tokens, --max-new-tokens 500 and --gamma 7"),
         (["--goodput-rates", "1,a"], "--goodput-rates", "'a' is not a valid number"),
         (["--goodput-rates", "0"], "--goodput-rates", "0.0 is not in the range x>0"),
-        (["--goodput-rates", "1", "--goodput-max-new-tokens", "500"], "--goodput-max-new-tokens", "604 positions"),
+        (["--goodput-rates", "1", "--goodput-max-new-tokens", "500"], "--goodput-max-new-tokens", "602 positions"),
         (["--tpot-slo-ms", "0"], "--tpot-slo-ms", "0.0 is not in the range x>0"),
         (["--rounds", "0"], "--rounds", "0 is not in the range x>=1"),
     ],

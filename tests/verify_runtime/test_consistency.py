@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from sparkgate.policies.window import FixedWindow
+from sparkgate.verify_runtime.admission import positions_needed
 from sparkgate.verify_runtime.consistency import GreedyReplay, compare, state_check, wanted
 from sparkgate.verify_runtime.drafters import ModelDrafter
-from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request, positions_needed
+from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
 from tests.conftest import tiny_model
 from tests.verify_runtime.reference import greedy_decode
 

@@ -5,8 +5,9 @@ from hypothesis import strategies as st
 
 from sparkgate.policies.cost_model import AdditiveCostTable, CostMeta, StepsPerSecondTable
 from sparkgate.policies.window import CostAwareScheduler, FixedWindow, WindowDecision
+from sparkgate.verify_runtime.admission import positions_needed
 from sparkgate.verify_runtime.drafters import ModelDrafter, NGramDrafter
-from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request, positions_needed
+from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
 from sparkgate.verify_runtime.model import EOS, forward_full
 from sparkgate.verify_runtime.verify import TargetRunner
 from tests.conftest import SurvivalWindows, tiny_model
@@ -261,17 +262,52 @@ def test_a_cache_of_exactly_the_positions_a_request_needs_serves_it(target, draf
     assert exact.run() == roomy.run()
 
 
-def test_bad_requests_fail_clearly(target, drafter):
+@pytest.mark.parametrize(
+    "request_, message",
+    [
+        (Request("long", [1] * 50, 49), "'long' needs 102 positions"),
+        (Request("empty", [], 5), "empty prompt"),
+        (Request("zero", [1], 0), r"max_new_tokens=0"),
+        # Each of these was taken, then stalled every later step or had the collector refuse the step record
+        # of the requests batched with it.
+        (Request("odd", [1], 3, mode="sideways"), r"'odd': unknown verify mode 'sideways'"),
+        (Request("oov", [1, 32], 3), r"'oov': prompt token 32 is not in the vocabulary \[0, 32\)"),
+        (Request("neg", [1, -1], 3), r"prompt token -1 is not in the vocabulary"),
+        (Request("hot", [1], 3, temperature=float("nan")), r"'hot': temperature=nan must be a finite number >= 0"),
+        (Request("cold", [1], 3, temperature=-1.0), r"temperature=-1.0 must be"),
+        (Request("bell\x07", [1], 3), r"request_id 'bell\\x07': no control"),
+        (Request("", [1], 3), r"request_id '': must not be empty"),
+        (Request("good", [2], 3), r"'good': request_id is already queued or running"),
+    ],
+)
+def test_a_request_that_cannot_be_served_is_refused_at_submit_and_the_rest_served(target, drafter, request_, message):
     engine = Engine(target, drafter, EngineConfig(gamma=4, max_batch=2))
-    with pytest.raises(ValueError, match="'long' needs 102 positions"):
-        engine.submit(Request("long", [1] * 50, 49))
-    with pytest.raises(ValueError, match="empty prompt"):
-        engine.submit(Request("empty", [], 5))
-    with pytest.raises(ValueError, match=r"max_new_tokens=0"):
-        engine.submit(Request("zero", [1], 0))
-    engine.submit(Request("odd", [1], 3, mode="sideways"))
-    with pytest.raises(ValueError, match=r"unknown verify mode\(s\) \['sideways'\]"):
+    engine.submit(Request("good", [1, 2, 3], 4, stop_at_eos=False))
+    with pytest.raises(ValueError, match=message):
+        engine.submit(request_)
+    assert engine.run() == {"good": greedy_decode(target, [1, 2, 3], 4)}
+
+
+def test_a_prefill_that_fails_leaves_its_requests_queued_and_their_slots_free(target, drafter, monkeypatch):
+    """Admission had taken them from the queue and given them slots first: a failed prefill lost both."""
+    engine = Engine(target, drafter, EngineConfig(gamma=4, max_batch=2))
+    for name in ("a", "b"):
+        engine.submit(Request(name, [1, 2, 3], 4, stop_at_eos=False))
+    real, calls = engine.runner.prefill, []
+
+    def once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("CUDA error: out of memory")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine.runner, "prefill", once)
+    free = engine.cache.free_slots
+    with pytest.raises(RuntimeError, match="out of memory"):
         engine.step()
+    assert [r.request_id for r in engine.queue] == ["a", "b"] and not engine.active
+    assert engine.cache.free_slots == free
+    assert engine.run() == {name: greedy_decode(target, [1, 2, 3], 4) for name in ("a", "b")}
 
 
 def flat_table(max_tokens=4096):

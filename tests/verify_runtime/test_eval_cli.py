@@ -37,7 +37,7 @@ def test_eval_drafter_writes_the_report_figures_and_valid_records(tmp_path):
         (["--gamma", "9"], "--gamma", "9 is beyond the drafter's max_gamma"),
         (["--gamma", "5"], "--gamma", "calibrates gamma=7: give --sts fitted at this gamma"),
         (["--prompt-len", "8"], "--prompt-len", "8 is not longer than the window of the --drafter drafter"),
-        (["--max-new-tokens", "600"], "--max-new-tokens", "--max-new-tokens 600 and --gamma 7: 624 positions"),
+        (["--max-new-tokens", "600"], "--max-new-tokens", "--max-new-tokens 600 and --gamma 7: 622 positions"),
         (["--prompts", "100000"], "--prompts", "domain 'prose' holds"),
         (["--records-out", "FILE/records.ndjson"], "--records-out", "is not a directory"),
         (["--out", "FILE/eval"], "--out", "is not a directory"),

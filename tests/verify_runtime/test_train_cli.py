@@ -118,7 +118,7 @@ def test_train_drafter_refuses_bad_input_before_training(tmp_path, args, option,
     ("args", "option", "named"),
     [
         (["--gamma", "9"], "--gamma", "9 is beyond the drafter's max_gamma"),
-        (["--max-new-tokens", "600"], "--max-new-tokens", "--max-new-tokens 600 and --gamma 7: 616 positions"),
+        (["--max-new-tokens", "600"], "--max-new-tokens", "--max-new-tokens 600 and --gamma 7: 614 positions"),
         (["--prompts", "400000"], "--prompts", "too few for 400000 prompts of length 8"),
         (["--drafter", str(ASSETS / FILES["target"])], "--drafter", "is not a drafter checkpoint"),
         (["--steps", "0"], "--steps", "0 is not in the range x>=1"),
