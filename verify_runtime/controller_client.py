@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import urllib.parse
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -44,12 +45,13 @@ class ControllerClient:
     def next_step_id(self, replica_id: str) -> int:
         return self._json(self.http.get(f"/v1/replicas/{_segment(replica_id)}"))["next_step_id"]
 
-    def post_records(self, records: list[StepRecord]) -> dict:
-        """Post records as NDJSON. A 422 (some records quarantined, the rest stored) is not retried."""
-        return self.post_body(ndjson(records))
+    def post_records(self, records: Sequence[StepRecord], body: bytes | None = None) -> dict:
+        """Post records as NDJSON (``body``: theirs, already serialized). A 422 (some records quarantined, the
+        rest stored) is not retried."""
+        return self.post_body(ndjson(records) if body is None else body)
 
-    def post_request_records(self, records: list[RequestRecord]) -> dict:
-        return self.post_body(ndjson(records), REQUEST_RECORDS_ROUTE)
+    def post_request_records(self, records: Sequence[RequestRecord], body: bytes | None = None) -> dict:
+        return self.post_body(ndjson(records) if body is None else body, REQUEST_RECORDS_ROUTE)
 
     def post_body(self, body: bytes, route: str = "/v1/records") -> dict:
         """Post an NDJSON body of step records (a spool segment, or ``post_records``'s), or of request records

@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import httpx
 
@@ -42,11 +42,13 @@ from sparkgate.policies.window import CostAwareScheduler, FixedWindow, WindowPol
 from .consistency import GreedyReplay, state_check, unit_hash, wanted
 from .controller_client import REQUEST_RECORDS_ROUTE, ControllerClient
 from .engine import Engine, Request
-from .spool import Spool
+from .spool import Spool, bodies
 from .table_swap import TableSwap
 
 log = logging.getLogger(__name__)
 MAX_PENDING_RECORDS = 10_000
+# A post's body at most (an eighth of the ingest routes' 64 MiB limit): a backlog goes in several.
+MAX_POST_BYTES = 8 << 20
 # Checks kept while the controller cannot take them; past this the oldest clean ones go first (a mismatch
 # is what the critical gate reads).
 MAX_PENDING_CHECKS = 100_000
@@ -226,18 +228,20 @@ class Replica:
         self,
         records: list,
         spool: Spool | None,
-        post_records: Callable[[list], object],
+        post_records: Callable[[Sequence, bytes], object],
         post_body: Callable[[bytes], object],
         counters: tuple[str, str],
     ) -> tuple[list, bool]:
-        """Post ``spool``'s segments, then ``records``; returns (what still waits in memory, delivered)."""
+        """Post ``spool``'s segments, then ``records`` in bodies of at most ``MAX_POST_BYTES``; returns (what
+        still waits in memory, delivered)."""
         posted, dropped = counters
         try:
             if spool is not None:
                 self.stats[posted] += spool.replay(post_body)
-            if records:
-                post_records(records)
-                self.stats[posted] += len(records)
+            for body, chunk in bodies(records, MAX_POST_BYTES):
+                post_records(chunk, body)
+                self.stats[posted] += len(chunk)
+                records = records[len(chunk) :]  # delivered: never posted again
             return [], True
         except httpx.HTTPError as exc:
             log.warning("posting %d records failed (%s); will retry", len(records), exc)

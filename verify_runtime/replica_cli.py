@@ -24,7 +24,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,8 +73,8 @@ class MeteredClient(ControllerClient):
         super().__init__(url)
         self.metrics = metrics
 
-    def post_records(self, records: list[StepRecord]) -> dict:
-        result = super().post_records(records)
+    def post_records(self, records: Sequence[StepRecord], body: bytes | None = None) -> dict:
+        result = super().post_records(records, body)
         self.metrics.observe_records(records, "replica")
         return result
 

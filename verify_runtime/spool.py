@@ -24,7 +24,30 @@ class Record(Protocol):
 
 def ndjson(records: Sequence[Record]) -> bytes:
     """Records (step or request records) as the NDJSON body their route takes."""
-    return b"".join(json.dumps(r.to_dict()).encode() + b"\n" for r in records)
+    return b"".join(_line(r) for r in records)
+
+
+def bodies(records: Sequence[Record], max_bytes: int) -> list[tuple[bytes, Sequence[Record]]]:
+    """``records`` as consecutive NDJSON bodies of at most ``max_bytes`` each (a record longer alone is a
+    body of its own), each with the records it holds: a backlog posted whole could pass the route's limit
+    and be refused at every retry."""
+    out: list[tuple[bytes, Sequence[Record]]] = []
+    lines: list[bytes] = []
+    size = first = 0
+    for i, record in enumerate(records):
+        line = _line(record)
+        if lines and size + len(line) > max_bytes:
+            out.append((b"".join(lines), records[first:i]))
+            lines, size, first = [], 0, i
+        lines.append(line)
+        size += len(line)
+    if lines:
+        out.append((b"".join(lines), records[first:]))
+    return out
+
+
+def _line(record: Record) -> bytes:
+    return json.dumps(record.to_dict()).encode() + b"\n"
 
 
 def _sync_directory(directory: Path) -> None:

@@ -24,7 +24,7 @@ from sparkgate.verify_runtime.controller_client import ControllerClient
 from sparkgate.verify_runtime.drafters import ModelDrafter
 from sparkgate.verify_runtime.engine import Engine, EngineConfig, Request
 from sparkgate.verify_runtime.replica import Replica, mode_for, workload_requests
-from sparkgate.verify_runtime.spool import Spool
+from sparkgate.verify_runtime.spool import Spool, ndjson
 from tests.conftest import policy_payload, tiny_model
 from tests.controller.timed_steps import STATIC, scaled
 
@@ -176,6 +176,39 @@ def test_a_replica_spools_through_an_outage_and_loses_nothing(controller, tmp_pa
     assert ctl.store.counts()["quarantine"] > 0  # the repeats of the segment whose answer was lost
     assert replica.request_spool.waiting == 0 and replica.stats["request_records"] == 8
     assert ctl.store.counts()["request_records"] == 8  # each request's record once, through the same outage
+
+
+def test_a_backlog_without_a_spool_goes_in_bodies_under_the_bound_and_none_is_posted_twice(controller, monkeypatch):
+    """Posted whole, ten thousand waiting records (about 99 MiB at batch 16) passed the route's 64 MiB limit
+    and were refused at every retry, the oldest dropped each time."""
+    import sparkgate.verify_runtime.replica as replica_module
+
+    ctl, url = controller
+    replica = make_replica(url)
+    client, sizes = replica.client, []
+    real = client.post_body
+
+    def down(*_):
+        raise httpx.ConnectError("controller down")
+
+    client.post_body = down
+    served = replica.serve(requests("backlog", 8))
+    assert len(replica.pending) == served["steps"] > 4 and ctl.store.counts()["steps"] == 0
+    monkeypatch.setattr(replica_module, "MAX_POST_BYTES", len(ndjson(replica.pending)) // 3)
+
+    def answered_twice(body, *route):  # the third body's post fails: the two before are delivered
+        sizes.append(len(body))
+        if len(sizes) == 3:
+            raise httpx.ReadTimeout("timed out")
+        return real(body, *route)
+
+    client.post_body = answered_twice
+    replica.flush()
+    assert ctl.store.counts()["steps"] > 0 and replica.pending and max(sizes) <= replica_module.MAX_POST_BYTES
+    client.post_body = real
+    replica.flush()
+    assert not replica.pending and replica.stats["posted"] == served["steps"]
+    assert ctl.store.counts()["steps"] == served["steps"] and ctl.store.counts()["quarantine"] == 0
 
 
 def test_consistency_checks_wait_through_a_failed_post_and_go_in_bodies_the_route_takes(controller, monkeypatch):

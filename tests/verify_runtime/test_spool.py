@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sparkgate.collectors.synth import synthetic_wire
 from sparkgate.verify_runtime.spool import Spool, ndjson
@@ -71,3 +73,16 @@ def test_a_segment_is_durable_when_append_returns(tmp_path, monkeypatch):
     Spool(tmp_path).append(records(2))
     (segment,) = tmp_path.glob("seg-*.ndjson")
     assert synced == [str(segment.with_suffix(".tmp")), str(tmp_path)]
+
+
+@given(st.integers(0, 30), st.integers(1, 5000))
+@settings(max_examples=40, deadline=None)
+def test_bodies_split_records_in_order_under_the_bound(n, max_bytes):
+    from sparkgate.verify_runtime.spool import bodies
+
+    held = records(n)
+    split = bodies(held, max_bytes)
+    assert b"".join(body for body, _ in split) == ndjson(held)
+    assert [r for _, chunk in split for r in chunk] == held
+    for body, chunk in split:
+        assert body == ndjson(chunk) and (len(body) <= max_bytes or len(chunk) == 1)
