@@ -32,7 +32,7 @@ from .modes import mode_codes, verify_plan
 from .request_log import request_record
 from .rng import ACCEPT, SAMPLE, uniform
 from .step_log import StepCosts, StepOutcome, request_rows, step_record
-from .tiers import TierGrid
+from .tiers import TierGrid, served_grid
 from .timing import StageClock
 from .verify import TargetRunner
 
@@ -111,7 +111,7 @@ class Engine:
         self.cache = KVCache(
             model.args, self.config.max_batch, self.config.cache_len, self.device, model.output.weight.dtype
         )
-        grid = tiers or TierGrid()
+        grid = served_grid(tiers or TierGrid(), self.device.type, graphs)
         runner_graphs = self.schedule_graphs = None
         if graphs:
             from .cuda_graphs import GraphTiers, ScheduleGraphs

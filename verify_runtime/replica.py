@@ -177,7 +177,8 @@ class Replica:
             (epoch, schedule.arm(config.replica_id, epoch)) if schedule and epoch >= 0 else (None, None)
         )
         if payload is not None and payload.phase is Phase.FALLBACK:
-            self.engine.policy = FixedWindow(payload.fallback_window)
+            # A fixed window prices nothing: its steps must not read as served on the last cost table.
+            self.engine.policy, config.cost_table_version = FixedWindow(payload.fallback_window), None
         elif self.tables is not None:
             fitted = payload is not None and payload.phase is Phase.ADAPTIVE and config.arm != Arm.CONTROL
             config.cost_table_version, self.engine.policy = self.tables.current(fitted)

@@ -13,7 +13,7 @@ there are no graphs, so a hit runs the same padded static shapes eagerly and
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sparkgate.policies.vocabulary import MissReason
 
@@ -72,6 +72,13 @@ def parse_tiers(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         raise ValueError(f"tiers must be comma-separated integers, got {text!r}") from None
+
+
+def served_grid(grid: TierGrid, device_type: str, graphs: bool) -> TierGrid:
+    """The grid a runner serves: ``grid``, or on CUDA without graphs every step a ``forced_eager`` miss at
+    its exact rows, since a tier "hit" there would record a graph replay that never ran (on CPU a hit is
+    the padded static shapes, as the module says)."""
+    return replace(grid, force_eager=True) if device_type == "cuda" and not graphs else grid
 
 
 def measured_grid(tiers: tuple[int, ...] | list[int] | None) -> TierGrid:

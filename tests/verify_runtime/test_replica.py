@@ -304,6 +304,21 @@ def test_in_adaptive_a_replica_registers_fetches_and_serves_the_fitted_table(tmp
     assert replica.stats["tables_refused"] == 0
 
 
+def test_in_fallback_a_replica_s_steps_name_no_cost_table(controller):
+    """Fallback serves a fixed window, which prices nothing: its steps kept the last table's version, so the
+    adaptive reads counted them as served on it."""
+    ctl, url = controller
+    replica = make_replica(url, replica_id="rep-f")
+    replica.use_static(CostAwareScheduler(scaled(STATIC, 20.0, "tiny-static")))
+    replica.poll(force=True)
+    assert replica.engine.config.cost_table_version == "tiny-static"
+    ctl.act("abort", "ops")
+    replica.poll(force=True)
+    replica.serve(requests("fb", 4))
+    rows = ctl.store.query("SELECT DISTINCT phase, cost_table_version AS v FROM steps").to_pylist()
+    assert rows == [{"phase": "fallback", "v": None}]
+
+
 def test_past_the_checks_a_replica_holds_the_oldest_clean_ones_go_first(monkeypatch):
     import types
 

@@ -1,6 +1,7 @@
 import pytest
 
-from sparkgate.verify_runtime.tiers import TierGrid, parse_tiers
+from sparkgate.policies.vocabulary import MissReason
+from sparkgate.verify_runtime.tiers import TierGrid, parse_tiers, served_grid
 
 
 def test_round_up_to_smallest_tier():
@@ -38,3 +39,11 @@ def test_bad_grids_fail_clearly():
     with pytest.raises(ValueError, match="comma-separated"):
         parse_tiers("8,x")
     assert parse_tiers("8, 16,32") == (8, 16, 32)
+
+
+def test_on_cuda_without_graphs_every_step_is_a_forced_eager_miss_at_its_rows():
+    """A tier "hit" there recorded a graph replay that never ran; on CPU a hit is the padded static shapes."""
+    grid = TierGrid((8, 16))
+    eager = served_grid(grid, "cuda", graphs=False).select(10)
+    assert (eager.graph_hit, eager.tier_rows, eager.miss_reason) == (False, 10, MissReason.FORCED_EAGER)
+    assert served_grid(grid, "cuda", graphs=True) == grid and served_grid(grid, "cpu", graphs=False) == grid
