@@ -258,13 +258,22 @@ def operating_curve(
             runs = run_seeds(varied, scenario, seeds, fleet, max_intervals, workers,
                              functools.partial(_labelled, progress, label), late)  # fmt: skip
             figures[scenario.name] = summarize(scenario, runs)
-        points.append({
-            "threshold": threshold,
-            "false_rollback_rate": figures["none"]["rollback_rate"],
-            "detection_rate": figures[fault.name]["detection_rate"],
-            "detection_delay_median": figures[fault.name]["detection_delay_intervals"]["median"],
-        })  # fmt: skip
+        points.append(curve_point(threshold, figures["none"], figures[fault.name]))
     return points
+
+
+def curve_point(threshold: float, healthy: dict, fault: dict) -> dict:
+    """One threshold's point from the two summaries. A false rollback is one on the gates' evidence: a
+    healthy rollout the progress deadline ended (a gate too strict to pass, never failing) is counted apart,
+    as a stall, since it is a lack of evidence, not a false alarm."""
+    rules, seeds = healthy["rollbacks_by_rule"], healthy["seeds"]
+    return {
+        "threshold": threshold,
+        "false_rollback_rate": sum(n for rule, n in rules.items() if rule in EVIDENCE) / seeds,
+        "deadline_rollback_rate": sum(n for rule, n in rules.items() if rule not in EVIDENCE) / seeds,
+        "detection_rate": fault["detection_rate"],
+        "detection_delay_median": fault["detection_delay_intervals"]["median"],
+    }
 
 
 def _labelled(progress: Callable[[str], object], label: str, line: str) -> object:
@@ -282,9 +291,10 @@ def plot(points: list[dict], gate: str, fault: str, path: str | Path) -> None:
     shown = [p for p in points if p["detection_delay_median"] is not None]
     ax.plot([p["false_rollback_rate"] for p in shown], [p["detection_delay_median"] for p in shown], "o-")
     for p in shown:
-        ax.annotate(f"{p['threshold']:g} (caught {p['detection_rate']:.0%})",
+        stalled = f", stalled {p['deadline_rollback_rate']:.0%}" if p["deadline_rollback_rate"] else ""
+        ax.annotate(f"{p['threshold']:g} (caught {p['detection_rate']:.0%}{stalled})",
                     (p["false_rollback_rate"], p["detection_delay_median"]), fontsize=8)  # fmt: skip
-    ax.set_xlabel("false-rollback rate (healthy fleet)")
+    ax.set_xlabel("false-rollback rate (healthy fleet, on the gates' evidence)")
     ax.set_ylabel(f"median detection delay, intervals ({fault})")
     ax.set_title(f"Operating curve of {gate}")
     fig.tight_layout()

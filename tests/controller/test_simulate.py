@@ -226,3 +226,17 @@ def test_a_table_gain_speeds_adaptive_treatment_steps_alone(gain):
         ).to_pydict()
     assert cpu["arm"] == ["control", "treatment"]
     assert cpu["ms"][0] / cpu["ms"][1] == pytest.approx(1 + gain, rel=0.08)
+
+
+def test_a_healthy_rollout_the_deadline_ended_is_a_stall_on_the_curve_not_a_false_rollback():
+    """A threshold too strict to pass keeps a healthy gate inconclusive until the progress deadline: that
+    rolled back 10 of 16 healthy seeds at survival_ece_drift 0.01, none of them on a failure."""
+    from sparkgate.controller.simulate import Run, curve_point, summarize
+    from sparkgate.controller.simulate_fleet import SCENARIOS
+
+    healthy = [Run(rollback=65, rollback_rule="progress deadline"), Run(rollback=30, rollback_rule="failure limit"),
+               Run(), Run()]  # fmt: skip
+    fault = [Run(onset=5, rollback=7, rollback_rule="failure limit")] * 4
+    point = curve_point(0.01, summarize(SCENARIOS["none"], healthy), summarize(SCENARIOS["drift-all"], fault))
+    assert (point["false_rollback_rate"], point["deadline_rollback_rate"]) == (0.25, 0.25)
+    assert (point["detection_rate"], point["detection_delay_median"]) == (1.0, 3.0)
