@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -166,7 +167,13 @@ class Notifier:
                 problem = f"HTTP {response.status_code}"
                 if response.status_code != 429 and response.status_code < 500:
                     break  # the receiver refused this notice; sending it again will not change that
-            log.warning("notifying %s of revision %s: %s (attempt %d)", target.url, decision.revision, problem,
-                        attempt + 1)  # fmt: skip
-        log.error("gave up notifying %s of revision %s", target.url, decision.revision)
+            log.warning("notifying %s of revision %s: %s (attempt %d)", _named(target), decision.revision,
+                        problem.replace(target.url, "<url>"), attempt + 1)  # fmt: skip
+        log.error("gave up notifying %s of revision %s", _named(target), decision.revision)
         return False
+
+
+def _named(target: Target) -> str:
+    """A webhook as logs name it: its format and host, never its URL, whose path or query may be the
+    secret (a Slack incoming webhook's is)."""
+    return f"a {target.format} webhook at {urlsplit(target.url).hostname or 'an unparsed host'}"

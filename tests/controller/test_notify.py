@@ -107,6 +107,19 @@ def test_a_refused_notice_is_not_retried(tmp_path):
     assert len(receiver.attempts) == 1 and notifier.failed == 1
 
 
+@pytest.mark.parametrize("status", [503, None])  # refused by the receiver; nothing listening
+def test_a_failed_delivery_is_logged_without_the_webhooks_url(tmp_path, caplog, status):
+    """A Slack incoming webhook's path is its secret: every failed attempt logged it in full."""
+    receiver = Receiver(status or 200)
+    with serving(receiver.handler()) as url, Store(tmp_path / "n.duckdb") as store:
+        secret = f"{url if status else f'http://127.0.0.1:{free_port()}'}/services/T000/B000/XXXXSECRETTOKEN"
+        notifier = Notifier([Target(secret, "slack", 2.0, 1)], backoff_s=0.01)
+        Controller(store, POLICY, observers=[notifier], clock=Clock(T0))
+        notifier.close()
+    assert notifier.failed == 1 and "gave up notifying a slack webhook at 127.0.0.1" in caplog.text
+    assert "XXXXSECRETTOKEN" not in caplog.text
+
+
 def test_notices_left_at_shutdown_are_counted_and_logged_not_lost_unsaid(tmp_path, caplog):
     hold = threading.Event()
     stuck = Receiver(200, hold=hold)
