@@ -150,8 +150,9 @@ def _window(source, overview: data.Overview | None, decisions: list[dict]) -> tu
         "Window",
         labels,
         index=labels.index(chosen) if chosen in labels else default,
-        help="Rows with ts in the window. The gates judge the current stage; the gate table "
-        "on the Rollout page shows exactly what they judged.",
+        help="Rows with ts in the window. The gates judge the newest evaluation intervals of the current stage "
+        "(further back while they lack labels), not this window: each page shows their stored verdicts beside "
+        "its figures, and the gate table on the Rollout page shows exactly what they judged.",
     )
     st.session_state[_WINDOW_KEY] = label
     return (*options[label], label)

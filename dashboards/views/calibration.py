@@ -7,10 +7,13 @@ from __future__ import annotations
 import streamlit as st
 
 from sparkgate.controller.queries import SLICE_COLUMNS
-from sparkgate.dashboards import charts, data, series
+from sparkgate.dashboards import charts, data, judged, series
 from sparkgate.dashboards.context import windowed_page
 from sparkgate.policies.vocabulary import FULL_BLOCK_MODES
 
+# The gates on the full-block labels' calibration (policies.gate.METRICS), whose verdicts the page shows.
+CALIBRATION_METRICS = ("survival_ece", "survival_ece_upper", "survival_ece_debiased", "survival_ece_debiased_replica",
+                       "survival_ece_drift", "windowed_ece_drift", "windowed_ece_drift_replica")  # fmt: skip
 UNCENSORED = f"Uncensored ({', '.join(FULL_BLOCK_MODES)}): gated"
 COMPACT = "Compact (observed and recovered labels; the censored rest biases it): never gated"
 
@@ -28,16 +31,12 @@ def per_depth(ctx, report: dict) -> None:
             "Static, shadow and the cap-accept observation fraction produce them."
         )
         return
-    limit, upper = threshold(ctx, "survival_ece"), threshold(ctx, "survival_ece_upper")
     worst = table.loc[table["ece"].idxmax()]
-    cols = st.columns(3)
-    cols[0].metric("Worst depth ECE", f"{worst['ece']:.4f}", help=f"depth {int(worst['depth'])}")
-    cols[1].metric(
-        "Gate threshold",
-        "—" if limit is None else f"≤ {limit:g}",
-        help=None if upper is None else f"bootstrap upper bound ≤ {upper:g}",
-    )
-    cols[2].metric("Labels at depth 1", f"{int(table.iloc[0]['samples']):,}")
+    cols = st.columns(2)
+    cols[0].metric("Worst depth ECE (plug-in)", f"{worst['ece']:.4f}", help=f"depth {int(worst['depth'])}")
+    cols[1].metric("Labels at depth 1", f"{int(table.iloc[0]['samples']):,}")
+    # The shipped policies judge the debiased ECE and its drift, not this plug-in figure: show what they read.
+    judged.show(ctx.ledger["decisions"], CALIBRATION_METRICS)
     st.dataframe(
         table,
         hide_index=True,

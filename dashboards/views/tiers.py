@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from sparkgate.dashboards import charts, cost_tables, requests, series, steps
+from sparkgate.dashboards import charts, cost_tables, judged, requests, series, steps
 from sparkgate.dashboards.context import windowed_page
 
 
@@ -16,12 +16,11 @@ def summary(ctx, report: dict) -> None:
     if tiers is None:
         st.info("No step figures in this window.")
         return
-    gate = next((g.threshold for g in ctx.policy.gates if g.metric == "tier_miss_rate"), None)
     cols = st.columns(4)
     cols[0].metric(
         "Tier miss rate",
         "—" if tiers["miss_rate"] is None else f"{tiers['miss_rate']:.2%}",
-        help=f"{tiers['steps']:,} steps; gate ≤ {gate:g}" if gate is not None else None,
+        help=f"{tiers['steps']:,} steps in this window",
     )
     cols[1].metric("Steps", f"{tiers['steps']:,}")
     cols[2].metric(
@@ -34,6 +33,7 @@ def summary(ctx, report: dict) -> None:
         f"{sum(tiers['misses'].values()):,}",
         help=", ".join(f"{r}: {n}" for r, n in tiers["misses"].items()) or "none",
     )
+    judged.show(ctx.ledger["decisions"], ["tier_miss_rate"])
     if tiers["misses"]:
         st.dataframe(
             pd.DataFrame(

@@ -30,7 +30,10 @@ def test_calibration_shows_the_gated_ece_per_depth(monkeypatch, fixture_store):
     worst = max(reference.ece().values())
     gate = next(r for r in rollback(fixture_store)["reasons"] if r.get("gate") == "survival_ece")
     assert gate["value"] == pytest.approx(worst, abs=1e-12)  # the page's figure is the one the gate judged
-    assert metrics(app)["Worst depth ECE"] == f"{worst:.4f}"
+    assert metrics(app)["Worst depth ECE (plug-in)"] == f"{worst:.4f}"
+    # Beside the window's figure, the gate's verdict as stored (the default policy gates other ECEs than this).
+    judged = next(m.value for m in app.markdown if m.value.startswith("**What the gates judged**"))
+    assert f"survival_ece: {gate['value']:.4f} against ≤ 0.5 over {gate['samples']:,} samples: pass" in judged
     bins = app.dataframe[1].value  # reliability bins of depth 1
     assert bins["count"].sum() == reference.samples()[1]
     assert list(bins["count"]) == [b["count"] for b in reference.reliability(1)]
