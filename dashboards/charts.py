@@ -17,6 +17,16 @@ PHASE_COLORS = ["#2e7d32", "#558b2f", "#f9a825", "#1565c0", "#78909c", "#8e24aa"
 _Z95 = 1.959963984540054
 
 
+def utc_x(field: str, **kwargs) -> alt.X:
+    """A time axis drawn in UTC, as every caption says: Vega-Lite draws times in the viewer's zone unless the
+    scale is UTC."""
+    return alt.X(f"{field}:T", title="time (UTC)", scale=alt.Scale(type="utc"), **kwargs)
+
+
+def utc_tip(field: str) -> alt.Tooltip:
+    return alt.Tooltip(f"{field}:T", formatType="utc", format="%Y-%m-%d %H:%M:%S UTC", title=f"{field} (UTC)")
+
+
 def wilson(successes: float, n: int, z: float = _Z95) -> tuple[float, float]:
     """Wilson score interval of a binomial proportion: each reliability bin's observed rate is one."""
     if not n:
@@ -76,10 +86,10 @@ def lines(
         alt.Chart(frame)
         .mark_line(point=True)
         .encode(
-            x=alt.X("start:T", title="time (UTC)"),
+            x=utc_x("start"),
             y=alt.Y(f"{y}:Q", title=y_title or y),
             color=alt.Color(f"{color}:N"),
-            tooltip=["start:T", f"{color}:N", alt.Tooltip(y, format=".4f"), "samples"],
+            tooltip=[utc_tip("start"), f"{color}:N", alt.Tooltip(y, format=".4f"), "samples"],
         )
     )
     if threshold is not None:
@@ -96,7 +106,7 @@ def with_versions(chart: ChartType, versions: pd.DataFrame) -> ChartType:
     rules = (
         alt.Chart(marks)
         .mark_rule(color="#6a1b9a", strokeDash=[2, 2])
-        .encode(x="time:T", tooltip=["version", "parent", "time:T", "error_parent", "error_candidate"])
+        .encode(x=utc_x("time"), tooltip=["version", "parent", utc_tip("time"), "error_parent", "error_candidate"])
     )
     return alt.layer(chart, rules)
 
@@ -109,17 +119,17 @@ def timeline(segments: pd.DataFrame, changes: pd.DataFrame) -> ChartType:
         alt.Chart(segments)
         .mark_bar(height=18)
         .encode(
-            x=alt.X("start:T", title="time (UTC)"),
+            x=utc_x("start"),
             x2="end:T",
             y=y,
             color=color,
-            tooltip=["phase", "stage", "revision", "start:T", "end:T"],
+            tooltip=["phase", "stage", "revision", utc_tip("start"), utc_tip("end")],
         )
     )
     points = (
         alt.Chart(changes)
         .mark_point(filled=True, size=80, color="black")
-        .encode(x="time:T", y=y, tooltip=["time:T", "revision", "action", "outcome", "rule", "operator"])
+        .encode(x=utc_x("time"), y=y, tooltip=[utc_tip("time"), "revision", "action", "outcome", "rule", "operator"])
     )
     return alt.layer(bands, points).properties(height=220)
 
@@ -223,7 +233,7 @@ def switchback(frame: pd.DataFrame) -> ChartType:
         alt.Chart(frame)
         .mark_bar()
         .encode(
-            x=alt.X("start:T", title="time (UTC)", axis=alt.Axis(format="%H:%M:%S")),
+            x=utc_x("start", axis=alt.Axis(format="%H:%M:%S")),
             x2="end:T",
             y=alt.Y("replica_id:N", title=None),
             color=alt.Color(
@@ -231,7 +241,7 @@ def switchback(frame: pd.DataFrame) -> ChartType:
                 scale=alt.Scale(domain=["treatment", "control"], range=["#f9a825", "#1565c0"]),
                 legend=alt.Legend(orient="top"),
             ),
-            tooltip=list(frame.columns),
+            tooltip=[utc_tip(c) if c in ("start", "end") else c for c in frame.columns],
         )
         # A band of fixed height per replica: a fixed chart height squeezes a large fleet's rows together.
         .properties(height=alt.Step(24), title="Switchback epochs of this stage")

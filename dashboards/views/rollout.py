@@ -88,7 +88,12 @@ def decision_table(decisions: list[dict], changes_only: bool) -> pd.DataFrame:
                 "outcome": d["outcome"] or "",
                 "rule": data.rule_of(d),
                 "operator": d["operator"] or "",
-                "gates failed": ", ".join(r["gate"] for r in d["reasons"] if r.get("outcome") == "fail"),
+                # As the notices name them: a dry-run gate's failure decided nothing, so it is marked.
+                "gates failed": ", ".join(
+                    r["gate"] + (" (dry run)" if r.get("dry_run") else "")
+                    for r in d["reasons"]
+                    if r.get("outcome") == "fail"
+                ),
             }
             for d in rows
         ]
@@ -176,7 +181,8 @@ def render() -> None:
         epochs = steps.switchback_epochs(ctx.source, ctx.token, change["revision"])
         if len(epochs):
             shown = epochs.assign(
-                start=pd.to_datetime(epochs["start"], unit="s"), end=pd.to_datetime(epochs["end"], unit="s")
+                start=pd.to_datetime(epochs["start"], unit="s", utc=True),
+                end=pd.to_datetime(epochs["end"], unit="s", utc=True),
             )
             st.altair_chart(charts.switchback(shown), width="stretch")
             st.caption(

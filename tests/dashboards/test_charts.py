@@ -126,3 +126,38 @@ def _drawn(spec: dict) -> tuple[set[str], set[tuple[str, str]]]:
         marks |= more_marks
         fields |= more_fields
     return marks, fields
+
+
+def _temporal(spec: dict) -> list[tuple[str, dict]]:
+    """Every temporal (channel, encoding) of a spec, tooltips included, through its layers."""
+    out = []
+    for channel, encoding in spec.get("encoding", {}).items():
+        for e in encoding if isinstance(encoding, list) else [encoding]:
+            if isinstance(e, dict) and e.get("type") == "temporal":
+                out.append((channel, e))
+    for part in spec.get("layer", []):
+        out += _temporal(part)
+    return out
+
+
+def test_every_time_axis_and_tooltip_is_drawn_in_utc():
+    """Captions say UTC; without a UTC scale Vega-Lite drew times in the viewer's own zone."""
+    start = pd.to_datetime([0, 60], unit="s", utc=True)
+    built = [
+        charts.lines(pd.DataFrame({"start": start, "ece": [0.1, 0.2], "depth": [1, 1], "samples": [1, 1]}), "ece",
+                     "depth", "t"),
+        charts.timeline(pd.DataFrame({"phase": ["shadow"] * 2, "stage": [1, 1], "revision": [2, 2], "start": start,
+                                      "end": start}),
+                        pd.DataFrame({"time": start, "revision": [1, 2], "action": ["start", "advance"],
+                                      "outcome": [None, "pass"], "rule": ["a", "b"], "operator": [None, None]})),
+        charts.switchback(pd.DataFrame({"replica_id": ["r0"] * 2, "epoch": [0, 1], "arm": ["treatment", "control"],
+                                        "start": start, "end": start, "steps": [1, 2]})),
+    ]  # fmt: skip
+    for chart in built:
+        times = _temporal(chart.to_dict())
+        assert times
+        for channel, encoding in times:
+            if channel == "tooltip":
+                assert encoding.get("formatType") == "utc", encoding
+            elif channel == "x":
+                assert encoding.get("scale", {}).get("type") == "utc", encoding

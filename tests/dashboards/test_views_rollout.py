@@ -28,7 +28,9 @@ def test_rollout_shows_the_phase_and_the_verdicts_that_rolled_back(monkeypatch, 
     assert gates.loc["upper_bound_utilization", "dry run"] == "dry run"
     decisions = app.dataframe[1].value
     assert list(decisions["action"]) == ["rollback", "advance", "start"]
-    assert decisions.loc[0, "gates failed"] == "upper_bound_utilization, tier_miss_rate, p99_ttft_ratio"
+    assert decisions.loc[0, "gates failed"] == (
+        "upper_bound_utilization (dry run), tier_miss_rate, p99_ttft_ratio (dry run)"
+    )
     # The dry-run comparison gates: treatment requests took 1.5x as long in every epoch pair.
     assert gates.loc["p99_ttft_ratio", "verdict"] == "fail" and gates.loc["p99_ttft_ratio", "dry run"] == "dry run"
     assert gates.loc["p99_ttft_ratio", "samples"] == 20  # the fleet's pairs: 10 on each of two replicas
