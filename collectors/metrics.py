@@ -86,7 +86,13 @@ class Metrics:
             "Accepted drafts over what the full block would have accepted (NaN: not measured).",
             registry=r,
         )
-        self.set_utilization(None)  # a new gauge reads 0, the worst utilization, which nothing measured
+        # Shadow's gate reads this one: the suggested windows' share of what the full block accepted.
+        self.shadow_utilization = Gauge(
+            "sparkgate_shadow_utilization",
+            "Accepted drafts within the suggested windows over what the full block accepted (NaN: not measured).",
+            registry=r,
+        )
+        self.set_utilization(None, None)  # a new gauge reads 0, the worst utilization, which nothing measured
         self._ece_depths: set[str] = set()
         self.phase = Gauge(
             "sparkgate_rollout_phase", "1 for the current rollout phase, else 0.", ("phase",), registry=r
@@ -175,7 +181,10 @@ class Metrics:
         """Set the calibration and utilization gauges from an interval's (merged) aggregate; None (the
         interval could not be read) leaves none of an older window's values standing."""
         self.set_calibration({} if aggregate is None else aggregate.survival.ece())
-        self.set_utilization(None if aggregate is None else aggregate.upper_bound_utilization())
+        if aggregate is None:
+            self.set_utilization(None, None)
+        else:
+            self.set_utilization(aggregate.upper_bound_utilization(), aggregate.shadow_utilization())
 
     def set_calibration(self, ece_by_depth: Mapping[int, float]) -> None:
         """Exactly these depths' ECE: a depth the window lacks loses its series, not keeps an older value."""
@@ -186,9 +195,11 @@ class Metrics:
             self.ece.labels(depth).set(value)
         self._ece_depths = set(depths)
 
-    def set_utilization(self, value: float | None) -> None:
-        """The utilization, NaN when the window measured none (a comparison with NaN alerts on nothing)."""
-        self.utilization.set(math.nan if value is None else value)
+    def set_utilization(self, upper_bound: float | None, shadow: float | None) -> None:
+        """The two utilizations the gates read (cap-accept's upper bound; shadow's), each NaN when the window
+        measured none (a comparison with NaN alerts on nothing)."""
+        self.utilization.set(math.nan if upper_bound is None else upper_bound)
+        self.shadow_utilization.set(math.nan if shadow is None else shadow)
 
     def set_phase(self, current: str) -> None:
         """Mark ``current`` as the rollout phase (one-hot over every ``Phase``)."""

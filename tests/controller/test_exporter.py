@@ -78,6 +78,9 @@ def test_only_what_this_interval_judged_is_exported(store, exported):
     exporter.evaluation(evaluation, judge_all(SHADOW_GATES, evaluation.measurements("shadow")))
     assert value("sparkgate_gate_verdict", {"gate": "upper_bound_utilization"}) == 0.0
     assert value("sparkgate_upper_bound_utilization") == evaluation.aggregate.upper_bound_utilization()
+    # Shadow's gate reads shadow's utilization: the gauge of that name carries what it judged.
+    judged = evaluation.measurements("shadow")["upper_bound_utilization"].value
+    assert value("sparkgate_shadow_utilization") == evaluation.aggregate.shadow_utilization() == judged
     canary = [judge(SHADOW_GATES[0], None)]  # no data yet in the new stage
     exporter.evaluation(evaluate(store, Window(since=T0 + 10**6)), canary)
     assert value("sparkgate_gate_verdict", {"gate": "survival_ece"}) == -1.0
@@ -85,6 +88,7 @@ def test_only_what_this_interval_judged_is_exported(store, exported):
     assert value("sparkgate_gate_verdict", {"gate": "upper_bound_utilization"}) is None  # canary does not judge it
     assert value("sparkgate_survival_ece", {"depth": "1"}) is None
     assert math.isnan(value("sparkgate_upper_bound_utilization"))
+    assert math.isnan(value("sparkgate_shadow_utilization"))
 
 
 def test_an_interval_that_could_not_read_the_store_exports_its_error_verdicts(exported):
@@ -99,4 +103,5 @@ def test_an_interval_that_could_not_read_the_store_exports_its_error_verdicts(ex
 
 def test_utilization_reads_nan_not_zero_before_anything_is_measured():
     # 0 is the worst utilization: an alert on a floor would fire on every restart.
-    assert math.isnan(Metrics().registry.get_sample_value("sparkgate_upper_bound_utilization"))
+    for name in ("sparkgate_upper_bound_utilization", "sparkgate_shadow_utilization"):
+        assert math.isnan(Metrics().registry.get_sample_value(name))
