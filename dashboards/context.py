@@ -123,8 +123,11 @@ def _windows(overview: data.Overview | None, decisions: list[dict]) -> dict[str,
     options = {}
     if changes:
         options[STAGE] = (changes[-1], None)
-    if len(changes) > 1:
-        options[PREVIOUS] = (changes[-2], changes[-1])
+    # Two changes at one instant (an operator's action on the tick's) held a stage for no time at all: the
+    # previous stage is the one before them that lasted.
+    earlier = [c for c in changes if c < changes[-1]] if changes else []
+    if earlier:
+        options[PREVIOUS] = (earlier[-1], changes[-1])
     newest = overview.newest if overview is not None else time.time()
     for label, span in _SPANS.items():
         options[label] = (newest - span if newest is not None else None, None)

@@ -23,3 +23,16 @@ def test_no_data_yet_says_what_to_run(monkeypatch, tmp_path):
     assert "No rollout decisions yet" in run_app(monkeypatch, *args).info[0].value
     for page in ("calibration", "acceptance", "tiers", "fleet"):
         assert "No step records yet" in run_app(monkeypatch, *args, page=page).info[0].value
+
+
+def test_a_stage_that_lasted_no_time_is_not_offered_as_the_previous_stage():
+    """Two changes at one instant made the previous stage's window empty, and every windowed page crashed."""
+    from sparkgate.controller.queries import Window
+    from sparkgate.dashboards.context import PREVIOUS, STAGE, _windows
+
+    decisions = [{"decided_at": t, "action": a} for t, a in ((10.0, "start"), (50.0, "advance"), (50.0, "abort"))]
+    options = _windows(None, decisions)
+    assert options[STAGE] == (50.0, None) and options[PREVIOUS] == (10.0, 50.0)
+    for since, until in options.values():
+        Window(since, until)  # each a window the pages can read
+    assert PREVIOUS not in _windows(None, decisions[1:])
