@@ -128,12 +128,17 @@ class Metrics:
             self._count_steps(steps)
 
     def observe_requests(self, prepared: PreparedRequests, source: str) -> None:
-        """Count committed request records and their quarantined lines; observe TTFT and TPOT by arm."""
+        """Count committed request records and their quarantined lines; observe TTFT and TPOT by arm, of the
+        requests that were not cancelled (as the comparisons and the dashboard read latency: a client who walked
+        away says nothing of how fast the engine served)."""
         if prepared.quarantined:
             self.quarantined.labels(source).inc(len(prepared.quarantined))
         rows = prepared.rows
         self.request_records.inc(rows.num_rows)
-        for arm, ttft, tpot in zip(*(rows.column(c).to_pylist() for c in ("arm", "ttft_ms", "tpot_ms"))):
+        columns = (rows.column(c).to_pylist() for c in ("arm", "ttft_ms", "tpot_ms", "finish_reason"))
+        for arm, ttft, tpot, reason in zip(*columns):
+            if reason == "cancelled":
+                continue
             label = arm or "none"
             if ttft is not None:
                 self.ttft.labels(label).observe(ttft / 1000)

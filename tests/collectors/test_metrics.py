@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from sparkgate.collectors.aggregate import Aggregate
 from sparkgate.collectors.ingest import Ingestor
 from sparkgate.collectors.metrics import Metrics
@@ -59,3 +61,23 @@ def cap_row():
 def tables_of(ingestor, record):
     prepared = ingestor.ingest(from_records([record]), "t").prepared
     return prepared.requests, prepared.labels
+
+
+def test_request_latency_histograms_leave_cancelled_requests_out():
+    """As the comparisons and the dashboard do: a PromQL latency gate on them read another population."""
+    import json
+
+    from sparkgate.collectors.request_ingest import prepare_requests
+    from tests.conftest import T0, request_record
+
+    lines = [request_record(request_id="ok", arm="treatment", epoch=0),
+             request_record(request_id="gone", finish_reason="cancelled", first_token_ts=T0 + 9.0, finish_ts=T0 + 9.5,
+                            commit_offsets_ms=[9000.0, 9500.0], arm="treatment", epoch=0)]  # fmt: skip
+    prepared = prepare_requests("\n".join(map(json.dumps, lines)).encode())
+    assert not prepared.quarantined
+    metrics = Metrics()
+    metrics.observe_requests(prepared, "t")
+    value = metrics.registry.get_sample_value
+    assert value("sparkgate_ingested_request_records_total") == 2  # both stored and counted
+    assert value("sparkgate_request_ttft_seconds_count", {"arm": "treatment"}) == 1
+    assert value("sparkgate_request_ttft_seconds_sum", {"arm": "treatment"}) == pytest.approx(0.4)
