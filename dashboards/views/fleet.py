@@ -26,16 +26,19 @@ def render() -> None:
     if not ctx.require_store("The fleet view") or not ctx.require_steps():
         return
     frame = steps.fleet(ctx.source, ctx.token)
-    now = time.time()
-    stale = frame["last_seen"] < now - ctx.policy.stale_after_s
-    cols = st.columns(3)
+    # Silent against the fleet's newest step, not the wall clock: a stored run read later is not all silent.
+    # Whether the whole fleet went quiet is the newest step's age, shown beside it.
+    newest = float(frame["last_seen"].max())
+    stale = frame["last_seen"] < newest - ctx.policy.stale_after_s
+    cols = st.columns(4)
     cols[0].metric("Replicas", len(frame))
     cols[1].metric(
         "Silent replicas",
         int(stale.sum()),
-        help=f"no step for more than stale_after_s = {ctx.policy.stale_after_s:g} s",
+        help=f"no step for more than stale_after_s = {ctx.policy.stale_after_s:g} s before the fleet's newest",
     )
-    cols[2].metric("Steps per second (fleet)", f"{frame['steps_per_s'].sum():.1f}")
+    cols[2].metric("Newest step", f"{ago(max(0.0, time.time() - newest))} ago", help=when(newest))
+    cols[3].metric("Steps per second (fleet)", f"{frame['steps_per_s'].sum():.1f}")
     mixed = [v for v in VERSIONS if frame[v].nunique(dropna=False) > 1]
     if "contract" in mixed:
         st.warning("Replicas are on different contracts: the controller judges nothing until they agree.")
@@ -45,7 +48,7 @@ def render() -> None:
         st.warning("Replicas last reported different policy revisions: some have not picked up the newest policy.")
     shown = frame.assign(
         last_seen=frame["last_seen"].map(when),
-        silent_for=[ago(now - seen) if silent else "" for seen, silent in zip(frame["last_seen"], stale)],
+        silent_for=[ago(newest - seen) if silent else "" for seen, silent in zip(frame["last_seen"], stale)],
     )
     shown[list(VERSIONS)] = shown[list(VERSIONS)].fillna("(none)")
     st.dataframe(

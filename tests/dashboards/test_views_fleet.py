@@ -27,3 +27,17 @@ def test_replicas_on_different_contracts_are_shown_and_warned_of(monkeypatch, tm
     fleet = app.dataframe[0].value.set_index("replica_id")
     assert list(fleet["contract"]) == ["contract-a", "contract-b"]
     assert any("different contracts" in w.value for w in app.warning)
+
+
+def test_a_replica_is_silent_against_the_fleets_newest_step_not_the_wall_clock(monkeypatch, tmp_path):
+    """A stored run read later showed every replica silent; now only the one that stopped before the rest."""
+    with Store(tmp_path / "events.duckdb") as store:
+        ingest_synthetic(store, 10, T0, replica="r0")
+        ingest_synthetic(store, 10, T0 + 600, replica="r1")
+        store.snapshot(tmp_path / "snapshots")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("stale_after_s: 120\n")
+    app = run_app(monkeypatch, "--snapshot-dir", str(tmp_path / "snapshots"), "--policy", str(policy), page="fleet")
+    assert metrics(app)["Silent replicas"] == "1" and metrics(app)["Newest step"].endswith(" ago")
+    fleet = app.dataframe[0].value.set_index("replica_id")
+    assert fleet.loc["r1", "silent_for"] == "" and fleet.loc["r0", "silent_for"].endswith("min")
