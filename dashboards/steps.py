@@ -10,6 +10,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from sparkgate.controller.served_steps import STEP_COLUMN
+
 from .series import time_where
 
 # Relative step-time prediction error is histogrammed in bins of this width, clipped to ±_ERROR_CLIP.
@@ -53,14 +55,18 @@ def step_cost(_source, token: str, since: float | None, until: float | None) -> 
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def prediction_error(_source, token: str, since: float | None, until: float | None) -> tuple[pd.DataFrame, dict]:
-    """Histogram of (actual − predicted) / actual step time (``PREDICTED``), and its summary: steps with
-    a prediction, median and p90 absolute relative error, mean signed error (bias). Relative to the measured
-    time, as adaptive's gate and section read it (``controller.served_steps.relative_errors``), so the page
-    shows one definition of a table's error."""
+def prediction_error(
+    _source, token: str, since: float | None, until: float | None, step_time: str = "wall"
+) -> tuple[pd.DataFrame, dict]:
+    """Histogram of (measured − predicted) / measured step time and its summary (steps with a prediction,
+    median and p90 absolute relative error, mean signed error), in adaptive's gate's definition
+    (``controller.served_steps.relative_errors``): the table's prediction at the rows each step ran
+    (``table_step_ms``, never the scheduler's price of its plan) against the step time adaptive measures
+    (``step_time``: wall or CPU), so the page and the gate show one error."""
     where, params = time_where(since, until)
-    error = f"(step_ms - {PREDICTED}) / step_ms"
-    valid = f"{where} AND {PREDICTED} IS NOT NULL AND step_ms > 0"
+    measured = STEP_COLUMN[step_time]
+    error = f"({measured} - table_step_ms) / {measured}"
+    valid = f"{where} AND table_step_ms IS NOT NULL AND {measured} > 0"
     hist = _source.query(
         f"""
         SELECT (floor(greatest(least({error}, {_ERROR_CLIP - 1e-9}), {-_ERROR_CLIP}) / {_ERROR_BIN})

@@ -81,12 +81,14 @@ def cost(ctx) -> None:
         st.info("No steps in this window.")
         return
     st.altair_chart(charts.step_cost(frame), width="stretch")
-    hist, error = steps.prediction_error(ctx.source, ctx.token, ctx.since, ctx.until)
+    step_time = ctx.policy.adaptive.step_time
+    hist, error = steps.prediction_error(ctx.source, ctx.token, ctx.since, ctx.until, step_time)
     if not error["steps"]:
-        st.info("No step carries a cost-table prediction (table_step_ms or predicted_step_ms) in this window.")
+        st.info("No step carries its cost table's prediction at the rows it ran (table_step_ms) in this window.")
         return
     cols = st.columns(3)
-    cols[0].metric("Median |error|", f"{error['median_abs']:.1%}", help=f"{error['steps']:,} steps")
+    cols[0].metric("Median |error|", f"{error['median_abs']:.1%}",
+                   help=f"{error['steps']:,} steps; {step_time} step time, as adaptive's gate reads it")  # fmt: skip
     cols[1].metric("p90 |error|", f"{error['p90_abs']:.1%}")
     cols[2].metric("Bias (mean signed error)", f"{error['bias']:+.1%}", help="positive: steps slower than predicted")
     st.altair_chart(
@@ -94,7 +96,7 @@ def cost(ctx) -> None:
             hist.assign(error=hist["error"].round(2)),
             "error",
             "steps",
-            "(actual − predicted) / actual step time, clipped to ±100%",
+            f"(measured − predicted) / measured {step_time} step time, clipped to ±100%",
         ),
         width="stretch",
     )

@@ -43,9 +43,9 @@ def test_step_cost_and_prediction_error(reader):
     measured = reader.query("SELECT step_ms FROM steps").column("step_ms").to_numpy()
     assert [cost[0][f"p{q}_ms"] for q in (10, 50, 90)] == pytest.approx(np.quantile(measured, [0.1, 0.5, 0.9]))
     hist, summary = steps.prediction_error(reader, reader.token, None, None)
-    # Synthetic steps predict their own time: every error is zero.
-    assert hist.to_dict("records") == [{"error": 0.0, "steps": 300}]
-    assert summary["steps"] == 300 and summary["median_abs"] == 0.0 and summary["bias"] == 0.0
+    # Synthetic steps record their plan's price alone, no table prediction at the rows they ran: no error to show
+    # (the page read the plan's price, equal to the step's time here, as a perfect table).
+    assert hist.empty and summary["steps"] == 0
 
 
 def test_prediction_error_is_relative_to_the_measured_time_as_adaptive_reads_it(store):
@@ -90,3 +90,15 @@ def test_the_switchback_schedule_as_it_ran(tmp_path):
     assert steps.switchback_epochs(reader, reader.token, 2).empty  # no revision up to 2 ran switchback
     after = steps.switchback_epochs(reader, reader.token, 4)  # e.g. fallback after revision 3 was judged
     assert set(after["revision"]) == {3} and len(after) == 2
+
+
+def test_the_prediction_error_reads_the_tables_prediction_at_the_step_time_adaptive_measures(store):
+    """The page read the scheduler's price of its plan where no table prediction was recorded, and wall time
+    whatever adaptive measured: an error the gate never sees."""
+    ingest_synthetic(store, 10, T0, step_ms=10.0, predicted_step_ms=5.0, table_step_ms=None)
+    assert steps.prediction_error(store, "plan-price-only", None, None)[1]["steps"] == 0
+    ingest_synthetic(store, 10, T0 + 5, first_step=100, step_ms=10.0, step_cpu_ms=4.0, table_step_ms=5.0)
+    wall = steps.prediction_error(store, "cpu-and-wall", None, None, "wall")[1]
+    cpu = steps.prediction_error(store, "cpu-and-wall", None, None, "cpu")[1]
+    assert wall["steps"] == cpu["steps"] == 10
+    assert wall["median_abs"] == pytest.approx(0.5) and cpu["median_abs"] == pytest.approx(0.25)
