@@ -1,15 +1,19 @@
-"""The few controller routes a replica uses (docs/design.md §6, §7), signed with its writer token."""
+"""The few controller routes a replica uses (docs/design.md §6, §7), signed with its writer token; the client that
+counts what it posts into the replica's own series, and the wait for a controller that starts after its fleet."""
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
+import click
 import httpx
 
+from sparkgate.collectors.metrics import Metrics
 from sparkgate.collectors.request_records import RequestRecord
 from sparkgate.collectors.schema import StepRecord
 from sparkgate.policies.cost_model import CostTable
@@ -82,3 +86,28 @@ class ControllerClient:
 def _segment(key: str) -> str:
     """An id as one URL path segment: ``?``, ``#`` and ``/`` in it would otherwise end the path there."""
     return urllib.parse.quote(key, safe="")
+
+
+class MeteredClient(ControllerClient):
+    """Counts what it posted into this replica's Prometheus series."""
+
+    def __init__(self, url: str, metrics: Metrics):
+        super().__init__(url)
+        self.metrics = metrics
+
+    def post_records(self, records: Sequence[StepRecord], body: bytes | None = None) -> dict:
+        result = super().post_records(records, body)
+        self.metrics.observe_records(records, "replica")
+        return result
+
+
+def wait_for_policy(client: ControllerClient, wait_s: float) -> PolicyPayload:
+    """The controller's policy, retrying for ``wait_s`` seconds (a fleet may start before its controller)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return client.policy()
+        except httpx.HTTPError as exc:
+            if time.monotonic() >= deadline:
+                raise click.ClickException(f"controller {client.url} unreachable: {exc}") from None
+            time.sleep(0.5)

@@ -24,7 +24,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,23 +33,21 @@ import httpx
 from prometheus_client import Counter, Gauge, start_http_server
 
 from sparkgate.collectors.metrics import Metrics
-from sparkgate.collectors.schema import StepRecord
 from sparkgate.policies.cli_types import HttpUrl
 from sparkgate.policies.outputs import output_path
-from sparkgate.policies.payload import PolicyPayload
 from sparkgate.policies.window import CostAwareScheduler, FixedWindow, WindowPolicy
 
 from .admission import positions_needed
 from .arrivals import Arrivals, swing
 from .cli_checks import SEED, RecordId, check_gamma, check_positions, workload_prompt_len
 from .consistency import GreedyReplay
-from .controller_client import ControllerClient
+from .controller_client import MeteredClient, wait_for_policy
 from .drafters import Drafter
 from .engine import Engine, EngineConfig, Request
 from .faults import LOAD_SHIFT_PROMPT_LEN, SLOW_VERIFY_EXTRA, Fault, FaultSize, fire
 from .model import Transformer
 from .replica import Replica, workload_requests
-from .spool import Spool
+from .spool import Spool, left_behind
 from .tiers import measured_grid
 
 log = logging.getLogger("sparkgate.replica")
@@ -64,31 +62,6 @@ class Flags:
 
     stop: bool = False
     fault: bool = False
-
-
-class MeteredClient(ControllerClient):
-    """Counts what it posted into this replica's Prometheus series."""
-
-    def __init__(self, url: str, metrics: Metrics):
-        super().__init__(url)
-        self.metrics = metrics
-
-    def post_records(self, records: Sequence[StepRecord], body: bytes | None = None) -> dict:
-        result = super().post_records(records, body)
-        self.metrics.observe_records(records, "replica")
-        return result
-
-
-def wait_for_policy(client: ControllerClient, wait_s: float) -> PolicyPayload:
-    """The controller's policy, retrying for ``wait_s`` seconds (a fleet may start before its controller)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            return client.policy()
-        except httpx.HTTPError as exc:
-            if time.monotonic() >= deadline:
-                raise click.ClickException(f"controller {client.url} unreachable: {exc}") from None
-            time.sleep(0.5)
 
 
 def warm_engine(
@@ -280,6 +253,7 @@ def replica(
         raise click.UsageError(f"--fault {armed} changes the requests that arrive: it needs --rate")
     load = swing(rate, amplitude, period_s, offset) if rate is not None else None
     replica_id = replica_id or f"replica-{socket.gethostname()}-{os.getpid()}"
+    named_spool = spool_dir
     spool_dir = output_path(spool_dir or CACHE_DIR / "spool" / replica_id, "--spool-dir", directory=True)
     if armed is Fault.COST_TABLE:  # it writes the foreign table there when it fires, mid-run
         output_path(out_dir or Path("."), "--out-dir", directory=True)
@@ -334,6 +308,9 @@ def replica(
         if metrics_port is not None:
             start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
         spool = Spool(spool_dir, spool_mb << 20)
+        for other, waiting in (left_behind(CACHE_DIR / "spool", spool_dir) if named_spool is None else {}).items():
+            log.warning("%d records an earlier replica spooled wait in %s: start one with --replica-id %s to "
+                        "deliver them", waiting, other, other.name)  # fmt: skip
         wait_for_policy(client, wait_s)
         # What an earlier run spooled goes first: its step ids come before the ones this run continues from.
         spool.replay(client.post_body)

@@ -50,6 +50,16 @@ def _line(record: Record) -> bytes:
     return json.dumps(record.to_dict()).encode() + b"\n"
 
 
+def left_behind(root: Path, own: Path) -> dict[Path, int]:
+    """Spools under ``root`` other than ``own`` that still hold records, and how many each holds. A replica
+    named by default (host and process id) spools under a new name after a restart, so what the last run
+    could not post waits under its old one until a replica of that name replays it."""
+    if not root.is_dir():
+        return {}
+    held = {d: sum(p.read_bytes().count(b"\n") for p in d.glob("seg-*.ndjson")) for d in root.iterdir() if d.is_dir()}
+    return {d: n for d, n in sorted(held.items()) if n and d.resolve() != own.resolve()}
+
+
 def _sync_directory(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:

@@ -86,3 +86,17 @@ def test_bodies_split_records_in_order_under_the_bound(n, max_bytes):
     assert [r for _, chunk in split for r in chunk] == held
     for body, chunk in split:
         assert body == ndjson(chunk) and (len(body) <= max_bytes or len(chunk) == 1)
+
+
+def test_the_spools_a_restarted_replica_left_behind_are_found(tmp_path):
+    """A replica named by default (host and pid) spools under a new name after a restart: what the last run
+    spooled waited unseen under the old one."""
+    from sparkgate.verify_runtime.spool import left_behind
+
+    root = tmp_path / "spool"
+    Spool(root / "replica-h-101").append(records(3))
+    Spool(root / "replica-h-102")  # empty: nothing waits there
+    own = Spool(root / "replica-h-103")
+    own.append(records(2, first=10))
+    assert left_behind(root, root / "replica-h-103") == {root / "replica-h-101": 3}
+    assert left_behind(tmp_path / "none", root) == {}
