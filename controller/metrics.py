@@ -88,7 +88,9 @@ class Evaluation:
         least = min(samples.values(), default=0)
         now = Calibration(ece, null_ece(stats), self.intervals["survival"], least)
         checks = {kind: self.consistency.get(kind, {"checks": 0, "mismatches": 0}) for kind in CheckKind}
-        tier_steps = self._total("tier_steps")  # steps whose engine reports graph hits and misses
+        # The treatment's steps whose engine reports graph hits and misses: a control epoch's static layouts
+        # would dilute a miss rate the treatment's ragged layouts cause (to half of it under switchback).
+        tier_steps = self._total("treated_tier_steps")
         return {
             "survival_ece": Measurement(max(ece.values(), default=None), least),
             "survival_ece_upper": Measurement(max(upper.values(), default=None), least),
@@ -102,7 +104,9 @@ class Evaluation:
                 else Measurement(None, 0, why="per-replica calibration not read")
             ),
             "upper_bound_utilization": self._utilization("shadow" if phase == "shadow" else "cap_accept"),
-            "tier_miss_rate": Measurement(self._total("misses") / tier_steps if tier_steps else None, tier_steps),
+            "tier_miss_rate": Measurement(
+                self._total("treated_misses") / tier_steps if tier_steps else None, tier_steps
+            ),
             "compact_survival_ece": compact_ece(stats, self.compact_counts, None),
             ESTIMATED_KEY: compact_ece(stats, self.compact_counts, self._estimated()),
             "accepted_length_ratio": self._accepted_length_ratio(),

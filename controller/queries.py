@@ -325,12 +325,17 @@ def contract_fields(store: Store, contract: SameContract, phase: str | None = No
     return rows[0] if rows and rows[0]["steps"] else None
 
 
+# Steps served under the policy being judged: all but a switchback control epoch's (static verification, or
+# in adaptive compact on the static table), whose layouts the treatment did not shape.
+_TREATED = "s.arm IS DISTINCT FROM 'control'"
+
+
 def step_buckets(
     store: Store, window: Window, slice_: Slice, phase: str | None = None, contract: SameContract | None = None
 ) -> pa.Table:
-    """Per load bucket: steps, busy seconds, step-time quantiles, tier misses and padding, newest ts,
-    committed tokens and verified rows. ``phase`` restricts to steps recorded in that phase, ``contract`` to
-    one contract."""
+    """Per load bucket: steps, busy seconds, step-time quantiles, tier misses and padding (of every step, and
+    of the treatment's: not a control epoch's), newest ts, committed tokens and verified rows. ``phase``
+    restricts to steps recorded in that phase, ``contract`` to one contract."""
     where, params = _where("steps", window, slice_, "s")
     if phase is not None:
         where += " AND s.phase = ?"
@@ -348,6 +353,8 @@ def step_buckets(
                quantile_cont(step_ms, 0.99) AS p99_ms,
                count(*) FILTER (WHERE NOT graph_hit) AS misses,
                count(*) FILTER (WHERE tier <> {TIER_UNREPORTED}) AS tier_steps,
+               count(*) FILTER (WHERE NOT graph_hit AND {_TREATED}) AS treated_misses,
+               count(*) FILTER (WHERE tier <> {TIER_UNREPORTED} AND {_TREATED}) AS treated_tier_steps,
                coalesce(sum(tier_rows - verify_rows) FILTER (WHERE graph_hit), 0)::BIGINT AS padding_rows,
                coalesce(sum(tier_rows) FILTER (WHERE graph_hit), 0)::BIGINT AS hit_tier_rows,
                max(ts) AS newest, any_value(c.tokens) AS tokens, sum(verify_rows)::BIGINT AS verify_rows

@@ -32,7 +32,7 @@ METRICS = {
     "survival_ece_debiased_replica": "survival_ece_debiased of the worst replica, bounds paying for every "
     "(replica, depth) cell and repeated looks",
     "upper_bound_utilization": "sum(a) / sum(min(a*, gamma)) over cap-accept samples (shadow: suggested)",
-    "tier_miss_rate": "steps that ran eager / all steps",
+    "tier_miss_rate": "steps that ran eager / steps, of the treatment's (a switchback control epoch's left out)",
     "compact_survival_ece": "worst per-depth survival ECE of compact traffic over observed and recovered labels "
     "(no value while > 5% of a depth's labels stay censored)",
     "p99_step_ratio": "p99 step time, treatment / control switchback epochs (with its interval)",

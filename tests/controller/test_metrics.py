@@ -76,6 +76,19 @@ def test_tier_misses_padding_and_latency_beside_the_baseline(store):
     assert "p99_step_ratio" not in gates and "tokens_per_s_ratio" not in gates
 
 
+def test_the_tier_miss_rate_is_the_treatments_not_diluted_by_the_control_epochs(store):
+    """Control epochs verify static: their layouts always hit, so counting them read a treatment missing 10%
+    of its steps as 5%, under a gate of 2% one miss rate from passing a fault twice its size."""
+    ingest_synthetic(store, 100, T0, phase="canary", arm="control", epoch=1)
+    ingest_synthetic(store, 90, T0 + 2, phase="canary", first_step=1000, arm="treatment", epoch=0)
+    ingest_synthetic(store, 10, T0 + 3, phase="canary", first_step=2000, arm="treatment", epoch=0,
+                     graph_hit=False, miss_reason="over_max_tier")  # fmt: skip
+    evaluation = evaluate(store, Window(since=T0 - 1))
+    gate = evaluation.measurements("canary")["tier_miss_rate"]
+    assert (gate.value, gate.samples) == (pytest.approx(0.1), 100)
+    assert evaluation.report("canary")["tiers"]["miss_rate"] == pytest.approx(10 / 200)  # the fleet's, reported
+
+
 def test_consistency_checks_are_counted_per_kind(store):
     store.record_consistency(
         [

@@ -19,7 +19,7 @@ def test_tiers_shows_the_miss_rate_by_reason(monkeypatch, fixture_store):
     assert shown["Tier miss rate"] == f"{MISSES / SHADOW_STEPS:.2%}" == "5.00%"
     assert shown["Misses"] == str(MISSES) and shown["Steps"] == str(SHADOW_STEPS)
     judged = next(m.value for m in app.markdown if m.value.startswith("**What the gates judged**"))
-    assert "tier_miss_rate: 0.0500 against ≤ 0.02 over 200 samples: fail" in judged
+    assert "tier_miss_rate: 0.0500 against ≤ 0.02 over 100 samples: fail" in judged  # the treatment epochs'
     reasons = app.dataframe[0].value
     assert reasons.to_dict("records") == [
         {"reason": "over_max_tier", "steps": MISSES, "share of steps": MISSES / SHADOW_STEPS}
