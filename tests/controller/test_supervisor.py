@@ -54,23 +54,9 @@ def test_a_restarted_controller_serves_the_same_policy(tmp_path):
         assert [d.action for d in ledger.decisions(store)] == ["start"] + ["promote"] * 3
 
 
-def test_a_stage_missing_from_a_new_policy_file_falls_back_with_the_reason(tmp_path):
-    path = tmp_path / "policy-change.duckdb"
-    with Store(path) as store:
-        old = controller(store)
-        for _ in range(3):
-            old.act("promote", "ops")
-    narrower = parse_rollout_policy({**POLICY.to_dict(), "canary_steps": [0.2]})
-    with Store(path) as store:
-        new = controller(store, narrower)
-        assert new.state.phase == "fallback" and new.state.revision == 5
-        last = ledger.decisions(store, limit=1)[0]
-        assert last.reasons[0]["rule"] == "stage not in the policy file"
-        assert "canary at compact_fraction 0.5" in last.reasons[0]["note"]
-
-
-def test_the_fallback_for_a_missing_stage_keeps_the_pinned_contract(tmp_path):
-    """Without it a contract changed before a resume was pinned silently instead of evaluated again."""
+def test_a_stage_missing_from_a_new_policy_file_falls_back_with_the_reason_and_the_pinned_contract(tmp_path):
+    """The contract goes on with the fallback: without it, one changed before a resume was pinned silently
+    instead of evaluated again."""
     path = tmp_path / "policy-change.duckdb"
     with Store(path) as store:
         old = controller(store)
@@ -79,10 +65,14 @@ def test_the_fallback_for_a_missing_stage_keeps_the_pinned_contract(tmp_path):
         ingest_synthetic(store, 20, T0 + 1, contract="c0ffee00c0ffee00")
         old.clock = lambda: T0 + 60
         assert old.tick().contract == "c0ffee00c0ffee00"
+    narrower = parse_rollout_policy({**POLICY.to_dict(), "canary_steps": [0.2]})
     with Store(path) as store:
-        new = controller(store, parse_rollout_policy({**POLICY.to_dict(), "canary_steps": [0.2]}), now=T0 + 120)
-        assert new.state.phase == "fallback" and new.state.contract == "c0ffee00c0ffee00"
-        assert ledger.decisions(store, limit=1)[0].contract == "c0ffee00c0ffee00"
+        new = controller(store, narrower, now=T0 + 120)
+        assert new.state.phase == "fallback" and new.state.revision == 5
+        last = ledger.decisions(store, limit=1)[0]
+        assert last.reasons[0]["rule"] == "stage not in the policy file"
+        assert "canary at compact_fraction 0.5" in last.reasons[0]["note"]
+        assert new.state.contract == last.contract == "c0ffee00c0ffee00"
 
 
 def test_a_missing_stage_after_the_clock_stepped_back_falls_back_on_a_new_revision(tmp_path):
