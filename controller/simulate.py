@@ -281,22 +281,39 @@ def _labelled(progress: Callable[[str], object], label: str, line: str) -> objec
 
 
 def plot(points: list[dict], gate: str, fault: str, path: str | Path) -> None:
-    """Detection delay against false-rollback rate, one point per threshold (labelled)."""
+    """Left, the operating curve: detection delay against false-rollback rate, one point per threshold
+    (thresholds that land on one point share its label). Right, the rates against the threshold: healthy
+    rollbacks on the gates' evidence and those the progress deadline ended (a gate too strict to pass), and
+    the fault's detection rate."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (curve, rates) = plt.subplots(1, 2, figsize=(11, 4))
     shown = [p for p in points if p["detection_delay_median"] is not None]
-    ax.plot([p["false_rollback_rate"] for p in shown], [p["detection_delay_median"] for p in shown], "o-")
+    curve.plot([p["false_rollback_rate"] for p in shown], [p["detection_delay_median"] for p in shown], "o-")
+    at: dict[tuple[float, float], list[str]] = {}
     for p in shown:
         stalled = f", stalled {p['deadline_rollback_rate']:.0%}" if p["deadline_rollback_rate"] else ""
-        ax.annotate(f"{p['threshold']:g} (caught {p['detection_rate']:.0%}{stalled})",
-                    (p["false_rollback_rate"], p["detection_delay_median"]), fontsize=8)  # fmt: skip
-    ax.set_xlabel("false-rollback rate (healthy fleet, on the gates' evidence)")
-    ax.set_ylabel(f"median detection delay, intervals ({fault})")
-    ax.set_title(f"Operating curve of {gate}")
+        label = f"{p['threshold']:g}: caught {p['detection_rate']:.0%}{stalled}"
+        at.setdefault((p["false_rollback_rate"], p["detection_delay_median"]), []).append(label)
+    for xy, labels in at.items():
+        curve.annotate("\n".join(labels), xy, xytext=(6, 0), textcoords="offset points", fontsize=8, va="center")
+    curve.set_xlim(-0.02, max([0.1] + [x + 0.05 for x, _ in at]))  # a rate: never below 0
+    curve.set_xlabel("false-rollback rate (healthy fleet, on the gates' evidence)")
+    curve.set_ylabel(f"median detection delay, intervals ({fault})")
+    curve.set_title(f"Operating curve of {gate}")
+    thresholds = [p["threshold"] for p in points]
+    for key, label in (("false_rollback_rate", "healthy: rolled back on evidence"),
+                       ("deadline_rollback_rate", "healthy: ended by the progress deadline"),
+                       ("detection_rate", f"{fault}: caught on evidence")):  # fmt: skip
+        rates.plot(thresholds, [p[key] or 0.0 for p in points], "o-", label=label)
+    rates.set_xlabel(f"{gate} threshold")
+    rates.set_ylabel("share of seeds")
+    rates.set_ylim(-0.05, 1.05)
+    rates.legend(fontsize=8)
+    rates.set_title("Rates by threshold")
     fig.tight_layout()
     with written_whole(path) as partial:
         fig.savefig(partial, dpi=120)
