@@ -121,8 +121,11 @@ def over_time(ctx) -> None:
 def before_after_sts(ctx) -> None:
     st.subheader("Before vs after STS")
     frame = series.sts_versions(ctx.source, ctx.token, ctx.since, ctx.until)
+    if not len(frame):
+        st.info("No steps in this window: nothing announced an STS version.")
+        return
     if frame["depth"].isna().all():
-        version = frame["sts_version"].iloc[0] if len(frame) else "(none)"
+        version = frame["sts_version"].iloc[0]
         st.info(
             f"Every step in this window announced the same STS version, {version}: the comparison "
             "appears once a new STS version rolls out (`sparkgate calibrate`, then `serve --sts-version`)."
