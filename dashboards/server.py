@@ -23,6 +23,7 @@ PAGE_MODULES = (
     "sparkgate.dashboards.context",
     "sparkgate.dashboards.cost_tables",
     "sparkgate.dashboards.data",
+    "sparkgate.dashboards.judged",
     "sparkgate.dashboards.requests",
     "sparkgate.dashboards.series",
     "sparkgate.dashboards.steps",

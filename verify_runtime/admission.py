@@ -5,13 +5,25 @@ have the collector refuse the step record they share (docs/design.md §3)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Container
-from typing import TYPE_CHECKING
+from collections.abc import Container, Sequence
+from typing import Protocol
 
 from sparkgate.collectors.schema import MODES, id_problem
 
-if TYPE_CHECKING:
-    from .engine import Request
+
+class Request(Protocol):
+    """What admission reads of an ``engine.Request``."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def prompt(self) -> Sequence[int]: ...
+    @property
+    def max_new_tokens(self) -> int: ...
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def mode(self) -> str | None: ...
 
 
 def positions_needed(prompt_len: int, max_new_tokens: int, gamma: int) -> int:
