@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 import click
 
 from sparkgate.collectors.store import Store
-from sparkgate.policies.cli_types import PastTime
+from sparkgate.policies.cli_types import HttpUrl, PastTime
 from sparkgate.policies.policy_cli import policy_option
 from sparkgate.policies.rollout import RolloutPolicy
 from sparkgate.policies.vocabulary import CHANGES_POLICY, Action
@@ -209,9 +209,9 @@ def _phases(decisions) -> list[str]:
 @click.option("--policy", "policy_path", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--since", type=PastTime(), default=None,
               help="Replay decisions from then on: unix seconds, ISO time, or a duration ago (30m, 2h).")  # fmt: skip
-@click.option("--sglang", "sglang_urls", multiple=True,
+@click.option("--sglang", "sglang_urls", multiple=True, type=HttpUrl(),
               help="An SGLang server URL, in the order serve --sglang was given them: the fleet's groups.")  # fmt: skip
-@click.option("--prometheus", default=None, help="Prometheus base URL for the policy's PromQL gates.")
+@click.option("--prometheus", default=None, type=HttpUrl(), help="Prometheus base URL for the policy's PromQL gates.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: every row and the summary.")
 def backtest(
     db: str, policy_path: str, since: float | None, sglang_urls: tuple[str, ...], prometheus: str | None, as_json: bool

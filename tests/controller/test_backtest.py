@@ -204,3 +204,11 @@ def test_a_promql_gate_is_asked_for_the_replayed_time_and_backtest_needs_its_url
     result = CliRunner().invoke(main, ["backtest", "--db", str(copied(fixture_store, tmp_path)), "--policy",
                                        str(policy)])  # fmt: skip
     assert result.exit_code == 2 and "read Prometheus: give its URL" in result.output
+
+
+def test_the_fleets_urls_are_checked_before_the_store_is_opened(fixture_store, tmp_path):
+    db = copied(fixture_store, tmp_path)
+    for option in ("--sglang", "--prometheus"):
+        result = CliRunner().invoke(main, ["backtest", "--db", str(db), "--policy", str(fixture_store.policy_path),
+                                           option, "not a url"])  # fmt: skip
+        assert result.exit_code == 2 and option in result.output
