@@ -43,7 +43,7 @@ from sparkgate.policies.policy_cli import policy_option
 from sparkgate.policies.rollout import RolloutPolicy
 from sparkgate.policies.vocabulary import CHANGES_POLICY, Action
 
-from . import ledger, rollout
+from . import ledger, promql, rollout
 from .actuators import arms
 from .rollout import TransitionError
 from .rollout_state import Decision, RolloutState, apply
@@ -218,10 +218,7 @@ def backtest(
 ) -> None:
     """Replay a store's history through a policy, beside the decisions it holds; acts on nothing."""
     policy = policy_option(policy_path)  # named before the store is opened, decisions to replay or not
-    asking = [g.name for g in policy.gates if g.promql]
-    if asking and prometheus is None:  # as serve refuses: they would replay as "no data"
-        raise click.BadParameter(f"the policy's gates {', '.join(asking)} read Prometheus: give its URL",
-                                 param_hint="--prometheus")  # fmt: skip
+    promql.require_url(policy.gates, prometheus)  # as serve refuses: they would replay as "no data"
     with Store(db, create=False) as store:
         rows = replay(store, policy, since, sglang_urls=sglang_urls, prometheus_url=prometheus)
     if not rows:

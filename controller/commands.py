@@ -33,6 +33,7 @@ from sparkgate.policies.outputs import output_path
 from sparkgate.policies.rollout import DEFAULT_PATH, load_rollout_policy
 from sparkgate.policies.vocabulary import Phase
 
+from . import promql
 from .actuators import SGLangActuator
 from .address import DEFAULT_PORT, DEFAULT_URL
 from .collector_health import CollectorHealth
@@ -181,10 +182,7 @@ def serve(
         provider = tracer_provider(otlp_endpoint, service_name="sparkgate-controller") if otlp_endpoint else None
     except (ValueError, RuntimeError) as exc:
         raise click.UsageError(str(exc)) from None
-    asking = [g.name for g in policy.gates if g.promql]
-    if asking and prometheus is None:  # their gates would read "no data" for ever, and a critical one never fire
-        raise click.BadParameter(f"the policy's gates {', '.join(asking)} read Prometheus: give its URL",
-                                 param_hint="--prometheus")  # fmt: skip
+    promql.require_url(policy.gates, prometheus)
     tracer = provider.get_tracer("sparkgate.collectors") if provider else None
     with contextlib.ExitStack() as opened:
         # Closed here on the way out: uvicorn closes them in its shutdown, which a server that never started skips.

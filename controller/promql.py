@@ -14,14 +14,27 @@ stays inconclusive too (never a pass).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
+import click
 import httpx
+
+from sparkgate.policies.gate import Gate
 
 from .measurement import Measurement
 
 
 class PromQLError(RuntimeError):
     """Prometheus could not answer a query; the message names the query."""
+
+
+def require_url(gates: Iterable[Gate], url: str | None) -> None:
+    """Raises ``click.BadParameter`` for ``--prometheus`` when a gate reads Prometheus and no URL is given:
+    its gate would read "no data" for ever, and a critical one never fire (``serve``, ``backtest``)."""
+    asking = [g.name for g in gates if g.promql]
+    if asking and url is None:
+        raise click.BadParameter(f"the policy's gates {', '.join(asking)} read Prometheus: give its URL",
+                                 param_hint="--prometheus")  # fmt: skip
 
 
 def query(

@@ -138,8 +138,6 @@ class ModelDrafter:
         drafted together, so what a request drafts does not depend on what else is in the batch (cutting
         every window to the shortest history in it did)."""
         widths = [min(self.context, len(h)) for h in ctx.history]
-        if len(set(widths)) == 1:
-            return self._propose(ctx, widths[0])
         parts, rows = [], []
         for width in sorted(set(widths)):
             index = [i for i, w in enumerate(widths) if w == width]
